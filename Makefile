@@ -1,0 +1,32 @@
+# The two commands: `make serve` and `make test`. Both create .venv from
+# requirements.txt when it is missing or older than requirements.txt.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: serve test venv bench bench-accuracy clean
+
+$(STAMP): requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+serve: $(STAMP)
+	$(PY) supervisor.py --config config.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) bench/serving.py
+
+bench-accuracy: $(STAMP)
+	$(PY) -m pip install --quiet -r bench/requirements.txt
+	$(PY) bench/accuracy.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,126 @@
+"""Service configuration: built-in defaults, config.yaml, command-line overrides.
+
+Every setting has a default here, so the service runs with no file at all;
+config.yaml documents the same values. Unknown keys are an error, so a typo
+in the file is reported at start instead of being silently ignored.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+DEFAULTS: dict[str, Any] = {
+    "server": {
+        "host": "0.0.0.0",
+        "port": 8080,
+        "manage_host": "127.0.0.1",
+        "manage_port": 8081,
+    },
+    "models_dir": "./models",
+    "management": {
+        # Bearer token for the management API; the environment variable
+        # TEXTSWAP_MANAGEMENT_TOKEN overrides it. Empty: no token needed.
+        "token": "",
+    },
+    "limits": {
+        "max_body_bytes": 4 * 1024 * 1024,
+        "max_texts": 1024,
+        "max_text_chars": 20000,
+        "max_top_k": 100,
+        "default_top_k": 5,
+    },
+    "worker": {
+        # Most texts one model call takes; bigger requests are chunked.
+        "max_batch": 256,
+        # Extra wait for more requests before a model call, in ms. Measured:
+        # 0 (run as soon as the model is free) is best; see README.
+        "batch_wait_ms": 0.0,
+        # Requests in flight on one worker; beyond it requests wait in the
+        # frontend up to request_timeout, then get 503.
+        "max_inflight": 256,
+        "load_timeout": 60.0,   # load + warm-up of a model, seconds
+        "boot_timeout": 60.0,   # TensorFlow import in a new process
+        "drain_timeout": 30.0,  # old worker finishing its in-flight requests
+        "stop_timeout": 5.0,    # clean exit before SIGTERM, then SIGKILL
+        "request_timeout": 30.0,  # a client's predict, queueing included
+        "hang_timeout": 20.0,   # a request this old means the worker hangs
+        "standby": True,        # keep a TensorFlow-ready process waiting
+        "intra_op_threads": 0,  # 0: TensorFlow's choice
+        "inter_op_threads": 0,
+        "max_restarts": 5,      # crashes within restart_window -> FAILED
+        "restart_window": 60.0,
+    },
+    "watcher": {
+        "enabled": True,
+        "interval": 0.25,
+    },
+    "training": {
+        "max_concurrent": 1,
+        "nice": 10,
+        "threads": 1,
+        "demo_on_empty_store": True,
+        "data_roots": [],
+    },
+    "log_level": "INFO",
+}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _merge(base: dict, override: dict, path: str = "") -> dict:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        where = f"{path}{key}"
+        if key not in base:
+            raise ConfigError(f"unknown setting '{where}'")
+        if isinstance(base[key], dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"setting '{where}' must be a mapping")
+            out[key] = _merge(base[key], value, where + ".")
+        else:
+            default = base[key]
+            if isinstance(default, bool) != isinstance(value, bool):
+                raise ConfigError(f"setting '{where}' must be a boolean" if isinstance(default, bool)
+                                  else f"setting '{where}' must not be a boolean")
+            if isinstance(default, float) and isinstance(value, int):
+                value = float(value)
+            if not isinstance(value, type(default)):
+                raise ConfigError(
+                    f"setting '{where}' must be of type {type(default).__name__}, got {value!r}")
+            out[key] = value
+    return out
+
+
+@dataclass
+class Config:
+    raw: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    @property
+    def models_dir(self) -> str:
+        return os.path.abspath(self.raw["models_dir"])
+
+    @property
+    def token(self) -> str:
+        return os.environ.get("TEXTSWAP_MANAGEMENT_TOKEN") or self.raw["management"]["token"]
+
+
+def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    data: dict[str, Any] = {}
+    if path:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: top level must be a mapping")
+    merged = _merge(DEFAULTS, data)
+    if overrides:
+        merged = _merge(merged, overrides)
+    return Config(merged)

@@ -1,0 +1,69 @@
+"""The two Tornado applications (inference, management) and their servers."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tornado.httpserver import HTTPServer
+from tornado.web import Application
+
+from frontend import handlers as h
+from frontend.base import NotFoundHandler
+
+log = logging.getLogger("textswap.http")
+
+# Tornado must not cut a connection before a handler can answer 413 with a
+# JSON body: the real cap (limits.max_body_bytes) is checked by the handlers.
+_TRANSPORT_BODY_CAP = 1 << 30
+
+
+def inference_app(sup: Any, config: Any) -> Application:
+    kw = {"supervisor": sup, "config": config}
+    return Application([
+        (r"/predict", h.PredictHandler, kw),
+        (r"/healthz", h.HealthHandler, kw),
+        (r"/readyz", h.ReadyHandler, kw),
+    ], default_handler_class=NotFoundHandler, default_handler_args=kw, log_function=_log)
+
+
+def management_app(sup: Any, config: Any) -> Application:
+    kw = {"supervisor": sup, "config": config, "token": config.token or None}
+    routes: list = [
+        (r"/apply", h.ApplyHandler, kw),
+        (r"/status", h.StatusHandler, kw),
+        (r"/models", h.ModelsHandler, kw),
+        (r"/models/([^/]+)", h.ModelHandler, kw),
+        (r"/models/([^/]+)/([0-9]{1,9})", h.ModelHandler, kw),
+        (r"/healthz", h.HealthHandler, kw),
+    ]
+    try:
+        from frontend import training
+        routes += training.routes(kw)
+    except ImportError:
+        pass
+    return Application(routes, default_handler_class=NotFoundHandler, default_handler_args=kw,
+                        log_function=_log)
+
+
+def _log(handler: Any) -> None:
+    status = handler.get_status()
+    if status >= 500:
+        log.error("%d %s %.1fms", status, handler._request_summary(),
+                  1000.0 * handler.request.request_time())
+    elif status >= 400:
+        log.info("%d %s", status, handler._request_summary())
+
+
+def start_servers(sup: Any, config: Any) -> list[HTTPServer]:
+    s = config["server"]
+    if s["manage_host"] not in ("127.0.0.1", "localhost", "::1") and not config.token:
+        log.warning("management API bound to %s without a token: anyone who can reach it "
+                    "can apply and train models; set management.token or "
+                    "TEXTSWAP_MANAGEMENT_TOKEN", s["manage_host"])
+    servers = []
+    for app, host, port in ((inference_app(sup, config), s["host"], s["port"]),
+                            (management_app(sup, config), s["manage_host"], s["manage_port"])):
+        server = HTTPServer(app, max_body_size=_TRANSPORT_BODY_CAP, xheaders=False)
+        server.listen(port, address=host)
+        servers.append(server)
+    return servers

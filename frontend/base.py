@@ -1,0 +1,151 @@
+"""What every handler shares: JSON bodies in, JSON (errors too) out.
+
+Handlers raise ``ApiError`` (or tornado's HTTPError) and one ``write_error``
+shapes every error body as ``{"error": {"code": ..., "message": ...}}``, so
+no path can answer with Tornado's HTML error page. Bodies are streamed so an
+over-large one is refused with 413 from its Content-Length, before it is read.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import Any
+
+from tornado import httputil
+from tornado.web import HTTPError, RequestHandler, stream_request_body
+
+log = logging.getLogger("textswap.http")
+
+_REASONS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+            405: "method_not_allowed", 409: "conflict", 411: "length_required",
+            413: "body_too_large", 415: "unsupported_media_type", 422: "invalid",
+            500: "internal", 502: "bad_gateway", 503: "unavailable", 504: "timeout"}
+
+
+class ApiError(HTTPError):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(status, reason=httputil.responses.get(status, "Error"))
+        self.code = code
+        self.message = message
+
+
+@stream_request_body
+class JsonHandler(RequestHandler):
+    """Base handler; ``initialize`` receives the supervisor and the config."""
+
+    def initialize(self, supervisor: Any, config: Any, token: str | None = None) -> None:
+        self.sup = supervisor
+        self.cfg = config
+        self.limits = config["limits"]
+        self.token = token
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+
+    def prepare(self) -> None:
+        if self.token is not None:
+            self._check_token()
+        if self.request.method in ("POST", "PUT", "PATCH", "DELETE"):
+            length = self.request.headers.get("Content-Length")
+            cap = self.limits["max_body_bytes"]
+            if length is not None:
+                try:
+                    n = int(length)
+                except ValueError:
+                    raise ApiError(400, "bad_request", "invalid Content-Length") from None
+                if n > cap:
+                    raise ApiError(413, "body_too_large",
+                                   f"request body of {n} bytes exceeds the limit of {cap}")
+
+    def _check_token(self) -> None:
+        got = self.request.headers.get("Authorization", "")
+        scheme, _, value = got.partition(" ")
+        # constant-time compare: the token must not leak through timing
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                value.strip().encode(), self.token.encode()):  # type: ignore[union-attr]
+            self.set_header("WWW-Authenticate", 'Bearer realm="textswap-management"')
+            raise ApiError(401, "unauthorized",
+                           "management API needs 'Authorization: Bearer <token>'")
+
+    def data_received(self, chunk: bytes) -> None:
+        self._size += len(chunk)
+        if self._size > self.limits["max_body_bytes"]:
+            raise ApiError(413, "body_too_large",
+                           f"request body exceeds the limit of {self.limits['max_body_bytes']} bytes")
+        self._chunks.append(chunk)
+
+    @property
+    def body(self) -> bytes:
+        if len(self._chunks) != 1:
+            self._chunks = [b"".join(self._chunks)]
+        return self._chunks[0]
+
+    def json_body(self, required: bool = True) -> Any:
+        ctype = self.request.headers.get("Content-Type", "application/json")
+        media = ctype.split(";")[0].strip().lower()
+        if media not in ("application/json", "") and not media.endswith("+json"):
+            raise ApiError(415, "unsupported_media_type",
+                           f"Content-Type must be application/json, got '{media}'")
+        raw = self.body
+        if not raw.strip():
+            if required:
+                raise ApiError(400, "bad_request", "request body is empty; JSON expected")
+            return {}
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ApiError(400, "bad_encoding", f"body is not valid UTF-8: {exc}") from None
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise ApiError(400, "bad_json", f"body is not valid JSON: {exc}") from None
+
+    def json_object(self, allowed: set[str], required: bool = True) -> dict[str, Any]:
+        data = self.json_body(required)
+        if not isinstance(data, dict):
+            raise ApiError(400, "bad_request", "body must be a JSON object")
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise ApiError(400, "unknown_field",
+                           f"unknown field(s) {', '.join(map(repr, unknown))}; "
+                           f"allowed: {', '.join(sorted(allowed))}")
+        return data
+
+    def send_json(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(data, ensure_ascii=False, allow_nan=False))
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, ApiError):
+            code, message = exc.code, exc.message
+        elif isinstance(exc, HTTPError):
+            code = _REASONS.get(status_code, "error")
+            message = exc.log_message or httputil.responses.get(status_code, "error")
+        else:
+            code = _REASONS.get(status_code, "error")
+            message = httputil.responses.get(status_code, "error")
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.finish(json.dumps({"error": {"code": code, "message": message}},
+                               ensure_ascii=False))
+
+
+class NotFoundHandler(JsonHandler):
+    def prepare(self) -> None:
+        raise ApiError(404, "not_found", f"no such endpoint: {self.request.path}")
+
+
+def int_field(data: dict[str, Any], key: str, *, minimum: int = 1, maximum: int | None = None,
+              default: Any = None) -> Any:
+    value = data.get(key, default)
+    if value is default and key not in data:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, "invalid_field", f"'{key}' must be an integer")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise ApiError(400, "invalid_field", f"'{key}' must be {bound}, got {value}")
+    return value

@@ -1,0 +1,136 @@
+"""Inference and management handlers: validate, call the supervisor, answer JSON."""
+from __future__ import annotations
+
+from typing import Any
+
+from frontend.base import ApiError, JsonHandler, int_field
+from store import InvalidName, NotFound, StoreError
+from supervisor import ServiceError
+
+
+def _service_error(exc: Exception) -> ApiError:
+    if isinstance(exc, InvalidName):
+        return ApiError(400, "invalid_name", str(exc))
+    if isinstance(exc, NotFound):
+        return ApiError(404, "not_found", str(exc))
+    if isinstance(exc, ServiceError):
+        return ApiError(exc.status, exc.code, str(exc))
+    if isinstance(exc, StoreError):
+        return ApiError(500, "store_error", str(exc))
+    raise exc
+
+
+# -- inference port ----------------------------------------------------------------
+class PredictHandler(JsonHandler):
+    FIELDS = {"text", "texts", "top_k"}
+
+    def _texts(self, data: dict[str, Any]) -> list[str]:
+        lim = self.limits
+        if ("text" in data) == ("texts" in data):
+            raise ApiError(400, "bad_request", "give exactly one of 'text' (a string) or "
+                                               "'texts' (a list of strings)")
+        if "text" in data:
+            texts = [data["text"]]
+            if not isinstance(texts[0], str):
+                raise ApiError(400, "invalid_field", "'text' must be a string")
+            what = "'text'"
+        else:
+            texts = data["texts"]
+            if not isinstance(texts, list):
+                raise ApiError(400, "invalid_field", "'texts' must be a list of strings")
+            if not texts:
+                raise ApiError(400, "invalid_field", "'texts' must not be empty")
+            if len(texts) > lim["max_texts"]:
+                raise ApiError(413, "too_many_texts",
+                               f"'texts' has {len(texts)} items; the limit is {lim['max_texts']}")
+            what = "'texts'"
+        cap = lim["max_text_chars"]
+        for i, t in enumerate(texts):
+            where = what if len(texts) == 1 and "text" in data else f"{what}[{i}]"
+            if not isinstance(t, str):
+                raise ApiError(400, "invalid_field", f"{where} must be a string")
+            if not t.strip():
+                raise ApiError(400, "empty_text", f"{where} is empty")
+            if len(t) > cap:
+                raise ApiError(413, "text_too_long",
+                               f"{where} has {len(t)} characters; the limit is {cap}")
+            if not t.isascii():
+                try:
+                    t.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ApiError(400, "bad_text", f"{where} contains an unpaired surrogate "
+                                                    "escape, which is not valid Unicode") from None
+        return texts
+
+    async def post(self) -> None:
+        data = self.json_object(self.FIELDS)
+        texts = self._texts(data)
+        top_k = int_field(data, "top_k", minimum=1, maximum=self.limits["max_top_k"],
+                          default=self.limits["default_top_k"])
+        try:
+            model, labels, scores = await self.sup.predict(texts)
+        except Exception as exc:
+            raise _service_error(exc) from None
+        k = min(top_k, len(labels))
+        order = range(len(labels))
+        predictions = []
+        for row in scores:
+            ranked = sorted(order, key=row.__getitem__, reverse=True)[:k]
+            top = [{"label": labels[i], "score": row[i]} for i in ranked]
+            predictions.append({"label": top[0]["label"], "score": top[0]["score"], "top": top})
+        self.send_json({"model": model, "predictions": predictions})
+
+
+class HealthHandler(JsonHandler):
+    def get(self) -> None:
+        self.send_json({"status": "ok"})
+
+
+class ReadyHandler(JsonHandler):
+    def get(self) -> None:
+        serving = self.sup.serving
+        if serving is None:
+            raise ApiError(503, "not_ready", "no model is serving yet")
+        self.send_json({"status": "ready", "model": serving.model})
+
+
+# -- management port ---------------------------------------------------------------
+class ApplyHandler(JsonHandler):
+    async def post(self) -> None:
+        data = self.json_object({"name", "version"})
+        if "name" not in data:
+            raise ApiError(400, "missing_field", "'name' is required")
+        version = None  # null or absent: the latest version
+        if data.get("version") is not None:
+            version = int_field(data, "version", minimum=1)
+        try:
+            result = await self.sup.apply(data["name"], version)
+        except Exception as exc:
+            raise _service_error(exc) from None
+        self.send_json(result)
+
+
+class StatusHandler(JsonHandler):
+    def get(self) -> None:
+        self.send_json(self.sup.status())
+
+
+class ModelsHandler(JsonHandler):
+    def get(self) -> None:
+        serving = self.sup.serving.model if self.sup.serving else None
+        self.send_json({"models": self.sup.store.listing(), "serving": serving})
+
+
+class ModelHandler(JsonHandler):
+    def get(self, name: str, version: str | None = None) -> None:
+        try:
+            if version is None:
+                models = [m for m in self.sup.store.listing() if m["name"] == name]
+                if not models:
+                    self.sup.store.resolve(name)
+                self.send_json(models[0])
+            else:
+                v, _ = self.sup.store.resolve(name, int(version))
+                self.send_json(self.sup.store.meta(name, v))
+        except Exception as exc:
+            raise _service_error(exc) from None

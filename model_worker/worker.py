@@ -1,0 +1,273 @@
+"""The serving worker: one OS process per applied model.
+
+Started by the supervisor with multiprocess's *spawn* method, so it begins as
+a fresh interpreter: it imports TensorFlow, says ``booted`` and waits. A
+process in that state is the warm standby: applying a model only has to load
+it. On ``load`` it loads the model (Keras safe mode), runs one warm-up
+prediction and says ``ready``; from then on it answers ``predict`` frames.
+
+Threads: a reader thread turns frames into a queue; the main thread owns the
+model and the socket's write side. Micro-batching: whenever the model is free
+the main thread takes everything waiting (up to max_batch texts) and runs one
+model call, then answers each request id. No fixed batching window by default:
+running as soon as the model is free is faster for single requests and no
+slower under load (measured, see README).
+
+Exit codes are a contract with the supervisor (see EXIT_*).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from model_worker import protocol
+
+EXIT_OK = 0
+EXIT_BOOT = 3      # TensorFlow could not be imported / set up
+EXIT_LOAD = 4      # the model could not be loaded or warmed up
+EXIT_PROTOCOL = 5  # garbage on the pipe from the supervisor
+
+log = logging.getLogger("textswap.worker")
+
+_EOF = object()
+
+
+def _reader(sock: socket.socket, q: "queue.Queue[Any]") -> None:
+    try:
+        while True:
+            q.put(protocol.read_frame(sock))
+    except protocol.ConnectionClosed:
+        q.put(_EOF)
+    except (protocol.ProtocolError, OSError) as exc:
+        q.put(exc)
+
+
+def _fault(point: str) -> None:
+    """Test-only fault injection, off unless TEXTSWAP_TEST_FAULT is set.
+
+    The crash-loop and hang tests need a model that kills or hangs its
+    worker; a real Keras model loaded in safe mode cannot do that, so the
+    tests set this variable (documented in tests/test_faults.py).
+    """
+    spec = os.environ.get("TEXTSWAP_TEST_FAULT", "")
+    if not spec:
+        return
+    want, _, action = spec.partition("=")
+    if want != point:
+        return
+    if action == "crash":
+        os._exit(70)
+    if action == "hang":
+        while True:
+            time.sleep(3600)
+
+
+class Worker:
+    def __init__(self, sock: socket.socket, options: dict[str, Any]) -> None:
+        self.sock = sock
+        self.max_batch = int(options.get("max_batch", 256))
+        self.batch_wait = float(options.get("batch_wait_ms", 0.0)) / 1000.0
+        self.queue: "queue.Queue[Any]" = queue.Queue()
+        self.predict_fn: Callable[[list[str]], Any] | None = None
+        self.labels: list[str] = []
+        self.model_id = ""
+
+    def send(self, msg: dict[str, Any]) -> None:
+        protocol.write_frame(self.sock, msg)
+
+    # -- load ----------------------------------------------------------------
+    def load(self, msg: dict[str, Any]) -> None:
+        import keras
+
+        try:  # registers the project's text functions before a model names them
+            from model_worker import textmodel  # noqa: F401
+        except ImportError:
+            pass
+
+        t0 = time.monotonic()
+        path = msg["path"]
+        with open(os.path.join(path, "meta.json"), encoding="utf-8") as fh:
+            meta = json.load(fh)
+        labels = meta.get("labels")
+        if not isinstance(labels, list) or len(labels) < 2 or not all(
+                isinstance(x, str) for x in labels):
+            raise ValueError("meta.json has no valid 'labels' list (two or more strings)")
+        _fault("load")
+        model = keras.saving.load_model(os.path.join(path, "model.keras"), safe_mode=True)
+        predict_fn = compiled_predict(model)
+        t1 = time.monotonic()
+        scores = predict_fn(["warm-up 预热"])
+        if scores.shape != (1, len(labels)):
+            raise ValueError(f"model outputs shape {tuple(scores.shape)} for one text, "
+                             f"but meta.json lists {len(labels)} labels")
+        t2 = time.monotonic()
+        self.predict_fn, self.labels = predict_fn, labels
+        self.model_id = f"{msg.get('name')} v{msg.get('version')}"
+        self.send({"t": "ready", "labels": labels, "load_s": t1 - t0, "warm_s": t2 - t1,
+                   "pid": os.getpid()})
+
+    # -- serving ---------------------------------------------------------------
+    def _gather(self, first: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]]:
+        """The first request plus whatever else waits, up to max_batch texts."""
+        batch = [first]
+        others: list[Any] = []
+        n = len(first["texts"])
+        deadline = time.monotonic() + self.batch_wait
+        while n < self.max_batch:
+            try:
+                timeout = deadline - time.monotonic()
+                msg = self.queue.get_nowait() if timeout <= 0 else self.queue.get(timeout=timeout)
+            except queue.Empty:
+                break
+            if isinstance(msg, dict) and msg.get("t") == "predict" and isinstance(
+                    msg.get("texts"), list):
+                batch.append(msg)
+                n += len(msg["texts"])
+            else:
+                others.append(msg)  # control frames keep their order after the batch
+                break
+        return batch, others
+
+    def predict(self, batch: list[dict[str, Any]]) -> None:
+        assert self.predict_fn is not None
+        texts: list[str] = []
+        for req in batch:
+            texts.extend(req["texts"])
+        _fault("predict")
+        try:
+            rows = []
+            for i in range(0, len(texts), self.max_batch):
+                rows.extend(self.predict_fn(texts[i:i + self.max_batch]).tolist())
+        except Exception as exc:  # a bad batch must not kill the worker
+            if len(batch) > 1:  # isolate the request that broke it
+                for req in batch:
+                    self.predict([req])
+                return
+            self.send({"t": "error", "id": batch[0]["id"], "code": "predict_failed",
+                       "message": f"{type(exc).__name__}: {exc}"})
+            return
+        pos = 0
+        for req in batch:
+            n = len(req["texts"])
+            self.send({"t": "result", "id": req["id"], "scores": rows[pos:pos + n]})
+            pos += n
+
+    def handle(self, msg: Any) -> bool:
+        """Handle one control frame; False means exit."""
+        if msg is _EOF:
+            return False
+        if isinstance(msg, Exception):
+            log.error("bad frame from supervisor: %s", msg)
+            os._exit(EXIT_PROTOCOL)
+        kind = msg.get("t")
+        if kind == "predict":
+            if self.predict_fn is None:
+                self.send({"t": "error", "id": msg.get("id"), "code": "not_loaded",
+                           "message": "no model loaded"})
+            elif not isinstance(msg.get("texts"), list) or not all(
+                    isinstance(x, str) for x in msg["texts"]):
+                self.send({"t": "error", "id": msg.get("id"), "code": "bad_request",
+                           "message": "texts must be a list of strings"})
+            else:
+                batch, others = self._gather(msg)
+                self.predict(batch)
+                return all(self.handle(m) for m in others)
+        elif kind == "load":
+            try:
+                self.load(msg)
+            except Exception as exc:
+                self.send({"t": "error", "code": "load_failed",
+                           "message": f"{type(exc).__name__}: {exc}"})
+                log.error("model load failed: %s", exc)
+                os._exit(EXIT_LOAD)
+        elif kind == "ping":
+            self.send({"t": "pong", "id": msg.get("id")})
+        elif kind == "stop":
+            return False
+        else:
+            self.send({"t": "error", "id": msg.get("id"), "code": "unknown_type",
+                       "message": f"unknown frame type {kind!r}"})
+        return True
+
+    def start_reader(self) -> None:
+        threading.Thread(target=_reader, args=(self.sock, self.queue), daemon=True,
+                         name="frame-reader").start()
+
+    def run(self) -> None:
+        while self.handle(self.queue.get()):
+            pass
+
+
+def compiled_predict(model: Any) -> Callable[[list[str]], Any]:
+    """The model as one traced graph taking a string batch of any size.
+
+    The input signature has an unknown batch dimension, so the graph is traced
+    once and never again; calling it skips Keras's predict loop (data adapter,
+    callbacks, per-call setup), which costs ~100 ms a call.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], reduce_retracing=True)
+    def call(x):
+        return model(x, training=False)
+
+    def predict(texts: list[str]) -> Any:
+        return np.asarray(call(tf.constant(texts, dtype=tf.string)))
+
+    return predict
+
+
+def _set_threads(options: dict[str, Any]) -> None:
+    import tensorflow as tf
+
+    intra = int(options.get("intra_op_threads") or 0)
+    inter = int(options.get("inter_op_threads") or 0)
+    if intra:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+    if inter:
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+
+
+def main(sock: socket.socket, options: dict[str, Any]) -> None:
+    """Process entry point (spawned by the supervisor)."""
+    logging.basicConfig(level=options.get("log_level", "INFO"),
+                        format="%(asctime)s %(levelname)s [worker %(process)d] %(message)s")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    base_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    nice = int(options.get("boot_nice", 0))
+    if nice:  # a standby imports TensorFlow without slowing the serving worker
+        os.nice(nice)
+    try:
+        import keras  # noqa: F401  (the expensive part of a worker's start)
+        _set_threads(options)
+    except Exception as exc:
+        log.error("TensorFlow import failed: %s", exc)
+        os._exit(EXIT_BOOT)
+    worker = Worker(sock, options)
+    try:
+        worker.send({"t": "booted", "pid": os.getpid()})
+        worker.start_reader()
+        msg = worker.queue.get()  # a standby waits here for its model
+        if nice:
+            # serve at the normal priority (raising it back needs the right to
+            # do so, which root has; otherwise say so and go on)
+            try:
+                os.setpriority(os.PRIO_PROCESS, 0, base_nice)
+            except OSError:
+                log.warning("cannot restore CPU priority; serving at nice %d", base_nice + nice)
+        if worker.handle(msg):
+            worker.run()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the supervisor went away: nothing left to answer
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # skip TensorFlow's slow interpreter shutdown: nothing is left to save
+    os._exit(EXIT_OK)

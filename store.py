@@ -1,0 +1,205 @@
+"""The model store on local disk, and the applied-model record.
+
+Layout (under models_dir)::
+
+    <name>/<version>/model.keras    the end-to-end Keras model (raw strings in)
+    <name>/<version>/meta.json      labels (index = output unit), params,
+                                    metrics, data hash, library versions...
+    .applied.json                   {"name", "version", "applied_at"}: what the
+                                    service serves; written atomically
+    .tmp/                           models being published; wiped at start
+
+A version is visible only once its folder holds both files: publishing writes
+into .tmp/, fsyncs, then renames the whole folder into place, so a crash never
+leaves a half model that looks whole. Versions are immutable, numbered 1, 2...
+Imports no TensorFlow.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from typing import Any
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+RECORD = ".applied.json"
+TMP = ".tmp"
+
+
+class StoreError(Exception):
+    pass
+
+
+class NotFound(StoreError):
+    pass
+
+
+class InvalidName(StoreError):
+    pass
+
+
+def check_name(name: Any) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+        raise InvalidName(
+            "model name must be 1-64 characters of letters, digits, '_', '-', '.', "
+            "starting with a letter or digit, without '..'")
+    return name
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: str, data: Any) -> None:
+    """Write temp file, fsync, rename: readers see the old or the new file."""
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, ensure_ascii=False, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(folder)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class ModelStore:
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+
+    def ensure(self) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        shutil.rmtree(os.path.join(self.root, TMP), ignore_errors=True)
+        for entry in os.listdir(self.root):  # stray temp records from a crash
+            if entry.startswith(".tmp-"):
+                os.unlink(os.path.join(self.root, entry))
+
+    # -- reading -----------------------------------------------------------
+    def _is_complete(self, vdir: str) -> bool:
+        return (os.path.isfile(os.path.join(vdir, "model.keras"))
+                and os.path.isfile(os.path.join(vdir, "meta.json")))
+
+    def versions(self, name: str) -> list[int]:
+        check_name(name)
+        mdir = os.path.join(self.root, name)
+        if not os.path.isdir(mdir):
+            return []
+        out = []
+        for entry in os.listdir(mdir):
+            if entry.isdigit() and not entry.startswith("0") and self._is_complete(
+                    os.path.join(mdir, entry)):
+                out.append(int(entry))
+        return sorted(out)
+
+    def names(self) -> list[str]:
+        if not os.path.isdir(self.root):
+            return []
+        return sorted(e for e in os.listdir(self.root)
+                      if NAME_RE.match(e) and os.path.isdir(os.path.join(self.root, e))
+                      and self.versions(e))
+
+    def resolve(self, name: str, version: int | None = None) -> tuple[int, str]:
+        """(version, folder) of a complete version; latest when version is None."""
+        versions = self.versions(name)
+        if not versions:
+            raise NotFound(f"no model named '{name}' in the store")
+        if version is None:
+            version = versions[-1]
+        elif version not in versions:
+            raise NotFound(f"model '{name}' has no version {version} "
+                           f"(versions: {', '.join(map(str, versions))})")
+        return version, os.path.join(self.root, name, str(version))
+
+    def meta(self, name: str, version: int) -> dict[str, Any]:
+        _, vdir = self.resolve(name, version)
+        try:
+            with open(os.path.join(vdir, "meta.json"), encoding="utf-8") as fh:
+                meta = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"unreadable meta.json of {name} v{version}: {exc}") from exc
+        if not isinstance(meta, dict):
+            raise StoreError(f"meta.json of {name} v{version} is not an object")
+        return meta
+
+    def listing(self) -> list[dict[str, Any]]:
+        out = []
+        for name in self.names():
+            versions = []
+            for v in self.versions(name):
+                try:
+                    meta = self.meta(name, v)
+                except StoreError as exc:
+                    meta = {"error": str(exc)}
+                versions.append({"version": v, **{k: meta.get(k) for k in (
+                    "labels", "created_at", "metrics", "params", "data", "train_seconds")
+                    if k in meta}})
+            out.append({"name": name, "latest": versions[-1]["version"], "versions": versions})
+        return out
+
+    # -- publishing ----------------------------------------------------------
+    def staging_dir(self) -> str:
+        """A fresh folder to write a model into before publish()."""
+        tmp_root = os.path.join(self.root, TMP)
+        os.makedirs(tmp_root, exist_ok=True)
+        return tempfile.mkdtemp(dir=tmp_root, prefix="stage-")
+
+    def publish(self, name: str, staged: str, meta: dict[str, Any]) -> int:
+        """Move a staged model into the next free version; returns the version."""
+        check_name(name)
+        if not os.path.isfile(os.path.join(staged, "model.keras")):
+            raise StoreError("staged model has no model.keras")
+        mdir = os.path.join(self.root, name)
+        os.makedirs(mdir, exist_ok=True)
+        for attempt in range(100):
+            existing = [int(e) for e in os.listdir(mdir) if e.isdigit()]
+            version = max(existing, default=0) + 1
+            meta = {**meta, "name": name, "version": version}
+            write_json_atomic(os.path.join(staged, "meta.json"), meta)
+            for fname in os.listdir(staged):
+                with open(os.path.join(staged, fname), "rb") as fh:
+                    os.fsync(fh.fileno())
+            _fsync_dir(staged)
+            try:
+                os.rename(staged, os.path.join(mdir, str(version)))
+            except OSError:  # another publisher took that number: try the next
+                continue
+            _fsync_dir(mdir)
+            return version
+        raise StoreError("could not find a free version number")
+
+    # -- the applied-model record -------------------------------------------
+    @property
+    def record_path(self) -> str:
+        return os.path.join(self.root, RECORD)
+
+    def read_record(self) -> dict[str, Any] | None:
+        try:
+            with open(self.record_path, encoding="utf-8") as fh:
+                rec = json.load(fh)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"unreadable applied-model record: {exc}") from exc
+        if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
+            raise StoreError("applied-model record must be an object with a 'name'")
+        version = rec.get("version")
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+            raise StoreError("applied-model record: 'version' must be an integer")
+        return rec
+
+    def write_record(self, name: str, version: int) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        write_json_atomic(self.record_path, {
+            "name": name, "version": version,
+            "applied_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})

@@ -1,0 +1,84 @@
+"""The watcher thread: follows the applied-model record on disk.
+
+When another process or an operator rewrites ``<models_dir>/.applied.json``,
+the service must swap to it exactly as ``POST /apply`` does. The thread only
+looks at the file (stat, and a read when it changed) and posts
+``on_change(name, version)`` to the IOLoop; it touches no other state
+(rule 2: one owner). Polling a stat every ``interval`` seconds is cheap,
+portable, and works on network filesystems where inotify does not.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Callable
+
+from tornado.ioloop import IOLoop
+
+from store import ModelStore, StoreError
+
+log = logging.getLogger("textswap.watcher")
+
+
+class RecordWatcher:
+    def __init__(self, store: ModelStore, loop: IOLoop, interval: float,
+                 on_change: Callable[[str, int | None], object]) -> None:
+        self.store = store
+        self.loop = loop
+        self.interval = interval
+        self.on_change = on_change
+        self._stop = threading.Event()
+        self._last_stat: tuple | None = None
+        self._last_seen: tuple[str, int | None] | None = None
+        self._thread = threading.Thread(target=self._run, name="record-watcher", daemon=True)
+
+    def start(self, current: tuple[str, int | None] | None) -> None:
+        """Start watching; ``current`` is what the service serves already."""
+        self._last_seen = current
+        self._last_stat = self._stat()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+
+    def _stat(self) -> tuple | None:
+        try:
+            st = os.stat(self.store.record_path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.check()
+            except Exception:  # the watcher must outlive any odd file state
+                log.exception("watcher check failed")
+
+    def check(self) -> None:
+        st = self._stat()
+        if st == self._last_stat:
+            return
+        self._last_stat = st
+        if st is None:
+            return  # record removed: keep serving what we serve
+        try:
+            rec = self.store.read_record()
+        except StoreError as exc:
+            log.error("ignoring applied-model record: %s", exc)
+            return
+        if rec is None:
+            return
+        wanted = (rec["name"], rec.get("version"))
+        if wanted == self._last_seen:
+            return
+        self._last_seen = wanted
+        log.info("applied-model record changed on disk: %s v%s", *wanted)
+        self.loop.add_callback(self.on_change, *wanted)
+
+    def note_applied(self, name: str, version: int) -> None:
+        """The service wrote the record itself: not a change to act on."""
+        self._last_seen = (name, version)

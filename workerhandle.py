@@ -1,0 +1,309 @@
+"""The supervisor's side of one worker process: spawn, frames, futures, exit.
+
+A WorkerHandle lives on the IOLoop. It owns the process object and one end
+of a socketpair (a bidirectional pipe; the child holds the other end). Reads
+are non-blocking through a Tornado IOStream, decoded incrementally, and each
+answer resolves the future of its request id. The process's exit is watched
+through its sentinel fd, so a kill -9 is noticed at once, not at the next
+request. Imports no TensorFlow: the child does that after spawn.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import os
+import signal
+import socket
+import time
+from typing import Any, Callable
+
+import multiprocess
+import psutil
+from tornado import gen
+from tornado.concurrent import Future
+from tornado.ioloop import IOLoop
+from tornado.iostream import IOStream, StreamClosedError
+
+from model_worker import protocol
+
+log = logging.getLogger("textswap.workers")
+
+_spawn = multiprocess.get_context("spawn")
+
+
+class State(enum.Enum):
+    STARTING = "STARTING"  # process spawned, importing TensorFlow
+    STANDBY = "STANDBY"    # TensorFlow imported, waiting for a model
+    LOADING = "LOADING"    # loading + warming up a model
+    READY = "READY"        # model answered its warm-up, not routed yet
+    SERVING = "SERVING"    # receives predictions
+    DRAINING = "DRAINING"  # no new requests; finishing in-flight ones
+    STOPPED = "STOPPED"    # process exited after being asked to
+    FAILED = "FAILED"      # died, failed to load, or was killed
+
+
+_ALLOWED = {
+    State.STARTING: {State.STANDBY},
+    State.STANDBY: {State.LOADING, State.STOPPED},
+    State.LOADING: {State.READY},
+    State.READY: {State.SERVING, State.STOPPED},
+    State.SERVING: {State.DRAINING},
+    State.DRAINING: {State.STOPPED},
+    State.STOPPED: set(),
+    State.FAILED: set(),
+}
+
+
+class WorkerError(Exception):
+    """A request could not be answered by this worker."""
+
+
+class WorkerDied(WorkerError):
+    """The process went away with the request in flight (safe to retry)."""
+
+
+class RequestFailed(WorkerError):
+    """The worker answered with an error frame."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+_generations = itertools.count(1)
+
+
+class WorkerHandle:
+    def __init__(self, options: dict[str, Any], on_exit: Callable[["WorkerHandle"], None],
+                 on_answer: Callable[[], None] | None = None,
+                 target: Callable[..., None] | None = None, kind: str = "worker") -> None:
+        self.generation = next(_generations)
+        self.options = options
+        self.on_exit = on_exit
+        self.on_answer = on_answer or (lambda: None)
+        self.kind = kind
+        self.state = State.STARTING
+        self.model: dict[str, Any] | None = None  # {"name", "version"}
+        self.labels: list[str] = []
+        self.pending: dict[int, tuple[Future, float]] = {}
+        self.served = 0
+        self.exitcode: int | None = None
+        self.error: str | None = None
+        self.created = time.time()
+        self.booted: Future = Future()
+        self.ready: Future = Future()
+        self.exited: Future = Future()
+        self._ids = itertools.count(1)
+        self._decoder = protocol.FrameDecoder()
+        self._idle_waiters: list[Future] = []
+        parent, child = socket.socketpair()
+        if target is None:
+            from model_worker.worker import main as target
+        self.process = _spawn.Process(target=target, args=(child, options), daemon=True,
+                                      name=f"textswap-{kind}-{self.generation}")
+        self.process.start()
+        child.close()  # the child has its own copy; EOF now means it is gone
+        self.pid: int = self.process.pid
+        self.stream = IOStream(parent, max_write_buffer_size=256 * 1024 * 1024)
+        self._loop = IOLoop.current()
+        self._loop.add_handler(self.process.sentinel, self._on_sentinel, IOLoop.READ)
+        self._loop.spawn_callback(self._read_loop)
+        log.info("%s gen %d spawned, pid %d", kind, self.generation, self.pid)
+
+    # -- state -----------------------------------------------------------------
+    def set_state(self, new: State) -> None:
+        old = self.state
+        if new is not State.FAILED and new not in _ALLOWED[old]:
+            raise RuntimeError(f"worker gen {self.generation}: illegal transition "
+                               f"{old.value} -> {new.value}")
+        if old is new:
+            return
+        self.state = new
+        log.info("worker gen %d (pid %d%s): %s -> %s", self.generation, self.pid,
+                 f", {self.model_label}" if self.model else "", old.value, new.value)
+
+    @property
+    def model_label(self) -> str:
+        return f"{self.model['name']} v{self.model['version']}" if self.model else "-"
+
+    @property
+    def alive(self) -> bool:
+        return not self.exited.done()
+
+    @property
+    def inflight(self) -> int:
+        return len(self.pending)
+
+    # -- frames ------------------------------------------------------------------
+    def send(self, msg: dict[str, Any]) -> None:
+        if self.stream.closed():
+            raise WorkerDied(f"worker gen {self.generation} is gone")
+        self.stream.write(protocol.encode(msg))
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                data = await self.stream.read_bytes(1 << 16, partial=True)
+                for msg in self._decoder.feed(data):
+                    self._dispatch(msg)
+        except StreamClosedError:
+            if self._decoder.pending:
+                log.error("worker gen %d: connection closed inside a frame (%d bytes)",
+                          self.generation, self._decoder.pending)
+        except protocol.ProtocolError as exc:
+            log.error("worker gen %d sent a bad frame (%s); killing it", self.generation, exc)
+            self.error = f"protocol error: {exc}"
+            self.kill()
+        self._fail_pending(f"worker gen {self.generation} closed its connection")
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        kind = msg["t"]
+        if kind == "result" or (kind == "error" and msg.get("id") is not None):
+            entry = self.pending.pop(msg.get("id"), None)
+            if entry is None:
+                log.warning("worker gen %d answered unknown id %r", self.generation, msg.get("id"))
+                return
+            fut = entry[0]
+            if not fut.done():
+                if kind == "result":
+                    self.served += 1
+                    fut.set_result(msg["scores"])
+                else:
+                    fut.set_exception(RequestFailed(msg.get("code", "error"), msg.get("message", "")))
+            if not self.pending:
+                self._wake_idle()
+            self.on_answer()
+        elif kind == "booted":
+            self.set_state(State.STANDBY)
+            if not self.booted.done():
+                self.booted.set_result(msg)
+        elif kind == "ready":
+            self.labels = list(msg["labels"])
+            self.set_state(State.READY)
+            if not self.ready.done():
+                self.ready.set_result(msg)
+        elif kind == "error":  # an error about the process itself (e.g. load)
+            self.error = f"{msg.get('code')}: {msg.get('message')}"
+            if not self.ready.done():
+                self.ready.set_exception(RequestFailed(msg.get("code", "error"),
+                                                       msg.get("message", "")))
+        elif kind == "pong":
+            entry = self.pending.pop(msg.get("id"), None)
+            if entry and not entry[0].done():
+                entry[0].set_result(None)
+        else:
+            log.warning("worker gen %d sent unknown frame type %r", self.generation, kind)
+
+    # -- requests ------------------------------------------------------------------
+    def predict(self, texts: list[str]) -> Future:
+        rid = next(self._ids)
+        fut: Future = Future()
+        self.send({"t": "predict", "id": rid, "texts": texts})
+        self.pending[rid] = (fut, time.monotonic())
+        return fut
+
+    def oldest_request_age(self) -> float:
+        if not self.pending:
+            return 0.0
+        now = time.monotonic()
+        return max(now - t for _, t in self.pending.values())
+
+    def load(self, path: str, name: str, version: int) -> None:
+        self.model = {"name": name, "version": version}
+        self.set_state(State.LOADING)
+        self.send({"t": "load", "path": path, "name": name, "version": version})
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until nothing is in flight; False when the timeout passed first."""
+        if not self.pending:
+            return True
+        fut: Future = Future()
+        self._idle_waiters.append(fut)
+        try:
+            await gen.with_timeout(self._loop.time() + timeout, fut)
+            return True
+        except gen.TimeoutError:
+            return False
+
+    def _wake_idle(self) -> None:
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _fail_pending(self, why: str) -> None:
+        pending, self.pending = self.pending, {}
+        for fut, _ in pending.values():
+            if not fut.done():
+                fut.set_exception(WorkerDied(why))
+        self._wake_idle()
+        for f in (self.booted, self.ready):
+            if not f.done():
+                f.set_exception(WorkerDied(self.error or why))
+
+    # -- exit ------------------------------------------------------------------
+    def _on_sentinel(self, fd: int, events: int) -> None:
+        self._loop.remove_handler(fd)
+        self.process.join(timeout=1.0)  # reaps it: no zombie
+        self.exitcode = self.process.exitcode
+        self.stream.close()
+        self._fail_pending(f"worker gen {self.generation} exited with {self.exitcode}")
+        if self.state not in (State.STOPPED, State.FAILED):
+            if self.state in (State.DRAINING, State.STANDBY, State.READY) and self.exitcode == 0:
+                self.set_state(State.STOPPED)
+            else:
+                self.error = self.error or f"process exited with code {self.exitcode}"
+                self.set_state(State.FAILED)
+        log.info("worker gen %d (pid %d) exited with code %s", self.generation, self.pid,
+                 self.exitcode)
+        if not self.exited.done():
+            self.exited.set_result(self.exitcode)
+        self.on_exit(self)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.alive:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    async def stop(self, timeout: float) -> str:
+        """Ask to exit, then SIGTERM, then SIGKILL. Returns how it ended."""
+        if not self.alive:
+            return "exited"
+        try:
+            self.send({"t": "stop"})
+        except WorkerError:
+            pass
+        for how, sig in (("stopped", None), ("terminated", signal.SIGTERM),
+                         ("killed", signal.SIGKILL)):
+            if sig is not None:
+                self.kill(sig)
+            try:
+                await gen.with_timeout(self._loop.time() + timeout, self.exited)
+                return how
+            except gen.TimeoutError:
+                continue
+        return "unkillable"
+
+    def rss(self) -> int | None:
+        try:
+            return psutil.Process(self.pid).memory_info().rss if self.alive else None
+        except psutil.Error:
+            return None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "generation": self.generation,
+            "kind": self.kind,
+            "pid": self.pid,
+            "state": self.state.value,
+            "model": self.model,
+            "served": self.served,
+            "inflight": self.inflight,
+            "rss_bytes": self.rss(),
+            "started_at": self.created,
+            "exitcode": self.exitcode,
+            "error": self.error,
+        }
