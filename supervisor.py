@@ -78,6 +78,7 @@ class Supervisor:
         self.last_good: tuple[str, int] | None = None  # served before the current one
         self.last_apply: dict[str, Any] | None = None
         self._recovering = False
+        self._applying = 0  # applies queued or running
         self._standby_failures = 0
         self.watcher: RecordWatcher | None = None
         self.jobs = None  # the training job manager, attached by make_jobs()
@@ -183,6 +184,7 @@ class Supervisor:
             self.restarts += 1
             log.error("serving worker gen %d (%s) died: exit code %s", w.generation,
                       w.model_label, w.exitcode)
+            self._recovering = True  # set now: requests arriving meanwhile must wait
             self._changed.notify_all()
             self.loop.spawn_callback(self._recover, w)
 
@@ -196,7 +198,6 @@ class Supervisor:
         crashes.append(now)
         while crashes and now - crashes[0] > window:
             crashes.popleft()
-        self._recovering = True
         try:
             if len(crashes) > self.wcfg["max_restarts"]:
                 reason = (f"worker crashed {len(crashes)} times within {window:.0f}s "
@@ -245,74 +246,83 @@ class Supervisor:
         check_name(name)
         self.store.resolve(name, version)  # fail fast: 404 before queueing
         t_call = time.monotonic()
-        async with self.apply_lock:
-            if self.stopping:
-                raise ServiceError("service is shutting down", 503, "stopping")
-            version, path = self.store.resolve(name, version)
-            phases: dict[str, float] = {"queued": time.monotonic() - t_call}
-            old = self.serving
-            previous = dict(old.model) if old and old.model else None
-            if old is not None and old.model == {"name": name, "version": version} and (
-                    source in ("watcher", "restart", "startup")):
-                return {"previous": previous, "current": previous, "unchanged": True}
-            t = time.monotonic()
-            w = await self._booted_worker()
-            phases["spawn"] = time.monotonic() - t
-            t = time.monotonic()
-            try:
-                w.load(path, name, version)
-                ready = await gen.with_timeout(self.loop.time() + self.wcfg["load_timeout"],
-                                               w.ready)
-            except (gen.TimeoutError, WorkerError) as exc:
-                why = str(exc) or "load deadline passed"
-                if isinstance(exc, gen.TimeoutError):
-                    why = f"model did not load and warm up within {self.wcfg['load_timeout']}s"
-                w.error = why
-                self.loop.spawn_callback(w.stop, 1.0)
-                self.ensure_standby(delay=1.0)
-                raise ApplyFailed(f"{name} v{version} failed to load: {why}; "
-                                  f"{'still serving ' + old.model_label if old else 'no model serving'}"
-                                  ) from exc
-            phases["load"] = time.monotonic() - t
-            t = time.monotonic()
-            # the swap: one assignment moves routing
-            w.set_state(State.SERVING)
-            self.serving = w
+        self._applying += 1
+        try:
+            async with self.apply_lock:
+                return await self._apply_locked(name, version, source, persist, t_call)
+        finally:
+            self._applying -= 1
             self._changed.notify_all()
-            if previous and (previous["name"], previous["version"]) != (name, version):
-                self.last_good = (previous["name"], previous["version"])
-            if persist:
-                if self.watcher:
-                    self.watcher.note_applied(name, version)
-                self.store.write_record(name, version)
-            phases["swap"] = time.monotonic() - t
-            log.info("now serving %s v%s (worker gen %d, pid %d; %s)", name, version,
-                     w.generation, w.pid, source)
-            self.ensure_standby(delay=2.0)
-            t = time.monotonic()
-            drained = True
-            if old is not None and old.alive:
-                old.set_state(State.DRAINING)
-                drained = await old.wait_idle(self.wcfg["drain_timeout"])
-            phases["drain"] = time.monotonic() - t
-            t = time.monotonic()
-            stopped = await old.stop(self.wcfg["stop_timeout"]) if old is not None else None
-            phases["stop"] = time.monotonic() - t
-            result = {
-                "previous": previous,
-                "current": {"name": name, "version": version},
-                "worker": {"generation": w.generation, "pid": w.pid},
-                "phases_s": {k: round(v, 4) for k, v in phases.items()},
-                "load_s": round(ready.get("load_s", 0.0), 4),
-                "warmup_s": round(ready.get("warm_s", 0.0), 4),
-                "old_worker": None if old is None else {
-                    "generation": old.generation, "pid": old.pid, "drained": drained,
-                    "ended": stopped},
-                "source": source,
-                "total_s": round(time.monotonic() - t_call, 4),
-            }
-            self.last_apply = result
-            return result
+
+    async def _apply_locked(self, name: str, version: int | None, source: str, persist: bool,
+                            t_call: float) -> dict[str, Any]:
+        if self.stopping:
+            raise ServiceError("service is shutting down", 503, "stopping")
+        version, path = self.store.resolve(name, version)
+        phases: dict[str, float] = {"queued": time.monotonic() - t_call}
+        old = self.serving
+        previous = dict(old.model) if old and old.model else None
+        if old is not None and old.model == {"name": name, "version": version} and (
+                source in ("watcher", "restart", "startup")):
+            return {"previous": previous, "current": previous, "unchanged": True}
+        t = time.monotonic()
+        w = await self._booted_worker()
+        phases["spawn"] = time.monotonic() - t
+        t = time.monotonic()
+        try:
+            w.load(path, name, version)
+            ready = await gen.with_timeout(self.loop.time() + self.wcfg["load_timeout"],
+                                           w.ready)
+        except (gen.TimeoutError, WorkerError) as exc:
+            why = str(exc) or "load deadline passed"
+            if isinstance(exc, gen.TimeoutError):
+                why = f"model did not load and warm up within {self.wcfg['load_timeout']}s"
+            w.error = why
+            self.loop.spawn_callback(w.stop, 1.0)
+            self.ensure_standby(delay=1.0)
+            raise ApplyFailed(f"{name} v{version} failed to load: {why}; "
+                              f"{'still serving ' + old.model_label if old else 'no model serving'}"
+                              ) from exc
+        phases["load"] = time.monotonic() - t
+        t = time.monotonic()
+        # the swap: one assignment moves routing
+        w.set_state(State.SERVING)
+        self.serving = w
+        self._changed.notify_all()
+        if previous and (previous["name"], previous["version"]) != (name, version):
+            self.last_good = (previous["name"], previous["version"])
+        if persist:
+            if self.watcher:
+                self.watcher.note_applied(name, version)
+            self.store.write_record(name, version)
+        phases["swap"] = time.monotonic() - t
+        log.info("now serving %s v%s (worker gen %d, pid %d; %s)", name, version,
+                 w.generation, w.pid, source)
+        self.ensure_standby(delay=2.0)
+        t = time.monotonic()
+        drained = True
+        if old is not None and old.alive:
+            old.set_state(State.DRAINING)
+            drained = await old.wait_idle(self.wcfg["drain_timeout"])
+        phases["drain"] = time.monotonic() - t
+        t = time.monotonic()
+        stopped = await old.stop(self.wcfg["stop_timeout"]) if old is not None else None
+        phases["stop"] = time.monotonic() - t
+        result = {
+            "previous": previous,
+            "current": {"name": name, "version": version},
+            "worker": {"generation": w.generation, "pid": w.pid},
+            "phases_s": {k: round(v, 4) for k, v in phases.items()},
+            "load_s": round(ready.get("load_s", 0.0), 4),
+            "warmup_s": round(ready.get("warm_s", 0.0), 4),
+            "old_worker": None if old is None else {
+                "generation": old.generation, "pid": old.pid, "drained": drained,
+                "ended": stopped},
+            "source": source,
+            "total_s": round(time.monotonic() - t_call, 4),
+        }
+        self.last_apply = result
+        return result
 
     # -- predict --------------------------------------------------------------------
     async def _route(self, deadline: float) -> WorkerHandle:
@@ -322,7 +332,7 @@ class Supervisor:
             w = self.serving
             if w is not None and w.inflight < cap:
                 return w
-            if w is None and not self._recovering and not self.apply_lock.locked():
+            if w is None and not self._recovering and not self._applying:
                 raise NoModel("no model is serving; apply one with POST /apply")
             self._waiters += 1
             try:
@@ -453,4 +463,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the importable module, so the handlers (which import
+    # `supervisor`) and this entry point share one set of classes.
+    import supervisor as _self
+
+    sys.exit(_self.main())

@@ -241,6 +241,7 @@ class WorkerHandle:
         for f in (self.booted, self.ready):
             if not f.done():
                 f.set_exception(WorkerDied(self.error or why))
+                f.exception()  # nobody may be waiting: don't log it as lost
 
     # -- exit ------------------------------------------------------------------
     def _on_sentinel(self, fd: int, events: int) -> None:
@@ -272,6 +273,10 @@ class WorkerHandle:
         """Ask to exit, then SIGTERM, then SIGKILL. Returns how it ended."""
         if not self.alive:
             return "exited"
+        if self.state is State.STARTING:  # still importing TensorFlow: nothing to lose
+            self.kill(signal.SIGKILL)
+            await self.exited
+            return "killed"
         try:
             self.send({"t": "stop"})
         except WorkerError:

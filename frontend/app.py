@@ -13,8 +13,10 @@ from frontend.base import NotFoundHandler
 log = logging.getLogger("textswap.http")
 
 # Tornado must not cut a connection before a handler can answer 413 with a
-# JSON body: the real cap (limits.max_body_bytes) is checked by the handlers.
-_TRANSPORT_BODY_CAP = 1 << 30
+# JSON body: the real cap (limits.max_body_bytes) is checked by the handlers,
+# which read and drop an over-large body up to this size; beyond it the
+# connection is closed.
+_MIN_TRANSPORT_CAP = 64 * 1024 * 1024
 
 
 def inference_app(sup: Any, config: Any) -> Application:
@@ -63,7 +65,8 @@ def start_servers(sup: Any, config: Any) -> list[HTTPServer]:
     servers = []
     for app, host, port in ((inference_app(sup, config), s["host"], s["port"]),
                             (management_app(sup, config), s["manage_host"], s["manage_port"])):
-        server = HTTPServer(app, max_body_size=_TRANSPORT_BODY_CAP, xheaders=False)
+        cap = max(_MIN_TRANSPORT_CAP, 2 * config["limits"]["max_body_bytes"])
+        server = HTTPServer(app, max_body_size=cap, xheaders=False)
         server.listen(port, address=host)
         servers.append(server)
     return servers

@@ -41,6 +41,7 @@ class JsonHandler(RequestHandler):
         self.token = token
         self._chunks: list[bytes] = []
         self._size = 0
+        self._too_large: str | None = None
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json; charset=utf-8")
@@ -57,8 +58,9 @@ class JsonHandler(RequestHandler):
                 except ValueError:
                     raise ApiError(400, "bad_request", "invalid Content-Length") from None
                 if n > cap:
-                    raise ApiError(413, "body_too_large",
-                                   f"request body of {n} bytes exceeds the limit of {cap}")
+                    # read and drop the body, then answer 413: refusing at once
+                    # makes most clients see a reset instead of our answer
+                    self._too_large = f"request body of {n} bytes exceeds the limit of {cap}"
 
     def _check_token(self) -> None:
         got = self.request.headers.get("Authorization", "")
@@ -72,18 +74,26 @@ class JsonHandler(RequestHandler):
 
     def data_received(self, chunk: bytes) -> None:
         self._size += len(chunk)
-        if self._size > self.limits["max_body_bytes"]:
-            raise ApiError(413, "body_too_large",
-                           f"request body exceeds the limit of {self.limits['max_body_bytes']} bytes")
+        if self._too_large:
+            return
+        if self._size > self.limits["max_body_bytes"]:  # chunked: no Content-Length
+            self._too_large = (f"request body exceeds the limit of "
+                               f"{self.limits['max_body_bytes']} bytes")
+            self._chunks = []
+            return
         self._chunks.append(chunk)
 
     @property
     def body(self) -> bytes:
+        if self._too_large:
+            raise ApiError(413, "body_too_large", self._too_large)
         if len(self._chunks) != 1:
             self._chunks = [b"".join(self._chunks)]
         return self._chunks[0]
 
     def json_body(self, required: bool = True) -> Any:
+        if self._too_large:
+            raise ApiError(413, "body_too_large", self._too_large)
         ctype = self.request.headers.get("Content-Type", "application/json")
         media = ctype.split(";")[0].strip().lower()
         if media not in ("application/json", "") and not media.endswith("+json"):

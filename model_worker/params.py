@@ -33,6 +33,8 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "max_tokens": 100_000,
     # How each n-gram is weighted in the bag (bow only).
     "output_mode": "tf_idf",
+    # Scale each text's bag to unit L2 norm (bow only).
+    "normalize": True,
     # cnn only: tokens kept per text and embedding width.
     "sequence_length": 200,
     "embedding_dim": 64,
@@ -75,6 +77,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "dropout": (0.0, 0.9, False),
     "l2": (0.0, 1.0, False),
 }
+_BOOL_FIELDS = ("normalize",)
 _CHOICES: dict[str, tuple[str, ...]] = {
     "architecture": ARCHITECTURES,
     "tokenize": TOKENIZE_MODES,
@@ -137,7 +140,11 @@ def validate_params(user: dict | None) -> dict:
         if not isinstance(field, str) or field not in DEFAULT_PARAMS:
             allowed = ", ".join(sorted(DEFAULT_PARAMS))
             raise ParamError(str(field), f"unknown parameter; allowed: {allowed}")
-        if field in _INT_RANGES:
+        if field in _BOOL_FIELDS:
+            if not isinstance(value, bool):
+                raise ParamError(field, f"must be true or false, got {type(value).__name__}")
+            merged[field] = value
+        elif field in _INT_RANGES:
             merged[field] = _check_int(field, value)
         elif field in _FLOAT_RANGES:
             merged[field] = _check_float(field, value)

@@ -88,8 +88,61 @@ def _document_frequencies(texts: list[str], tokenize: str, ngrams: int | None) -
     return df
 
 
-def build_vectorizer(texts: list[str], params: dict, tokenize: str) -> keras.layers.TextVectorization:
-    """A TextVectorization layer with its vocabulary fitted on `texts`."""
+@keras.saving.register_keras_serializable(package="textswap")
+class TermWeighting(keras.layers.Layer):
+    """Turns per-text n-gram counts into the bag the linear layer sees.
+
+    mode "tf_idf": count * idf; "count": count; "multi_hot": 1 if present.
+    The OOV column gets weight 0: how many unknown n-grams a text has says
+    more about its length than its class. With `normalize`, each row is
+    scaled to unit L2 norm, as classic TF-IDF pipelines do; this keeps long
+    reviews from producing huge logits and measured more accurate.
+
+    Accepts a SparseTensor (training, on cached features) or a dense tensor
+    and returns the same kind, so both graphs share one definition.
+    """
+
+    def __init__(self, vocab_size: int, mode: str = "tf_idf", normalize: bool = True, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.vocab_size, self.mode, self.normalize = vocab_size, mode, normalize
+        # Saved with the model's weights; set from the training data.
+        self.weights_per_term = self.add_weight(
+            shape=(vocab_size,), initializer="ones", trainable=False, name="term_weights")
+
+    def call(self, counts):
+        if isinstance(counts, tf.SparseTensor):
+            values = tf.cast(counts.values, self.compute_dtype)
+            if self.mode == "multi_hot":
+                values = tf.ones_like(values)
+            values = values * tf.gather(tf.convert_to_tensor(self.weights_per_term), counts.indices[:, 1])
+            if self.normalize:
+                rows = counts.indices[:, 0]
+                sq = tf.math.unsorted_segment_sum(tf.square(values), rows, counts.dense_shape[0])
+                values = values * tf.gather(tf.math.rsqrt(tf.maximum(sq, 1e-12)), rows)
+            return tf.SparseTensor(counts.indices, values, counts.dense_shape)
+        x = tf.cast(counts, self.compute_dtype)
+        if self.mode == "multi_hot":
+            x = tf.minimum(x, 1.0)
+        x = x * self.weights_per_term
+        if self.normalize:
+            x = x * tf.math.rsqrt(tf.maximum(tf.reduce_sum(tf.square(x), axis=-1, keepdims=True), 1e-12))
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "vocab_size": self.vocab_size, "mode": self.mode,
+                "normalize": self.normalize}
+
+
+def build_vectorizer(texts: list[str], params: dict, tokenize: str, sparse: bool = False):
+    """A TextVectorization layer with its vocabulary fitted on `texts`.
+
+    For bags also returns the TermWeighting layer (its weights set from the
+    document frequencies) and a sparse twin of the vectorizer that feeds
+    training; for sequences those two are None.
+    """
     cnn = params["architecture"] == "cnn"
     ngrams = None if cnn else params["ngrams"]
     df = _document_frequencies(texts, tokenize, ngrams)
@@ -101,26 +154,28 @@ def build_vectorizer(texts: list[str], params: dict, tokenize: str) -> keras.lay
     vocab = [token.decode("utf-8") for token, _ in ranked]
     if not vocab:
         raise ValueError("training texts contain no tokens")
-    common = dict(
-        max_tokens=len(vocab) + reserved,
-        standardize=_STANDARDIZERS[tokenize],
-        split="whitespace",
-        name="vectorizer",
-    )
+    common = dict(max_tokens=len(vocab) + reserved, standardize=_STANDARDIZERS[tokenize], split="whitespace")
     if cnn:
         layer = keras.layers.TextVectorization(
-            output_mode="int", output_sequence_length=params["sequence_length"], **common
-        )
+            output_mode="int", output_sequence_length=params["sequence_length"], name="vectorizer", **common)
         layer.set_vocabulary(vocab)
-        return layer
-    layer = keras.layers.TextVectorization(ngrams=ngrams, output_mode=params["output_mode"], **common)
+        return layer, None, None
+    # Counts come from TextVectorization, weighting from our own layer:
+    # Keras' built-in tf_idf mode cannot emit sparse output, and sparse
+    # features are what make training fast.
+    served = keras.layers.TextVectorization(ngrams=ngrams, output_mode="count", sparse=sparse,
+                                            name="vectorizer", **common)
+    served.set_vocabulary(vocab)
+    twin = keras.layers.TextVectorization(ngrams=ngrams, output_mode="count", sparse=True, **common)
+    twin.set_vocabulary(vocab)
+    weighting = TermWeighting(len(vocab) + 1, params["output_mode"], params["normalize"], name="weighting")
+    weights = np.ones(len(vocab) + 1, dtype="float32")
+    weights[0] = 0.0
     if params["output_mode"] == "tf_idf":
         counts = np.array([c for _, c in ranked], dtype="float64")
-        idf = np.log1p(len(texts) / (1.0 + counts))
-        layer.set_vocabulary(vocab, idf_weights=idf)
-    else:
-        layer.set_vocabulary(vocab)
-    return layer
+        weights[1:] = np.log1p(len(texts) / (1.0 + counts))
+    weighting.weights_per_term.assign(weights)
+    return served, weighting, twin
 
 
 # --------------------------------------------------------------------------
@@ -216,19 +271,16 @@ class _Progress(keras.callbacks.Callback):
             raise TrainingCancelled("training cancelled")
 
 
-def _features(vectorizer, texts: list[str], sparse: bool):
+def _features(vectorizer, texts: list[str], weighting=None):
     """Vectorize every text once; the head then trains on the cached result.
 
-    Bags are kept as one SparseTensor: dense 100k-wide float rows would not
-    fit in memory for more than a few thousand texts.
+    Bags are kept as one SparseTensor (dense 100k-wide rows would not fit in
+    memory beyond a few thousand texts); sequences as a dense int matrix.
     """
-    parts = []
-    for start in range(0, len(texts), _FEATURE_BATCH):
-        feats = vectorizer(tf.constant(texts[start:start + _FEATURE_BATCH]))
-        parts.append(tf.sparse.from_dense(feats) if sparse else feats)
-    if sparse:
-        return tf.sparse.concat(0, parts)
-    return tf.concat(parts, 0)
+    parts = [vectorizer(tf.constant(texts[i:i + _FEATURE_BATCH])) for i in range(0, len(texts), _FEATURE_BATCH)]
+    if weighting is None:
+        return tf.concat(parts, 0)
+    return weighting(tf.sparse.concat(0, parts))
 
 
 def _dataset(features, y: np.ndarray, batch_size: int, seed: int | None) -> tf.data.Dataset:
@@ -270,7 +322,7 @@ def train_model(
     # The vocabulary comes from the training part only, so validation
     # metrics are honest about unseen n-grams.
     tokenize = resolve_tokenize(params, train_texts)
-    vectorizer = build_vectorizer(train_texts, params, tokenize)
+    vectorizer, weighting, twin = build_vectorizer(train_texts, params, tokenize)
     vocab_size = vectorizer.vocabulary_size()
     bow = params["architecture"] == "bow"
     head = _head_layers(params, vocab_size, len(label_names))
@@ -285,21 +337,25 @@ def train_model(
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy"],
     )
-    train_ds = _dataset(_features(vectorizer, train_texts, bow), y[train_idx], params["batch_size"], params["seed"])
+    train_ds = _dataset(_features(twin or vectorizer, train_texts, weighting), y[train_idx], params["batch_size"], params["seed"])
     callbacks: list[keras.callbacks.Callback] = []
     history: list[dict] = []
     val_ds = None
     if len(val_idx):
-        val_ds = _dataset(_features(vectorizer, val_texts, bow), y[val_idx], 1024, None)
+        val_ds = _dataset(_features(twin or vectorizer, val_texts, weighting), y[val_idx], 1024, None)
         callbacks.append(keras.callbacks.EarlyStopping(
             monitor="val_loss", patience=params["early_stopping_patience"], restore_best_weights=True))
     callbacks.append(_Progress(params["epochs"], on_epoch, should_stop, history))
-    trainer.fit(train_ds, validation_data=val_ds, epochs=params["epochs"], callbacks=callbacks, verbose=0)
+    trainer.fit(train_ds, validation_data=val_ds, epochs=params["epochs"], callbacks=callbacks, verbose=0,
+                shuffle=False)  # the dataset shuffles itself, seeded
 
     # The served model: raw strings -> the same vectorizer -> the same
     # (now trained) head layers.
     text_input = keras.Input(shape=(), dtype="string", name="text")
-    model = keras.Model(text_input, _apply(head, vectorizer(text_input)), name="textswap_classifier")
+    features = vectorizer(text_input)
+    if weighting is not None:
+        features = weighting(features)
+    model = keras.Model(text_input, _apply(head, features), name="textswap_classifier")
     train_seconds = time.monotonic() - started
 
     metrics = evaluate(make_predict_fn(model), val_texts, y[val_idx], label_names)
@@ -386,6 +442,7 @@ TINY_PARAMS: dict = {
 }
 
 
-def train_tiny(texts: list[str], labels: list[str], **overrides) -> TrainResult:
-    """Train a small model quickly (tests, demos)."""
-    return train_model(texts, labels, {**TINY_PARAMS, **overrides})
+def train_tiny(texts: list[str], labels: list[str], on_epoch: Callable[[dict], None] | None = None,
+               should_stop: Callable[[], bool] | None = None, **overrides) -> TrainResult:
+    """Train a small model quickly (tests, demos); overrides are params."""
+    return train_model(texts, labels, {**TINY_PARAMS, **overrides}, on_epoch, should_stop)

@@ -1,0 +1,30 @@
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+sys.path.insert(0, ROOT)
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tmp_path_factory) -> str:
+    """A model store with tiny real models: sent v1, sent v2, topic v1.
+
+    Built once per session in a child process (it imports TensorFlow; the test
+    process must not, see test_no_tensorflow.py)."""
+    root = str(tmp_path_factory.mktemp("store") / "models")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "tinymodels.py"), root],
+                   check=True, cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return root
+
+
+@pytest.fixture
+def store_copy(tiny_store, tmp_path) -> str:
+    """A private copy of the tiny store, for a test that changes it."""
+    dst = str(tmp_path / "models")
+    shutil.copytree(tiny_store, dst)
+    return dst

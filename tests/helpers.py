@@ -1,0 +1,153 @@
+"""Test helpers: run the real service as a subprocess and talk HTTP to it."""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import psutil
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll pred() until it returns something truthy, or fail after timeout."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = pred()
+            if value:
+                return value
+        except Exception as exc:  # e.g. connection refused while starting
+            last_exc = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")
+
+
+def request(port: int, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
+            headers: dict[str, str] | None = None, timeout: float = 60.0
+            ) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        hdrs = {"Content-Type": "application/json"}
+        hdrs.update(headers or {})
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        conn.request(method, path, body=data, headers=hdrs)
+        resp = conn.getresponse()
+        payload = resp.read()
+        try:
+            return resp.status, json.loads(payload) if payload else None
+        except ValueError:
+            return resp.status, payload
+    finally:
+        conn.close()
+
+
+class Service:
+    """The real service (python supervisor.py) on free ports."""
+
+    def __init__(self, models_dir: str, *, args: list[str] | None = None,
+                 env: dict[str, str] | None = None, log_path: str | None = None) -> None:
+        self.models_dir = models_dir
+        self.port = free_port()
+        self.mport = free_port()
+        self.log_path = log_path or os.path.join(models_dir, f"service-{self.port}.log")
+        cmd = [sys.executable, os.path.join(ROOT, "supervisor.py"), "--models-dir", models_dir,
+               "--host", "127.0.0.1", "--port", str(self.port), "--manage-port", str(self.mport)]
+        self._log = open(self.log_path, "ab")
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = subprocess.Popen(cmd + (args or []), cwd=ROOT, stdout=self._log,
+                                     stderr=subprocess.STDOUT, env=full_env)
+        wait_for(lambda: self.get("/healthz")[0] == 200, 30, "service /healthz")
+
+    # HTTP
+    def get(self, path: str, **kw: Any) -> tuple[int, Any]:
+        return request(self.port, "GET", path, **kw)
+
+    def predict(self, body: Any, **kw: Any) -> tuple[int, Any]:
+        return request(self.port, "POST", "/predict", body, **kw)
+
+    def mget(self, path: str, **kw: Any) -> tuple[int, Any]:
+        return request(self.mport, "GET", path, **kw)
+
+    def mpost(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+        return request(self.mport, "POST", path, body, **kw)
+
+    def status(self) -> dict[str, Any]:
+        code, body = self.mget("/status")
+        assert code == 200, body
+        return body
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+
+    def serving(self) -> dict[str, Any] | None:
+        return self.status()["serving"]
+
+    def wait_standby(self, timeout: float = 90) -> dict[str, Any]:
+        return wait_for(lambda: (self.status()["standby"] or {}).get("state") == "STANDBY"
+                        and self.status()["standby"], timeout, "a booted standby worker",
+                        interval=0.2)
+
+    def children(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        kids = self.children()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        if sig == signal.SIGKILL:  # nothing reaps them: a real crash leaves them
+            for k in kids:
+                try:
+                    k.kill()
+                except psutil.NoSuchProcess:
+                    pass
+        self._log.close()
+
+        def alive() -> list[str]:
+            out = []
+            for k in kids:
+                try:
+                    if k.is_running() and k.status() != psutil.STATUS_ZOMBIE:
+                        out.append(" ".join(k.cmdline())[:200])
+                except psutil.NoSuchProcess:
+                    pass
+            return out
+        # helpers (e.g. multiprocess's resource tracker) exit once they see
+        # the parent gone; give them a moment before calling them leftovers
+        deadline = time.monotonic() + 5
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.leftover = alive()
+        return code
+
+
+def pid_gone(pid: int) -> bool:
+    """True once the process has exited and been reaped (a zombie is not gone)."""
+    try:
+        psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return True
+    return False

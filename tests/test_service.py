@@ -1,0 +1,238 @@
+"""The serving core end to end: real service process, real workers, real HTTP."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from helpers import Service, pid_gone, wait_for
+
+
+@pytest.fixture(scope="module")
+def svc(tiny_store, tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("svc") / "models")
+    shutil.copytree(tiny_store, root)
+    s = Service(root)
+    yield s
+    s.stop()
+
+
+def test_not_ready_before_any_apply(svc):
+    assert svc.get("/healthz") == (200, {"status": "ok"})
+    code, body = svc.get("/readyz")
+    assert code == 503 and body["error"]["code"] == "not_ready"
+    code, body = svc.predict({"text": "hello"})
+    assert code == 503 and body["error"]["code"] == "no_model"
+
+
+def test_models_listing(svc):
+    code, body = svc.mget("/models")
+    assert code == 200
+    by_name = {m["name"]: m for m in body["models"]}
+    assert [v["version"] for v in by_name["sent"]["versions"]] == [1, 2]
+    assert by_name["topic"]["versions"][0]["labels"] == ["neg", "other", "pos"]
+    assert svc.mget("/models/sent/2")[1]["labels"] == ["neg", "pos"]
+    assert svc.mget("/models/nope")[0] == 404
+
+
+@pytest.mark.parametrize("body,status,code", [
+    ({"name": "nope"}, 404, "not_found"),
+    ({"name": "sent", "version": 9}, 404, "not_found"),
+    ({"name": "../etc"}, 400, "invalid_name"),
+    ({"name": "a/b"}, 400, "invalid_name"),
+    ({"name": "sent", "version": -1}, 400, "invalid_field"),
+    ({"name": "sent", "version": "1"}, 400, "invalid_field"),
+    ({"version": 1}, 400, "missing_field"),
+    ({"name": "sent", "extra": 1}, 400, "unknown_field"),
+])
+def test_apply_rejects_bad_requests(svc, body, status, code):
+    got_status, got = svc.mpost("/apply", body)
+    assert (got_status, got["error"]["code"]) == (status, code), got
+
+
+def test_apply_then_predict(svc):
+    svc.wait_standby()
+    standby_pid = svc.status()["standby"]["pid"]
+    code, body = svc.mpost("/apply", {"name": "sent", "version": 1})
+    assert code == 200, body
+    assert body["current"] == {"name": "sent", "version": 1} and body["previous"] is None
+    assert body["worker"]["pid"] == standby_pid  # the warm standby took the model
+    assert set(body["phases_s"]) >= {"spawn", "load", "swap", "drain", "stop"}
+    assert svc.get("/readyz")[0] == 200
+
+    code, body = svc.predict({"text": "非常好用"})
+    assert code == 200 and body["model"] == {"name": "sent", "version": 1}
+    (pred,) = body["predictions"]
+    assert pred["label"] == "pos" and pred["top"][0]["label"] == "pos"
+    assert abs(sum(t["score"] for t in pred["top"]) - 1.0) < 1e-4
+
+    texts = ["terrible", "love it", "很差", "好评"]
+    code, body = svc.predict({"texts": texts, "top_k": 1})
+    assert code == 200
+    assert [p["label"] for p in body["predictions"]] == ["neg", "pos", "neg", "pos"]
+    assert all(len(p["top"]) == 1 for p in body["predictions"])
+
+    with open(os.path.join(svc.models_dir, ".applied.json")) as fh:
+        assert json.load(fh)["version"] == 1
+
+
+def test_status_shape(svc):
+    st = svc.status()
+    assert st["serving"]["name"] == "sent"
+    assert st["supervisor"]["rss_bytes"] > 0 and st["supervisor"]["uptime_s"] > 0
+    (w,) = [w for w in st["workers"] if w["state"] == "SERVING"]
+    assert w["served"] >= 2 and w["rss_bytes"] > 0 and w["inflight"] == 0
+    assert st["restarts"] == 0
+
+
+def _score_of(svc, text):
+    return svc.predict({"text": text})[1]
+
+
+def test_swaps_under_load_lose_nothing_and_label_versions_truly(svc):
+    """Repeated applies under concurrent load: no failure, honest versions.
+
+    sent v1 and v2 are different trained weights, so a fixed text gets a
+    different score from each: every response's score must match the score of
+    the version it names."""
+    probe = "还不错吧 ok"
+    expected = {}
+    for v in (2, 1):
+        assert svc.mpost("/apply", {"name": "sent", "version": v})[0] == 200
+        expected[v] = _score_of(svc, probe)["predictions"][0]["score"]
+    assert abs(expected[1] - expected[2]) > 1e-4
+
+    stop = threading.Event()
+    results, errors = [], []
+
+    def client():
+        while not stop.is_set():
+            code, body = svc.predict({"text": probe})
+            if code != 200:
+                errors.append((code, body))
+            else:
+                results.append((body["model"]["version"], body["predictions"][0]["score"]))
+
+    threads = [threading.Thread(target=client) for _ in range(6)]
+    for t in threads:
+        t.start()
+    old_pids = []
+    try:
+        for i in range(2):  # each apply boots a fresh process; 20 run in bench/chaos.py
+            wait_for(lambda: len(results) > 20 * (i + 1), 30, "load to flow")
+            before = svc.serving()["pid"]
+            code, body = svc.mpost("/apply", {"name": "sent", "version": 2 if i % 2 == 0 else 1})
+            assert code == 200, body
+            assert body["old_worker"]["pid"] == before and body["old_worker"]["drained"]
+            old_pids.append(before)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert {v for v, _ in results} == {1, 2}
+    for version, score in results:
+        assert abs(score - expected[version]) < 1e-5, (version, score)
+    for pid in old_pids:  # old workers have exited and been reaped
+        wait_for(lambda: pid_gone(pid), 10, f"old worker {pid} to be gone")
+
+
+def test_watcher_follows_record_written_from_outside(svc):
+    serving = svc.serving()
+    target = 2 if serving["version"] == 1 else 1
+    record = os.path.join(svc.models_dir, ".applied.json")
+    tmp = record + ".op"
+    with open(tmp, "w") as fh:  # an operator's atomic edit
+        json.dump({"name": "sent", "version": target}, fh)
+    t0 = time.monotonic()
+    os.replace(tmp, record)
+    wait_for(lambda: svc.serving()["version"] == target, 30, "watcher to apply the record")
+    assert svc.predict({"text": "ok"})[1]["model"]["version"] == target
+    elapsed = time.monotonic() - t0
+    print(f"watcher swap took {elapsed:.2f}s")
+
+    # a record naming a missing model: logged, ignored, current model serves on
+    with open(tmp, "w") as fh:
+        json.dump({"name": "ghost", "version": 3}, fh)
+    os.replace(tmp, record)
+    wait_for(lambda: "ghost" in svc.log(), 10, "the watcher to log the missing model")
+    assert svc.serving()["version"] == target
+    assert svc.predict({"text": "ok"})[0] == 200
+
+
+def test_killed_worker_is_replaced_and_requests_survive(svc):
+    svc.wait_standby()
+    st = svc.status()
+    victim, restarts = st["serving"]["pid"], st["restarts"]
+    stop = threading.Event()
+    codes = []
+
+    def client():
+        while not stop.is_set():
+            codes.append(svc.predict({"text": "很好"})[0])
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: len(codes) > 20, 30, "load to flow")
+        t0 = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: (svc.serving() or {}).get("pid") not in (None, victim), 60,
+                 "a replacement worker")
+        recovery = time.monotonic() - t0
+        n = len(codes)
+        wait_for(lambda: len(codes) > n + 20, 30, "load to flow on the replacement")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    print(f"recovered from kill -9 in {recovery:.2f}s over {len(codes)} requests")
+    assert set(codes) == {200}
+    st = svc.status()
+    assert st["restarts"] == restarts + 1
+    assert any(e["pid"] == victim and e["exitcode"] == -9 for e in st["recent_exits"])
+    wait_for(lambda: pid_gone(victim), 10, "the killed worker to be reaped")
+
+
+def test_bad_predict_requests(svc):
+    cases = [
+        ({"text": ""}, 400, "empty_text"),
+        ({"text": "   "}, 400, "empty_text"),
+        ({"text": 5}, 400, "invalid_field"),
+        ({"texts": []}, 400, "invalid_field"),
+        ({"texts": ["a", 3]}, 400, "invalid_field"),
+        ({"texts": "abc"}, 400, "invalid_field"),
+        ({"text": "a", "texts": ["b"]}, 400, "bad_request"),
+        ({}, 400, "bad_request"),
+        ({"text": "a", "top_k": 0}, 400, "invalid_field"),
+        ({"text": "a", "top_k": True}, 400, "invalid_field"),
+        ({"text": "a", "top_k": 10**6}, 400, "invalid_field"),
+        ({"text": "a", "bogus": 1}, 400, "unknown_field"),
+        ({"texts": ["a"] * 5000}, 413, "too_many_texts"),
+        ({"text": "长" * 30000}, 413, "text_too_long"),
+        ([1, 2], 400, "bad_request"),
+    ]
+    for body, status, code in cases:
+        got_status, got = svc.predict(body)
+        assert (got_status, got["error"]["code"]) == (status, code), (body, got)
+    assert svc.predict(None, raw=b"{not json")[1]["error"]["code"] == "bad_json"
+    assert svc.predict(None, raw=b'{"text": "\xff\xfe"}')[1]["error"]["code"] == "bad_encoding"
+    assert svc.predict(None, raw=b'{"text": "\\ud800"}')[1]["error"]["code"] == "bad_text"
+    code, got = svc.predict(None, raw=b"x" * (5 * 1024 * 1024))
+    assert code == 413 and got["error"]["code"] == "body_too_large"
+    code, got = svc.predict({"text": "a"}, headers={"Content-Type": "text/plain"})
+    assert code == 415
+    assert svc.get("/nope")[0] == 404
+    code, got = svc.get("/predict")
+    assert code == 405 and "error" in got
+    # odd but valid text is answered
+    code, got = svc.predict({"texts": ["\x00\x01 ctrl", "emoji 😀👍 混合 mixed"], "top_k": 50})
+    assert code == 200 and len(got["predictions"]) == 2
+    assert len(got["predictions"][0]["top"]) == 2  # top_k is capped at the label count

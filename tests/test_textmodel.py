@@ -1,0 +1,181 @@
+"""Training parameters, tokenizer detection, and one real train/save/load.
+
+The model test trains a tiny classifier, saves it, and loads it in a fresh
+interpreter with safe_mode=True: that is exactly what a serving worker does,
+so it proves the artifact needs nothing but `import model_worker.textmodel`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model_worker.params import (
+    DEFAULT_PARAMS,
+    ParamError,
+    detect_tokenize,
+    validate_params,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# --------------------------------------------------------------------------
+# Parameters (no TensorFlow needed)
+# --------------------------------------------------------------------------
+
+EXPECTED_FIELDS = {
+    "architecture", "tokenize", "ngrams", "max_tokens", "sequence_length", "embedding_dim",
+    "epochs", "batch_size", "learning_rate", "validation_split", "early_stopping_patience", "seed",
+}
+
+
+def test_defaults_complete_and_valid():
+    assert EXPECTED_FIELDS <= DEFAULT_PARAMS.keys()
+    assert validate_params(None) == DEFAULT_PARAMS
+    assert validate_params({}) == DEFAULT_PARAMS
+    merged = validate_params({"epochs": 3, "learning_rate": 1})
+    assert merged["epochs"] == 3 and merged["learning_rate"] == 1.0
+    assert merged["batch_size"] == DEFAULT_PARAMS["batch_size"]
+
+
+def test_params_module_does_not_import_tensorflow():
+    # The supervisor imports params.py; it must stay TF-free.
+    code = "import sys, model_worker.params; print('tensorflow' in sys.modules or 'keras' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("epochs", True),          # bool is not an int
+    ("epochs", 2.0),
+    ("epochs", "5"),
+    ("epochs", 0),
+    ("epochs", 10_000),
+    ("batch_size", -1),
+    ("ngrams", 0),
+    ("ngrams", 9),
+    ("max_tokens", 10),
+    ("sequence_length", None),
+    ("embedding_dim", 1),
+    ("early_stopping_patience", -1),
+    ("seed", -5),
+    ("learning_rate", 0),
+    ("learning_rate", 2.0),
+    ("learning_rate", "0.01"),
+    ("learning_rate", False),
+    ("validation_split", 0.0),
+    ("validation_split", 0.9),
+    ("dropout", 1.5),
+    ("l2", -0.1),
+    ("l2", float("nan")),
+    ("architecture", "transformer"),
+    ("architecture", 1),
+    ("tokenize", "jieba"),
+    ("output_mode", "int"),
+    ("normalize", 1),
+])
+def test_bad_values_name_the_field(field, value):
+    with pytest.raises(ParamError) as err:
+        validate_params({field: value})
+    assert err.value.field == field
+    assert field in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_unknown_field_rejected():
+    with pytest.raises(ParamError) as err:
+        validate_params({"epoch": 3})
+    assert err.value.field == "epoch"
+    assert "unknown" in err.value.message and "epochs" in err.value.message
+
+
+def test_params_must_be_a_dict():
+    with pytest.raises(ParamError):
+        validate_params([("epochs", 3)])  # type: ignore[arg-type]
+
+
+def test_detect_tokenize():
+    assert detect_tokenize(["这本书写得很好，推荐购买", "质量太差了"]) == "char"
+    assert detect_tokenize(["A great book, highly recommended", "Terrible quality"]) == "word"
+    # Chinese reviews mentioning Latin product names are still Chinese.
+    assert detect_tokenize(["这个iPhone手机很好用，电池也耐用", "Kindle屏幕不错"]) == "char"
+    # English text quoting a word of Chinese is still English.
+    assert detect_tokenize(["The sign said 你好 and nothing else in the whole room"]) == "word"
+    assert detect_tokenize([]) == "word"
+    assert detect_tokenize(["12345 !!!"]) == "word"
+
+
+# --------------------------------------------------------------------------
+# One real model: train, save, reload in a fresh process
+# --------------------------------------------------------------------------
+
+POS = [
+    "这本书写得很好，非常推荐", "质量很好，物流也快", "很喜欢，值得购买", "非常满意，好评",
+    "服务很好，下次还来", "好用，性价比高", "包装精美，很好", "内容精彩，喜欢",
+    "great product, works perfectly", "i love this book", "excellent quality and fast delivery",
+    "highly recommended, very good", "wonderful service, very happy", "good value, love it",
+    "amazing, would buy again", "the best purchase this year", "very good 很好", "nice phone 很喜欢",
+    "perfect gift, love it", "好评，非常好",
+]
+NEG = [
+    "质量太差了，不推荐", "很失望，浪费钱", "服务差，再也不来", "太差了，差评",
+    "物流很慢，包装破损", "不好用，退货", "内容无聊，失望", "很差，后悔购买",
+    "terrible product, broke in a day", "i hate this book", "awful quality and slow delivery",
+    "not recommended, very bad", "horrible service, very angry", "waste of money, bad",
+    "disappointing, would not buy again", "the worst purchase this year", "very bad 太差", "bad phone 差评",
+    "broken gift, hate it", "差评，非常差",
+]
+
+LOAD_AND_PREDICT = """
+import json, sys
+import numpy as np
+import keras
+import model_worker.textmodel as tm
+model = keras.saving.load_model(sys.argv[1], safe_mode=True)
+texts = json.loads(sys.argv[2])
+print(json.dumps(tm.make_predict_fn(model)(texts).tolist()))
+"""
+
+
+def test_train_save_load_in_fresh_process(tmp_path):
+    from model_worker import textmodel
+
+    texts = POS + NEG
+    labels = ["pos"] * len(POS) + ["neg"] * len(NEG)
+    result = textmodel.train_tiny(texts, labels)
+    assert result.labels == ["neg", "pos"]
+    assert result.history and set(result.history[0]) == {"epoch", "epochs", "loss", "val_loss", "val_accuracy"}
+    assert result.metrics["n_train"] + result.metrics["n_val"] == len(texts)
+    assert set(result.metrics["per_label"]) == {"neg", "pos"}
+
+    predict = textmodel.make_predict_fn(result.model)
+    probs = predict(texts)
+    assert probs.shape == (len(texts), 2)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-5)
+    accuracy = np.mean(probs.argmax(axis=1) == np.array([result.labels.index(l) for l in labels]))
+    assert accuracy >= 0.9
+    # Batch size must not change the answer (one trace serves every size).
+    np.testing.assert_allclose(predict(texts[:1]), probs[:1], atol=1e-6)
+    assert predict([]).shape == (0, 2)
+
+    path = tmp_path / "model.keras"
+    result.model.save(path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run([sys.executable, "-c", LOAD_AND_PREDICT, str(path), json.dumps(texts)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    reloaded = np.array(json.loads(out.stdout.strip().splitlines()[-1]))
+    np.testing.assert_allclose(reloaded, probs, atol=1e-6)
+
+
+def test_cancel_raises(tmp_path):
+    from model_worker import textmodel
+
+    with pytest.raises(textmodel.TrainingCancelled):
+        textmodel.train_tiny(POS + NEG, ["pos"] * 20 + ["neg"] * 20, epochs=5, should_stop=lambda: True)
