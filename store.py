@@ -154,6 +154,14 @@ class ModelStore:
         os.makedirs(tmp_root, exist_ok=True)
         return tempfile.mkdtemp(dir=tmp_root, prefix="stage-")
 
+    def clean_staging(self) -> None:
+        """Remove half-written models (call only while no trainer runs)."""
+        tmp_root = os.path.join(self.root, TMP)
+        if os.path.isdir(tmp_root):
+            for entry in os.listdir(tmp_root):
+                if entry.startswith("stage-"):
+                    shutil.rmtree(os.path.join(tmp_root, entry), ignore_errors=True)
+
     def publish(self, name: str, staged: str, meta: dict[str, Any]) -> int:
         """Move a staged model into the next free version; returns the version."""
         check_name(name)

@@ -23,11 +23,15 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.locks import Condition, Event, Lock
 
 from config import Config, ConfigError, load_config
+from jobs import JobManager
 from store import ModelStore, NotFound, StoreError, check_name
 from watcher import RecordWatcher
 from workerhandle import RequestFailed, State, WorkerDied, WorkerError, WorkerHandle
 
 log = logging.getLogger("textswap.supervisor")
+
+DEMO_DATA = "data/demo/sentiment_zh.jsonl"
+DEMO_PARAMS: dict[str, Any] = {}  # the measured defaults
 
 
 class ServiceError(Exception):
@@ -81,7 +85,7 @@ class Supervisor:
         self._applying = 0  # applies queued or running
         self._standby_failures = 0
         self.watcher: RecordWatcher | None = None
-        self.jobs = None  # the training job manager, attached by make_jobs()
+        self.jobs = JobManager(self)
         self._hang_check = PeriodicCallback(self._check_hangs, 1000)
 
     # -- start and stop -----------------------------------------------------------
@@ -101,8 +105,22 @@ class Supervisor:
         if record:
             self.loop.spawn_callback(self._apply_logged, record["name"], record.get("version"),
                                      "startup")
+        elif not self.store.names() and self.cfg["training"]["demo_on_empty_store"]:
+            self.loop.spawn_callback(self._train_demo)
         else:
             log.info("no applied model yet: /readyz answers 503 until one is applied")
+
+    async def _train_demo(self) -> None:
+        """First start on an empty store: train and apply the bundled demo."""
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), DEMO_DATA)
+        try:
+            job = await self.jobs.submit("demo", {"path": path}, DEMO_PARAMS, True,
+                                         trusted_path=True)
+        except Exception as exc:
+            log.error("could not start the demo training: %s", exc)
+            return
+        log.info("empty model store: training the bundled demo model (job %s); "
+                 "/predict answers once it is applied", job.id)
 
     async def shutdown(self) -> None:
         if self.stopping:
@@ -113,8 +131,7 @@ class Supervisor:
         self._hang_check.stop()
         if self.watcher:
             self.watcher.stop()
-        if self.jobs is not None:
-            await self.jobs.shutdown()
+        await self.jobs.shutdown()
         timeout = self.wcfg["stop_timeout"]
         handles = list(self.workers.values())
         for w in handles:
@@ -389,7 +406,7 @@ class Supervisor:
             "recent_exits": list(self.exits),
             "failed_models": list(self.failed_models.values()),
             "last_apply": self.last_apply,
-            "jobs": self.jobs.list() if self.jobs is not None else [],
+            "jobs": self.jobs.list(),
         }
 
 

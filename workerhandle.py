@@ -74,32 +74,21 @@ class RequestFailed(WorkerError):
 _generations = itertools.count(1)
 
 
-class WorkerHandle:
-    def __init__(self, options: dict[str, Any], on_exit: Callable[["WorkerHandle"], None],
-                 on_answer: Callable[[], None] | None = None,
-                 target: Callable[..., None] | None = None, kind: str = "worker") -> None:
+class ChildProcess:
+    """A spawned child with a frame connection; the base of workers and jobs."""
+
+    def __init__(self, target: Callable[..., None], options: dict[str, Any], kind: str,
+                 on_exit: Callable[[Any], None]) -> None:
         self.generation = next(_generations)
         self.options = options
-        self.on_exit = on_exit
-        self.on_answer = on_answer or (lambda: None)
         self.kind = kind
-        self.state = State.STARTING
-        self.model: dict[str, Any] | None = None  # {"name", "version"}
-        self.labels: list[str] = []
-        self.pending: dict[int, tuple[Future, float]] = {}
-        self.served = 0
+        self.on_exit = on_exit
         self.exitcode: int | None = None
         self.error: str | None = None
         self.created = time.time()
-        self.booted: Future = Future()
-        self.ready: Future = Future()
         self.exited: Future = Future()
-        self._ids = itertools.count(1)
         self._decoder = protocol.FrameDecoder()
-        self._idle_waiters: list[Future] = []
         parent, child = socket.socketpair()
-        if target is None:
-            from model_worker.worker import main as target
         self.process = _spawn.Process(target=target, args=(child, options), daemon=True,
                                       name=f"textswap-{kind}-{self.generation}")
         self.process.start()
@@ -110,6 +99,104 @@ class WorkerHandle:
         self._loop.add_handler(self.process.sentinel, self._on_sentinel, IOLoop.READ)
         self._loop.spawn_callback(self._read_loop)
         log.info("%s gen %d spawned, pid %d", kind, self.generation, self.pid)
+
+    @property
+    def alive(self) -> bool:
+        return not self.exited.done()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        if self.stream.closed():
+            raise WorkerDied(f"{self.kind} gen {self.generation} is gone")
+        self.stream.write(protocol.encode(msg))
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                data = await self.stream.read_bytes(1 << 16, partial=True)
+                for msg in self._decoder.feed(data):
+                    self.on_frame(msg)
+        except StreamClosedError:
+            if self._decoder.pending:
+                log.error("%s gen %d: connection closed inside a frame (%d bytes)",
+                          self.kind, self.generation, self._decoder.pending)
+        except protocol.ProtocolError as exc:
+            log.error("%s gen %d sent a bad frame (%s); killing it", self.kind,
+                      self.generation, exc)
+            self.error = f"protocol error: {exc}"
+            self.kill()
+        self.on_closed()
+
+    def on_frame(self, msg: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def on_closed(self) -> None:
+        """The connection ended (the process is gone or going)."""
+
+    def _on_sentinel(self, fd: int, events: int) -> None:
+        self._loop.remove_handler(fd)
+        self.process.join(timeout=1.0)  # reaps it: no zombie
+        self.exitcode = self.process.exitcode
+        self.stream.close()
+        self.on_closed()
+        self.on_process_exit()
+        log.info("%s gen %d (pid %d) exited with code %s", self.kind, self.generation,
+                 self.pid, self.exitcode)
+        if not self.exited.done():
+            self.exited.set_result(self.exitcode)
+        self.on_exit(self)
+
+    def on_process_exit(self) -> None:
+        pass
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.alive:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    async def stop(self, timeout: float) -> str:
+        """Ask to exit, then SIGTERM, then SIGKILL. Returns how it ended."""
+        if not self.alive:
+            return "exited"
+        try:
+            self.send({"t": "stop"})
+        except WorkerError:
+            pass
+        for how, sig in (("stopped", None), ("terminated", signal.SIGTERM),
+                         ("killed", signal.SIGKILL)):
+            if sig is not None:
+                self.kill(sig)
+            try:
+                await gen.with_timeout(self._loop.time() + timeout, self.exited)
+                return how
+            except gen.TimeoutError:
+                continue
+        return "unkillable"
+
+    def rss(self) -> int | None:
+        try:
+            return psutil.Process(self.pid).memory_info().rss if self.alive else None
+        except psutil.Error:
+            return None
+
+
+class WorkerHandle(ChildProcess):
+    def __init__(self, options: dict[str, Any], on_exit: Callable[["WorkerHandle"], None],
+                 on_answer: Callable[[], None] | None = None) -> None:
+        from model_worker.worker import main as target
+
+        self.on_answer = on_answer or (lambda: None)
+        self.state = State.STARTING
+        self.model: dict[str, Any] | None = None  # {"name", "version"}
+        self.labels: list[str] = []
+        self.pending: dict[int, tuple[Future, float]] = {}
+        self.served = 0
+        self.booted: Future = Future()
+        self.ready: Future = Future()
+        self._ids = itertools.count(1)
+        self._idle_waiters: list[Future] = []
+        super().__init__(target, options, "worker", on_exit)
 
     # -- state -----------------------------------------------------------------
     def set_state(self, new: State) -> None:
@@ -128,36 +215,11 @@ class WorkerHandle:
         return f"{self.model['name']} v{self.model['version']}" if self.model else "-"
 
     @property
-    def alive(self) -> bool:
-        return not self.exited.done()
-
-    @property
     def inflight(self) -> int:
         return len(self.pending)
 
     # -- frames ------------------------------------------------------------------
-    def send(self, msg: dict[str, Any]) -> None:
-        if self.stream.closed():
-            raise WorkerDied(f"worker gen {self.generation} is gone")
-        self.stream.write(protocol.encode(msg))
-
-    async def _read_loop(self) -> None:
-        try:
-            while True:
-                data = await self.stream.read_bytes(1 << 16, partial=True)
-                for msg in self._decoder.feed(data):
-                    self._dispatch(msg)
-        except StreamClosedError:
-            if self._decoder.pending:
-                log.error("worker gen %d: connection closed inside a frame (%d bytes)",
-                          self.generation, self._decoder.pending)
-        except protocol.ProtocolError as exc:
-            log.error("worker gen %d sent a bad frame (%s); killing it", self.generation, exc)
-            self.error = f"protocol error: {exc}"
-            self.kill()
-        self._fail_pending(f"worker gen {self.generation} closed its connection")
-
-    def _dispatch(self, msg: dict[str, Any]) -> None:
+    def on_frame(self, msg: dict[str, Any]) -> None:
         kind = msg["t"]
         if kind == "result" or (kind == "error" and msg.get("id") is not None):
             entry = self.pending.pop(msg.get("id"), None)
@@ -244,11 +306,10 @@ class WorkerHandle:
                 f.exception()  # nobody may be waiting: don't log it as lost
 
     # -- exit ------------------------------------------------------------------
-    def _on_sentinel(self, fd: int, events: int) -> None:
-        self._loop.remove_handler(fd)
-        self.process.join(timeout=1.0)  # reaps it: no zombie
-        self.exitcode = self.process.exitcode
-        self.stream.close()
+    def on_closed(self) -> None:
+        self._fail_pending(f"worker gen {self.generation} closed its connection")
+
+    def on_process_exit(self) -> None:
         self._fail_pending(f"worker gen {self.generation} exited with {self.exitcode}")
         if self.state not in (State.STOPPED, State.FAILED):
             if self.state in (State.DRAINING, State.STANDBY, State.READY) and self.exitcode == 0:
@@ -256,47 +317,13 @@ class WorkerHandle:
             else:
                 self.error = self.error or f"process exited with code {self.exitcode}"
                 self.set_state(State.FAILED)
-        log.info("worker gen %d (pid %d) exited with code %s", self.generation, self.pid,
-                 self.exitcode)
-        if not self.exited.done():
-            self.exited.set_result(self.exitcode)
-        self.on_exit(self)
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.alive:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
 
     async def stop(self, timeout: float) -> str:
-        """Ask to exit, then SIGTERM, then SIGKILL. Returns how it ended."""
-        if not self.alive:
-            return "exited"
-        if self.state is State.STARTING:  # still importing TensorFlow: nothing to lose
-            self.kill(signal.SIGKILL)
+        if self.alive and self.state is State.STARTING:
+            self.kill(signal.SIGKILL)  # still importing TensorFlow: nothing to lose
             await self.exited
             return "killed"
-        try:
-            self.send({"t": "stop"})
-        except WorkerError:
-            pass
-        for how, sig in (("stopped", None), ("terminated", signal.SIGTERM),
-                         ("killed", signal.SIGKILL)):
-            if sig is not None:
-                self.kill(sig)
-            try:
-                await gen.with_timeout(self._loop.time() + timeout, self.exited)
-                return how
-            except gen.TimeoutError:
-                continue
-        return "unkillable"
-
-    def rss(self) -> int | None:
-        try:
-            return psutil.Process(self.pid).memory_info().rss if self.alive else None
-        except psutil.Error:
-            return None
+        return await super().stop(timeout)
 
     def describe(self) -> dict[str, Any]:
         return {

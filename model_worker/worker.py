@@ -86,10 +86,8 @@ class Worker:
     def load(self, msg: dict[str, Any]) -> None:
         import keras
 
-        try:  # registers the project's text functions before a model names them
-            from model_worker import textmodel  # noqa: F401
-        except ImportError:
-            pass
+        # also registers the project's text layers before a model names them
+        from model_worker import textmodel
 
         t0 = time.monotonic()
         path = msg["path"]
@@ -101,7 +99,7 @@ class Worker:
             raise ValueError("meta.json has no valid 'labels' list (two or more strings)")
         _fault("load")
         model = keras.saving.load_model(os.path.join(path, "model.keras"), safe_mode=True)
-        predict_fn = compiled_predict(model)
+        predict_fn = textmodel.make_predict_fn(model)
         t1 = time.monotonic()
         scores = predict_fn(["warm-up 预热"])
         if scores.shape != (1, len(labels)):
@@ -203,26 +201,6 @@ class Worker:
     def run(self) -> None:
         while self.handle(self.queue.get()):
             pass
-
-
-def compiled_predict(model: Any) -> Callable[[list[str]], Any]:
-    """The model as one traced graph taking a string batch of any size.
-
-    The input signature has an unknown batch dimension, so the graph is traced
-    once and never again; calling it skips Keras's predict loop (data adapter,
-    callbacks, per-call setup), which costs ~100 ms a call.
-    """
-    import numpy as np
-    import tensorflow as tf
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], reduce_retracing=True)
-    def call(x):
-        return model(x, training=False)
-
-    def predict(texts: list[str]) -> Any:
-        return np.asarray(call(tf.constant(texts, dtype=tf.string)))
-
-    return predict
 
 
 def _set_threads(options: dict[str, Any]) -> None:

@@ -1,0 +1,195 @@
+"""Training data: read, check and normalise it before any process starts.
+
+A /train request names its data one of two ways:
+    {"path": "file.jsonl" | "file.csv"}   a UTF-8 file on the server's disk,
+                                          under one of the configured data roots
+    {"examples": [{"text": ..., "label": ...}, ...]}   inline
+plus, optionally, "labels": [...] to declare the label set (then a declared
+label without examples, or an example with an undeclared label, is an error).
+
+Everything that can be known up front is checked here, in the supervisor,
+so the caller gets a 400 naming the problem instead of a failed job later.
+Imports no TensorFlow.
+"""
+from __future__ import annotations
+
+import collections
+import csv
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_EXAMPLES = 2_000_000
+MAX_FILE_BYTES = 1 << 30
+MAX_TEXT_CHARS = 20_000
+MIN_PER_LABEL = 2  # a stratified validation split needs two of each
+
+
+class DataError(ValueError):
+    pass
+
+
+@dataclass
+class Dataset:
+    texts: list[str]
+    labels: list[str]
+    source: str
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def sha256(self) -> str:
+        h = hashlib.sha256()
+        for t, lab in zip(self.texts, self.labels):
+            h.update(json.dumps([t, lab], ensure_ascii=False).encode())
+            h.update(b"\n")
+        return h.hexdigest()
+
+    def write_jsonl(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as fh:
+            for t, lab in zip(self.texts, self.labels):
+                fh.write(json.dumps({"text": t, "label": lab}, ensure_ascii=False) + "\n")
+
+    def summary(self) -> dict[str, Any]:
+        return {"source": self.source, "examples": len(self.texts), "label_counts": self.counts,
+                "sha256": self.sha256}
+
+
+def resolve_path(path: Any, roots: list[str]) -> str:
+    """The real path of a data file, only if it lies under one of the roots."""
+    if not isinstance(path, str) or not path.strip():
+        raise DataError("'data.path' must be a non-empty string")
+    if "\x00" in path:
+        raise DataError("'data.path' contains a NUL character")
+    real = os.path.realpath(path)
+    for root in roots:
+        root_real = os.path.realpath(root)
+        if real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep):
+            break
+    else:
+        raise DataError(f"'data.path' {path!r} is outside the allowed data folders "
+                        f"({', '.join(roots)}); see training.data_roots in config.yaml")
+    if not os.path.exists(real):
+        raise DataError(f"data file {path!r} does not exist")
+    if not os.path.isfile(real):
+        raise DataError(f"data path {path!r} is not a regular file")
+    size = os.path.getsize(real)
+    if size > MAX_FILE_BYTES:
+        raise DataError(f"data file is {size} bytes; the limit is {MAX_FILE_BYTES}")
+    return real
+
+
+def _rows_jsonl(text: str) -> list[tuple[int, Any]]:
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((n, json.loads(line)))
+        except ValueError as exc:
+            raise DataError(f"line {n}: not valid JSON ({exc})") from None
+    return rows
+
+
+def _rows_csv(text: str, delimiter: str) -> list[tuple[int, Any]]:
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+    if not reader.fieldnames or not {"text", "label"} <= {f.strip() for f in reader.fieldnames}:
+        raise DataError(f"CSV header must name the columns 'text' and 'label'; "
+                        f"got {reader.fieldnames}")
+    try:
+        return [(n + 2, {k.strip() if k else k: v for k, v in row.items()})
+                for n, row in enumerate(reader)]
+    except csv.Error as exc:
+        raise DataError(f"CSV error: {exc}") from None
+
+
+def read_file(path: str) -> list[tuple[int, Any]]:
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"data file is not UTF-8 (byte {exc.start}: {exc.reason})") from None
+    ext = os.path.splitext(path)[1].lower()
+    if ext in (".jsonl", ".ndjson", ".json"):
+        return _rows_jsonl(text)
+    if ext in (".csv", ".tsv"):
+        return _rows_csv(text, "\t" if ext == ".tsv" else ",")
+    if text.lstrip().startswith("{"):
+        return _rows_jsonl(text)
+    return _rows_csv(text, ",")
+
+
+def check_examples(rows: list[tuple[int, Any]], source: str,
+                   declared: list[str] | None = None) -> Dataset:
+    if not rows:
+        raise DataError("the data has no examples")
+    if len(rows) > MAX_EXAMPLES:
+        raise DataError(f"{len(rows)} examples; the limit is {MAX_EXAMPLES}")
+    texts, labels = [], []
+    for where, row in rows:
+        at = f"example {where}" if source == "inline" else f"line {where}"
+        if not isinstance(row, dict):
+            raise DataError(f"{at}: must be an object with 'text' and 'label'")
+        text, label = row.get("text"), row.get("label")
+        if text is None or label is None:
+            raise DataError(f"{at}: missing field '{'text' if text is None else 'label'}'")
+        if not isinstance(text, str):
+            raise DataError(f"{at}: 'text' must be a string")
+        if isinstance(label, bool) or not isinstance(label, (str, int)):
+            raise DataError(f"{at}: 'label' must be a string (or an integer)")
+        label = str(label).strip()
+        if not text.strip():
+            raise DataError(f"{at}: 'text' is empty")
+        if not label:
+            raise DataError(f"{at}: 'label' is empty")
+        if len(text) > MAX_TEXT_CHARS:
+            raise DataError(f"{at}: text has {len(text)} characters; the limit is "
+                            f"{MAX_TEXT_CHARS}")
+        try:
+            text.encode("utf-8")
+            label.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DataError(f"{at}: contains an unpaired surrogate, not valid Unicode") from None
+        texts.append(text)
+        labels.append(label)
+    counts = dict(sorted(collections.Counter(labels).items()))
+    if declared is not None:
+        if (not isinstance(declared, list) or not all(isinstance(x, str) for x in declared)
+                or len(set(declared)) != len(declared)):
+            raise DataError("'data.labels' must be a list of distinct strings")
+        missing = [x for x in declared if x not in counts]
+        if missing:
+            raise DataError(f"label(s) {missing} have no examples")
+        extra = [x for x in counts if x not in declared]
+        if extra:
+            raise DataError(f"examples use undeclared label(s) {extra[:10]}")
+    if len(counts) < 2:
+        raise DataError(f"need at least two labels; the data has {list(counts)}")
+    few = {k: v for k, v in counts.items() if v < MIN_PER_LABEL}
+    if few:
+        raise DataError(f"every label needs at least {MIN_PER_LABEL} examples; too few: {few}")
+    return Dataset(texts, labels, source, counts)
+
+
+def load(spec: Any, roots: list[str]) -> Dataset:
+    """Read and check the 'data' field of a /train request."""
+    if not isinstance(spec, dict):
+        raise DataError("'data' must be an object: {\"path\": ...} or {\"examples\": [...]}")
+    unknown = set(spec) - {"path", "examples", "labels"}
+    if unknown:
+        raise DataError(f"unknown field(s) in 'data': {sorted(unknown)}")
+    if ("path" in spec) == ("examples" in spec):
+        raise DataError("'data' needs exactly one of 'path' or 'examples'")
+    declared = spec.get("labels")
+    if "examples" in spec:
+        examples = spec["examples"]
+        if not isinstance(examples, list):
+            raise DataError("'data.examples' must be a list of {\"text\", \"label\"} objects")
+        return check_examples(list(enumerate(examples)), "inline", declared)
+    path = resolve_path(spec["path"], roots)
+    return check_examples(read_file(path), path, declared)

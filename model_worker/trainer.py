@@ -1,0 +1,139 @@
+"""The training process: one per /train job, spawned by the supervisor.
+
+It reads the job's checked data (written by the supervisor as JSONL), trains
+with model_worker.textmodel, reports each epoch over its connection, then
+publishes the model: save into a staging folder, load it back in safe mode
+and compare outputs (an artifact that does not reload is never published),
+then ModelStore.publish renames it into <name>/<version>/ atomically.
+
+Frames sent: progress {epoch, epochs, loss, val_loss, val_accuracy, ...},
+done {version, metrics, labels}, failed {message}. It runs at a lower CPU
+priority with capped threads so that serving keeps its share of the CPU.
+Exit codes: 0 done, 1 failed (reason sent first), 3 TensorFlow import failed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shutil
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from model_worker import protocol
+
+log = logging.getLogger("textswap.trainer")
+
+
+def _limit_resources(spec: dict[str, Any]) -> None:
+    nice = int(spec.get("nice", 10))
+    if nice:
+        os.nice(nice)
+    threads = int(spec.get("threads", 1))
+    if threads:
+        for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+            os.environ[var] = str(threads)
+
+
+def _redirect_output(path: str) -> None:
+    """Send this process's stdout/stderr (TensorFlow's too) to the job log."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _read_jsonl(path: str) -> tuple[list[str], list[str]]:
+    texts, labels = [], []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            row = json.loads(line)
+            texts.append(row["text"])
+            labels.append(row["label"])
+    return texts, labels
+
+
+def run(sock: socket.socket, spec: dict[str, Any]) -> None:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from model_worker import textmodel
+    from store import ModelStore
+
+    threads = int(spec.get("threads", 1))
+    if threads:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+    def on_epoch(info: dict[str, Any]) -> None:
+        protocol.write_frame(sock, {"t": "progress", **{
+            k: (float(v) if isinstance(v, (np.floating, float)) else v)
+            for k, v in info.items()}})
+
+    texts, labels = _read_jsonl(spec["data_file"])
+    protocol.write_frame(sock, {"t": "progress", "phase": "training", "epoch": 0,
+                                "epochs": spec["params"]["epochs"]})
+    t0 = time.monotonic()
+    result = textmodel.train_model(texts, labels, spec["params"], on_epoch=on_epoch)
+    train_s = time.monotonic() - t0
+    protocol.write_frame(sock, {"t": "progress", "phase": "publishing"})
+
+    store = ModelStore(spec["models_dir"])
+    staged = store.staging_dir()
+    try:
+        path = os.path.join(staged, "model.keras")
+        result.model.save(path)
+        # the artifact must load in safe mode and give the same answers
+        probe = texts[:16]
+        again = keras.saving.load_model(path, safe_mode=True)
+        a = textmodel.make_predict_fn(result.model)(probe)
+        b = textmodel.make_predict_fn(again)(probe)
+        if not np.allclose(a, b, atol=1e-5):
+            raise RuntimeError("saved model does not reproduce the trained model's outputs")
+        meta = {
+            "labels": result.labels,
+            "params": spec["params"],
+            "data": spec["data_summary"],
+            "metrics": result.metrics,
+            "history": result.history,
+            "train_seconds": round(train_s, 3),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "job_id": spec["job_id"],
+            "versions": {"python": platform.python_version(), "keras": keras.__version__,
+                         "tensorflow": tf.__version__, "numpy": np.__version__},
+        }
+        version = store.publish(spec["name"], staged, meta)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    protocol.write_frame(sock, {"t": "done", "version": version, "metrics": result.metrics,
+                                "labels": result.labels, "train_seconds": train_s})
+
+
+def main(sock: socket.socket, spec: dict[str, Any]) -> None:
+    """Process entry point (spawned by the supervisor's job manager)."""
+    _redirect_output(spec["log_file"])
+    logging.basicConfig(level="INFO",
+                        format="%(asctime)s %(levelname)s [trainer %(process)d] %(message)s")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    _limit_resources(spec)
+    sys.path.insert(0, spec["root"])  # the store module lives at the top level
+    code = 0
+    try:
+        run(sock, spec)
+    except Exception as exc:
+        traceback.print_exc()
+        try:
+            protocol.write_frame(sock, {"t": "failed",
+                                        "message": f"{type(exc).__name__}: {exc}"})
+        except OSError:
+            pass
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip TensorFlow's slow interpreter shutdown
