@@ -8,6 +8,7 @@ from tornado.httpserver import HTTPServer
 from tornado.web import Application
 
 from frontend import handlers as h
+from frontend import openapi
 from frontend.base import NotFoundHandler
 
 log = logging.getLogger("textswap.http")
@@ -25,6 +26,7 @@ def inference_app(sup: Any, config: Any) -> Application:
         (r"/predict", h.PredictHandler, kw),
         (r"/healthz", h.HealthHandler, kw),
         (r"/readyz", h.ReadyHandler, kw),
+        (r"/openapi.json", openapi.InferenceSpecHandler, kw),
     ], default_handler_class=NotFoundHandler, default_handler_args=kw, log_function=_log)
 
 
@@ -37,6 +39,7 @@ def management_app(sup: Any, config: Any) -> Application:
         (r"/models/([^/]+)", h.ModelHandler, kw),
         (r"/models/([^/]+)/([0-9]{1,9})", h.ModelHandler, kw),
         (r"/healthz", h.HealthHandler, kw),
+        (r"/openapi.json", openapi.ManagementSpecHandler, kw),
     ]
     try:
         from frontend import training

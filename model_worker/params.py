@@ -35,6 +35,8 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "output_mode": "tf_idf",
     # Scale each text's bag to unit L2 norm (bow only).
     "normalize": True,
+    # Use 1 + log(count) instead of the raw count (bow, tf_idf/count).
+    "sublinear_tf": False,
     # cnn only: tokens kept per text and embedding width.
     "sequence_length": 200,
     "embedding_dim": 64,
@@ -77,7 +79,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "dropout": (0.0, 0.9, False),
     "l2": (0.0, 1.0, False),
 }
-_BOOL_FIELDS = ("normalize",)
+_BOOL_FIELDS = ("normalize", "sublinear_tf")
 _CHOICES: dict[str, tuple[str, ...]] = {
     "architecture": ARCHITECTURES,
     "tokenize": TOKENIZE_MODES,

@@ -102,9 +102,11 @@ class TermWeighting(keras.layers.Layer):
     and returns the same kind, so both graphs share one definition.
     """
 
-    def __init__(self, vocab_size: int, mode: str = "tf_idf", normalize: bool = True, **kwargs) -> None:
+    def __init__(self, vocab_size: int, mode: str = "tf_idf", normalize: bool = True,
+                 sublinear_tf: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         self.vocab_size, self.mode, self.normalize = vocab_size, mode, normalize
+        self.sublinear_tf = sublinear_tf
         # Saved with the model's weights; set from the training data.
         self.weights_per_term = self.add_weight(
             shape=(vocab_size,), initializer="ones", trainable=False, name="term_weights")
@@ -114,6 +116,8 @@ class TermWeighting(keras.layers.Layer):
             values = tf.cast(counts.values, self.compute_dtype)
             if self.mode == "multi_hot":
                 values = tf.ones_like(values)
+            elif self.sublinear_tf:
+                values = 1.0 + tf.math.log(values)
             values = values * tf.gather(tf.convert_to_tensor(self.weights_per_term), counts.indices[:, 1])
             if self.normalize:
                 rows = counts.indices[:, 0]
@@ -123,6 +127,9 @@ class TermWeighting(keras.layers.Layer):
         x = tf.cast(counts, self.compute_dtype)
         if self.mode == "multi_hot":
             x = tf.minimum(x, 1.0)
+        elif self.sublinear_tf:
+            # 1 + log(count) where present; log(0) is masked out.
+            x = tf.where(x > 0, 1.0 + tf.math.log(tf.maximum(x, 1.0)), tf.zeros_like(x))
         x = x * self.weights_per_term
         if self.normalize:
             x = x * tf.math.rsqrt(tf.maximum(tf.reduce_sum(tf.square(x), axis=-1, keepdims=True), 1e-12))
@@ -133,7 +140,7 @@ class TermWeighting(keras.layers.Layer):
 
     def get_config(self) -> dict:
         return {**super().get_config(), "vocab_size": self.vocab_size, "mode": self.mode,
-                "normalize": self.normalize}
+                "normalize": self.normalize, "sublinear_tf": self.sublinear_tf}
 
 
 def build_vectorizer(texts: list[str], params: dict, tokenize: str, sparse: bool = False):
@@ -168,7 +175,8 @@ def build_vectorizer(texts: list[str], params: dict, tokenize: str, sparse: bool
     served.set_vocabulary(vocab)
     twin = keras.layers.TextVectorization(ngrams=ngrams, output_mode="count", sparse=True, **common)
     twin.set_vocabulary(vocab)
-    weighting = TermWeighting(len(vocab) + 1, params["output_mode"], params["normalize"], name="weighting")
+    weighting = TermWeighting(len(vocab) + 1, params["output_mode"], params["normalize"],
+                              params["sublinear_tf"], name="weighting")
     weights = np.ones(len(vocab) + 1, dtype="float32")
     weights[0] = 0.0
     if params["output_mode"] == "tf_idf":

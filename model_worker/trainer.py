@@ -76,6 +76,7 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
             for k, v in info.items()}})
 
     texts, labels = _read_jsonl(spec["data_file"])
+    log.info("job %s: training %s on %d examples", spec["job_id"], spec["name"], len(texts))
     protocol.write_frame(sock, {"t": "progress", "phase": "training", "epoch": 0,
                                 "epochs": spec["params"]["epochs"]})
     t0 = time.monotonic()

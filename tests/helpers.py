@@ -64,7 +64,7 @@ class Service:
         self.models_dir = models_dir
         self.port = free_port()
         self.mport = free_port()
-        self.log_path = log_path or os.path.join(models_dir, f"service-{self.port}.log")
+        self.log_path = log_path or f"{models_dir.rstrip(os.sep)}-service-{self.port}.log"
         cmd = [sys.executable, os.path.join(ROOT, "supervisor.py"), "--models-dir", models_dir,
                "--host", "127.0.0.1", "--port", str(self.port), "--manage-port", str(self.mport)]
         self._log = open(self.log_path, "ab")
@@ -85,6 +85,9 @@ class Service:
 
     def mpost(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
         return request(self.mport, "POST", path, body, **kw)
+
+    def request_delete(self, path: str, **kw: Any) -> tuple[int, Any]:
+        return request(self.mport, "DELETE", path, **kw)
 
     def status(self) -> dict[str, Any]:
         code, body = self.mget("/status")
