@@ -139,9 +139,14 @@ class JobManager:
             raise JobError(400, "invalid_data", str(exc)) from None
         job = Job(name, full, data, apply)
         job.dir = os.path.join(self.root, job.id)
-        os.makedirs(job.dir, exist_ok=True)
-        await self.loop.run_in_executor(None, data.write_jsonl,
-                                        os.path.join(job.dir, "data.jsonl"))
+        try:
+            os.makedirs(job.dir, exist_ok=True)
+            await self.loop.run_in_executor(None, data.write_jsonl,
+                                            os.path.join(job.dir, "data.jsonl"))
+        except OSError as exc:
+            shutil.rmtree(job.dir, ignore_errors=True)
+            raise JobError(507, "insufficient_storage",
+                           f"cannot write the job's data into the model store: {exc}") from None
         self.jobs[job.id] = job
         self._trim()
         log.info("job %s queued: train %s on %d examples %s", job.id, name,
@@ -198,7 +203,8 @@ class JobManager:
                 "data_file": os.path.join(job.dir, "data.jsonl"),
                 "log_file": os.path.join(job.dir, "train.log"),
                 "data_summary": job.data_summary, "models_dir": self.sup.store.root,
-                "nice": self.cfg["nice"], "threads": self.cfg["threads"], "root": ROOT}
+                "nice": self.cfg["nice"], "threads": self.cfg["threads"], "root": ROOT,
+                "parent_pid": os.getpid()}
         job.process = TrainerProcess(job, spec, self._on_exit)
 
     def _on_exit(self, proc: TrainerProcess) -> None:

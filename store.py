@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 import re
 import shutil
 import tempfile
@@ -39,6 +40,10 @@ class NotFound(StoreError):
 
 class InvalidName(StoreError):
     pass
+
+
+class InvalidArtifact(StoreError):
+    """The version exists but cannot be a loadable model."""
 
 
 def check_name(name: Any) -> str:
@@ -130,6 +135,27 @@ class ModelStore:
             raise StoreError(f"unreadable meta.json of {name} v{version}: {exc}") from exc
         if not isinstance(meta, dict):
             raise StoreError(f"meta.json of {name} v{version} is not an object")
+        return meta
+
+    def check_artifact(self, name: str, version: int) -> dict[str, Any]:
+        """Cheap checks before a worker is spent on loading: meta and file format."""
+        meta = self.meta(name, version)
+        labels = meta.get("labels")
+        if (not isinstance(labels, list) or len(labels) < 2
+                or not all(isinstance(x, str) and x for x in labels)
+                or len(set(labels)) != len(labels)):
+            raise InvalidArtifact(f"meta.json of {name} v{version} needs 'labels': a list of "
+                                  "two or more distinct non-empty strings")
+        path = os.path.join(self.root, name, str(version), "model.keras")
+        try:
+            with zipfile.ZipFile(path) as zf:
+                names = set(zf.namelist())
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise InvalidArtifact(f"model.keras of {name} v{version} is not a Keras archive "
+                                  f"({exc})") from None
+        if "config.json" not in names:
+            raise InvalidArtifact(f"model.keras of {name} v{version} is not a Keras 3 archive "
+                                  "(no config.json inside)")
         return meta
 
     def listing(self) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from tornado.locks import Condition, Event, Lock
 
 from config import Config, ConfigError, load_config
 from jobs import JobManager
-from store import ModelStore, NotFound, StoreError, check_name
+from store import InvalidArtifact, ModelStore, NotFound, StoreError, check_name
 from watcher import RecordWatcher
 from workerhandle import RequestFailed, State, WorkerDied, WorkerError, WorkerHandle
 
@@ -57,7 +57,7 @@ class Overloaded(ServiceError):
 
 
 class ApplyFailed(ServiceError):
-    status, code = 502, "apply_failed"
+    status, code = 422, "model_load_failed"
 
 
 class Supervisor:
@@ -149,7 +149,8 @@ class Supervisor:
         return {"max_batch": w["max_batch"], "batch_wait_ms": w["batch_wait_ms"],
                 "intra_op_threads": w["intra_op_threads"],
                 "inter_op_threads": w["inter_op_threads"],
-                "boot_nice": 10 if nice else 0, "log_level": self.cfg["log_level"]}
+                "boot_nice": 10 if nice else 0, "log_level": self.cfg["log_level"],
+                "parent_pid": os.getpid()}
 
     def _spawn(self, nice: bool = False) -> WorkerHandle:
         w = WorkerHandle(self._options(nice), self._on_worker_exit, on_answer=self._on_answer)
@@ -162,6 +163,8 @@ class Supervisor:
             return
         if self.standby is not None and self.standby.alive:
             return
+        if any(w.state is State.STARTING for w in self.workers.values()):
+            return  # one TensorFlow import at a time; the next swap asks again
         if delay:
             self.loop.call_later(delay, self.ensure_standby, nice)
             return
@@ -178,7 +181,7 @@ class Supervisor:
         except (gen.TimeoutError, WorkerDied) as exc:
             w.kill()
             raise ApplyFailed(f"worker process did not start: {exc or 'timeout'}",
-                              code="worker_boot_failed") from exc
+                              status=503, code="worker_boot_failed") from exc
         return w
 
     def _on_answer(self) -> None:
@@ -206,34 +209,50 @@ class Supervisor:
             self.loop.spawn_callback(self._recover, w)
 
     async def _recover(self, dead: WorkerHandle) -> None:
-        """Restart the model of a dead serving worker, or give up on it."""
+        """Restart the model of a dead serving worker, or give up on it.
+
+        Every crash (and every failed restart) of a model counts; more than
+        max_restarts within restart_window marks the model FAILED and the
+        last good model, if any, is applied instead.
+        """
         assert dead.model is not None
         key = (dead.model["name"], dead.model["version"])
         window = self.wcfg["restart_window"]
         crashes = self._crashes[key]
-        now = time.monotonic()
-        crashes.append(now)
-        while crashes and now - crashes[0] > window:
-            crashes.popleft()
         try:
-            if len(crashes) > self.wcfg["max_restarts"]:
-                reason = (f"worker crashed {len(crashes)} times within {window:.0f}s "
-                          f"(last exit code {dead.exitcode}: {dead.error})")
-                log.error("model %s v%s marked FAILED: %s", *key, reason)
-                self.failed_models[f"{key[0]} v{key[1]}"] = {
-                    "name": key[0], "version": key[1], "reason": reason, "at": time.time()}
-                fallback = self.last_good
-                if fallback and fallback != key:
-                    log.info("falling back to last good model %s v%s", *fallback)
-                    await self._apply_logged(*fallback, "fallback", persist=True)
-                return
-            backoff = 0.0 if len(crashes) <= 1 else min(5.0, 0.25 * 2 ** (len(crashes) - 2))
-            if backoff:
-                await gen.sleep(backoff)
-            await self._apply_logged(*key, "restart", persist=False)
+            while not self.stopping and self.serving is None:
+                now = time.monotonic()
+                crashes.append(now)
+                while crashes and now - crashes[0] > window:
+                    crashes.popleft()
+                if len(crashes) > self.wcfg["max_restarts"]:
+                    self._mark_failed(key, f"worker crashed {len(crashes)} times within "
+                                           f"{window:.0f}s (last: exit code {dead.exitcode}, "
+                                           f"{dead.error})")
+                    fallback = self.last_good
+                    if fallback and fallback != key:
+                        log.info("falling back to last good model %s v%s", *fallback)
+                        await self._apply_logged(*fallback, "fallback", persist=True)
+                    return
+                backoff = 0.0 if len(crashes) <= 1 else min(5.0, 0.25 * 2 ** (len(crashes) - 2))
+                if backoff:
+                    await gen.sleep(backoff)
+                try:
+                    await self.apply(*key, source="restart", persist=False)
+                    return
+                except (ServiceError, StoreError) as exc:
+                    log.error("restart of %s v%s failed: %s", *key, exc)
+                    if isinstance(exc, StoreError):  # gone from the store: nothing to restart
+                        self._mark_failed(key, f"cannot restart: {exc}")
+                        return
         finally:
             self._recovering = False
             self._changed.notify_all()
+
+    def _mark_failed(self, key: tuple[str, int], reason: str) -> None:
+        log.error("model %s v%s marked FAILED: %s", *key, reason)
+        self.failed_models[f"{key[0]} v{key[1]}"] = {
+            "name": key[0], "version": key[1], "reason": reason, "at": time.time()}
 
     def _check_hangs(self) -> None:
         limit = self.wcfg["hang_timeout"]
@@ -276,6 +295,17 @@ class Supervisor:
         if self.stopping:
             raise ServiceError("service is shutting down", 503, "stopping")
         version, path = self.store.resolve(name, version)
+        if source == "restart" and self.serving is not None:
+            return {"previous": None, "current": self.serving.model, "unchanged": True}
+        try:
+            self.store.check_artifact(name, version)
+        except InvalidArtifact as exc:
+            raise ServiceError(f"{exc}; still serving "
+                               f"{self.serving.model_label if self.serving else 'nothing'}",
+                               422, "invalid_model") from None
+        if source == "api":  # an operator's explicit choice gets a fresh start
+            self._crashes.pop((name, version), None)
+            self.failed_models.pop(f"{name} v{version}", None)
         phases: dict[str, float] = {"queued": time.monotonic() - t_call}
         old = self.serving
         previous = dict(old.model) if old and old.model else None
@@ -292,14 +322,16 @@ class Supervisor:
                                            w.ready)
         except (gen.TimeoutError, WorkerError) as exc:
             why = str(exc) or "load deadline passed"
+            status = None
             if isinstance(exc, gen.TimeoutError):
                 why = f"model did not load and warm up within {self.wcfg['load_timeout']}s"
+                status = 504
             w.error = why
             self.loop.spawn_callback(w.stop, 1.0)
             self.ensure_standby(delay=1.0)
             raise ApplyFailed(f"{name} v{version} failed to load: {why}; "
-                              f"{'still serving ' + old.model_label if old else 'no model serving'}"
-                              ) from exc
+                              f"{'still serving ' + old.model_label if old else 'no model serving'}",
+                              status=status) from exc
         phases["load"] = time.monotonic() - t
         t = time.monotonic()
         # the swap: one assignment moves routing
@@ -347,17 +379,19 @@ class Supervisor:
         cap = self.wcfg["max_inflight"]
         while True:
             w = self.serving
-            if w is not None and w.inflight < cap:
-                return w
-            if w is None and not self._recovering and not self._applying:
+            if w is not None and w.usable:
+                if w.inflight < cap:
+                    return w
+            elif w is None and not self._recovering and not self._applying:
                 raise NoModel("no model is serving; apply one with POST /apply")
+            # else: its process is going away; the exit callback starts recovery
             self._waiters += 1
             try:
                 woke = await self._changed.wait(timeout=deadline)
             finally:
                 self._waiters -= 1
             if not woke:
-                if w is None:
+                if w is None or not w.usable:
                     raise NoModel("no model became available in time")
                 raise Overloaded(f"worker is at its limit of {cap} requests in flight; "
                                  "retry later")

@@ -104,6 +104,11 @@ class ChildProcess:
     def alive(self) -> bool:
         return not self.exited.done()
 
+    @property
+    def usable(self) -> bool:
+        """Alive and connected: a request sent now can be answered."""
+        return not self.exited.done() and not self.stream.closed()
+
     def send(self, msg: dict[str, Any]) -> None:
         if self.stream.closed():
             raise WorkerDied(f"{self.kind} gen {self.generation} is gone")
@@ -124,6 +129,7 @@ class ChildProcess:
                       self.generation, exc)
             self.error = f"protocol error: {exc}"
             self.kill()
+            self.stream.close()  # nothing more goes to or comes from it
         self.on_closed()
 
     def on_frame(self, msg: dict[str, Any]) -> None:

@@ -124,6 +124,11 @@ class JsonHandler(RequestHandler):
                            f"allowed: {', '.join(sorted(allowed))}")
         return data
 
+    def allowed_methods(self) -> list[str]:
+        """The HTTP methods this handler class implements."""
+        return [m for m in self.SUPPORTED_METHODS
+                if getattr(type(self), m.lower(), None) is not getattr(RequestHandler, m.lower())]
+
     def send_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(data, ensure_ascii=False, allow_nan=False))
@@ -139,6 +144,8 @@ class JsonHandler(RequestHandler):
             code = _REASONS.get(status_code, "error")
             message = httputil.responses.get(status_code, "error")
         self.set_header("Content-Type", "application/json; charset=utf-8")
+        if status_code == 405:  # RFC 9110: a 405 names the methods the resource has
+            self.set_header("Allow", ", ".join(self.allowed_methods()))
         self.finish(json.dumps({"error": {"code": code, "message": message}},
                                ensure_ascii=False))
 

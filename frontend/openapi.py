@@ -10,6 +10,8 @@ when a handler changes what it accepts or answers, change this file with it.
 """
 from __future__ import annotations
 
+import copy
+import re
 from typing import Any
 
 import dataset
@@ -66,6 +68,7 @@ def _body_errors(cfg: Any) -> S:
 
 
 def _doc(title: str, description: str, paths: S, schemas: S, security: bool) -> S:
+    paths = copy.deepcopy(paths)  # the shared pieces below must stay unchanged
     doc: S = {
         "openapi": "3.0.3",
         "info": {"title": title, "version": "1", "description": description},
@@ -75,9 +78,15 @@ def _doc(title: str, description: str, paths: S, schemas: S, security: bool) -> 
     if security:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         doc["security"] = [{"bearer": []}]
-        for item in paths.values():
-            for op in item.values():
-                op["responses"]["401"] = _err("missing or wrong 'Authorization: Bearer <token>'")
+    unauthorized = _err("missing or wrong 'Authorization: Bearer <token>'")
+    for path, item in paths.items():
+        for method, op in item.items():
+            if method == "parameters":
+                continue
+            # e.g. GET /models/{name} -> get_models_name; links refer to these
+            op["operationId"] = "_".join([method, *re.findall(r"\w+", path)])
+            if security:
+                op["responses"]["401"] = unauthorized
     return doc
 
 
@@ -189,7 +198,13 @@ def _train_request() -> S:
                        "description": "the declared label set (optional)"},
         },
     }
+    # a valid request: fuzzing's examples phase trains one tiny model with it
+    texts = {"pos": ["great, love it", "works well"], "neg": ["broken again", "awful"]}
+    request_example = {"name": "example", "apply": False, "params": {"epochs": 1},
+                       "data": {"examples": [{"text": t, "label": label}
+                                             for label, ts in texts.items() for t in ts]}}
     return {"type": "object", "additionalProperties": False, "required": ["name", "data"],
+            "example": request_example,
             "properties": {"name": NAME, "data": data,
                            "params": {"$ref": "#/components/schemas/TrainParams"},
                            "apply": {"type": "boolean", "default": False,
@@ -285,10 +300,13 @@ def management_spec(cfg: Any) -> S:
                 "summary": "Queue a training job.",
                 "requestBody": _body({"$ref": "#/components/schemas/TrainRequest"}),
                 "responses": {
-                    "202": _json({"type": "object", "required": ["job"],
-                                  "properties": {"job": job_ref}}, "queued",
-                                 headers={"Location": {"schema": {"type": "string"},
-                                                       "required": True}}),
+                    "202": {**_json({"type": "object", "required": ["job"],
+                                     "properties": {"job": job_ref}}, "queued",
+                                    headers={"Location": {"schema": {"type": "string"},
+                                                          "required": True}}),
+                            "links": {op: {"operationId": op,
+                                           "parameters": {"id": "$response.body#/job/id"}}
+                                      for op in ("get_train_id", "delete_train_id")}},
                     "400": _err("not JSON, unknown field, invalid name, params or data"),
                     **_body_errors(cfg)}},
             "get": {"summary": "Recent jobs, newest first.",

@@ -52,6 +52,10 @@ DEFAULT_PARAMS: dict[str, Any] = {
     # reported metrics.
     "validation_split": 0.2,
     "early_stopping_patience": 2,
+    # After early stopping picked the epoch count on the validation rows,
+    # train the served model again on all rows for that many epochs.
+    # Reported metrics always come from the held-out model.
+    "refit": True,
     "seed": 1337,
 }
 
@@ -79,7 +83,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "dropout": (0.0, 0.9, False),
     "l2": (0.0, 1.0, False),
 }
-_BOOL_FIELDS = ("normalize", "sublinear_tf")
+_BOOL_FIELDS = ("normalize", "sublinear_tf", "refit")
 _CHOICES: dict[str, tuple[str, ...]] = {
     "architecture": ARCHITECTURES,
     "tokenize": TOKENIZE_MODES,

@@ -49,24 +49,53 @@ def _reader(sock: socket.socket, q: "queue.Queue[Any]") -> None:
         q.put(exc)
 
 
-def _fault(point: str) -> None:
-    """Test-only fault injection, off unless TEXTSWAP_TEST_FAULT is set.
+def die_with_parent(parent_pid: int | None) -> None:
+    """Ask Linux to SIGKILL this process when the supervisor dies.
 
-    The crash-loop and hang tests need a model that kills or hangs its
-    worker; a real Keras model loaded in safe mode cannot do that, so the
-    tests set this variable (documented in tests/test_faults.py).
+    A supervisor killed with -9 cannot stop its children; without this a
+    trainer would go on and publish, and a worker would hold its memory.
     """
-    spec = os.environ.get("TEXTSWAP_TEST_FAULT", "")
-    if not spec:
-        return
-    want, _, action = spec.partition("=")
-    if want != point:
-        return
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the pipe EOF still ends a worker
+    if parent_pid and os.getppid() != parent_pid:  # it died before prctl took effect
+        os._exit(EXIT_OK)
+
+
+def fault(point: str, model: str = "", sock: socket.socket | None = None) -> None:
+    """Test-only fault injection; does nothing unless TEXTSWAP_TEST_FAULT is set.
+
+    The crash-loop, hang and garbage-frame tests need a model that kills or
+    hangs its process; a real Keras model loaded in safe mode cannot, so the
+    tests set ``TEXTSWAP_TEST_FAULT=point:action:model[:once_file]`` (point:
+    load|predict; action: crash|hang|garbage; with once_file, it fires once;
+    several specs are separated by commas).
+    """
+    for spec in os.environ.get("TEXTSWAP_TEST_FAULT", "").split(","):
+        want, action, target, once = (spec.split(":") + ["", "", "", ""])[:4]
+        if want != point or (target and target != model):
+            continue
+        if once:
+            try:
+                os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                continue
+        _do_fault(action, sock)
+
+
+def _do_fault(action: str, sock: socket.socket | None) -> None:
     if action == "crash":
         os._exit(70)
     if action == "hang":
         while True:
             time.sleep(3600)
+    if action == "garbage" and sock is not None:
+        sock.sendall(b"\x00\x00\x00\x05\xc1\xc1\xc1\xc1\xc1")
 
 
 class Worker:
@@ -77,7 +106,7 @@ class Worker:
         self.queue: "queue.Queue[Any]" = queue.Queue()
         self.predict_fn: Callable[[list[str]], Any] | None = None
         self.labels: list[str] = []
-        self.model_id = ""
+        self.model_name = ""
 
     def send(self, msg: dict[str, Any]) -> None:
         protocol.write_frame(self.sock, msg)
@@ -97,7 +126,7 @@ class Worker:
         if not isinstance(labels, list) or len(labels) < 2 or not all(
                 isinstance(x, str) for x in labels):
             raise ValueError("meta.json has no valid 'labels' list (two or more strings)")
-        _fault("load")
+        fault("load", str(msg.get("name")))
         model = keras.saving.load_model(os.path.join(path, "model.keras"), safe_mode=True)
         predict_fn = textmodel.make_predict_fn(model)
         t1 = time.monotonic()
@@ -107,7 +136,7 @@ class Worker:
                              f"but meta.json lists {len(labels)} labels")
         t2 = time.monotonic()
         self.predict_fn, self.labels = predict_fn, labels
-        self.model_id = f"{msg.get('name')} v{msg.get('version')}"
+        self.model_name = str(msg.get("name"))
         self.send({"t": "ready", "labels": labels, "load_s": t1 - t0, "warm_s": t2 - t1,
                    "pid": os.getpid()})
 
@@ -138,7 +167,7 @@ class Worker:
         texts: list[str] = []
         for req in batch:
             texts.extend(req["texts"])
-        _fault("predict")
+        fault("predict", self.model_name, self.sock)
         try:
             rows = []
             for i in range(0, len(texts), self.max_batch):
@@ -219,6 +248,7 @@ def main(sock: socket.socket, options: dict[str, Any]) -> None:
     logging.basicConfig(level=options.get("log_level", "INFO"),
                         format="%(asctime)s %(levelname)s [worker %(process)d] %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    die_with_parent(options.get("parent_pid"))
     base_nice = os.getpriority(os.PRIO_PROCESS, 0)
     nice = int(options.get("boot_nice", 0))
     if nice:  # a standby imports TensorFlow without slowing the serving worker

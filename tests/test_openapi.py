@@ -1,0 +1,224 @@
+"""The OpenAPI documents at /openapi.json, fuzzed against the live service.
+
+schemathesis (its CLI, `st run`, in a subprocess) reads each API's document
+from the running service, generates requests from it (schema examples,
+boundary "coverage" cases, random positive and negative data, and stateful
+chains such as POST /train -> GET/DELETE /train/{id}) and checks every answer:
+no 5xx, a documented status code, the documented content type, headers and
+body schema, invalid data rejected with 4xx, a 405 with an Allow header for
+undeclared methods, and 401 without the management token. Each request has a
+timeout, so a hang fails the run.
+
+Cost control, for `make test` on 2 cores:
+- The service runs with small limits (texts per request, characters, body
+  bytes). The documents are built from the config, so generated data stays
+  small and the 413 boundaries are reached quickly: with the default limits
+  hypothesis spends most of its time building 20,000-character strings.
+- POST /train is fuzzed for real. Random data almost never passes the
+  dataset checks (two labels with two examples each, or an existing file
+  under the data roots), so nearly every case is a 400; the spec's request
+  example is valid on purpose and trains one tiny model (epochs 1,
+  apply false), which exercises the 202 path, the Location header and the
+  job schema. Jobs run one at a time (training.max_concurrent 1) and the
+  test checks that only a handful were created.
+- The test runs CASES cases per API; bench/fuzz.py runs 1,000+ per API with
+  the same code and prints the counts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from helpers import Service
+
+TOKEN = "fuzz-token"
+CASES = int(os.environ.get("TEXTSWAP_FUZZ_CASES", "300"))  # generated cases per API, at least
+SEED = os.environ.get("TEXTSWAP_FUZZ_SEED", "1")  # "random": a new seed each run
+REQUEST_TIMEOUT = 60.0  # an /apply may wait for a worker to boot TensorFlow on a busy box
+MAX_JOBS = 10  # more training jobs than this from one run would be a flood
+
+SERVICE_CONFIG = """\
+limits:
+  max_body_bytes: 8192
+  max_texts: 8
+  max_text_chars: 200
+  max_top_k: 10
+  default_top_k: 3
+training:
+  max_concurrent: 1
+  demo_on_empty_store: false
+"""
+
+# Checks every response passes; the exceptions, and why:
+# - negative_data_rejection: a too-long text, too many texts or a too-large
+#   body is refused with 413 (not in schemathesis's default list of 4xx).
+# - positive_data_acceptance on POST /train: schema-valid data can still be
+#   refused with 400 for what a schema cannot say (each label needs two
+#   examples; a data file must exist under the data roots).
+# - use_after_free (excluded on the command line): DELETE /train/{id}
+#   cancels a job and keeps its record, so GET /train/{id} still answers 200.
+SCHEMATHESIS_CONFIG = """\
+[checks.negative_data_rejection]
+expected-statuses = ["400", "401", "404", "405", "409", "413", "415"]
+
+[[operations]]
+include-path = "/train"
+include-method = "POST"
+checks.positive_data_acceptance.enabled = false
+"""
+
+
+def st_command() -> list[str]:
+    st = os.path.join(os.path.dirname(sys.executable), "st")
+    return [st] if os.path.exists(st) else [sys.executable, "-m", "schemathesis.cli"]
+
+
+def run_schemathesis(url: str, workdir: str, *, max_examples: int, seed: str = SEED,
+                     headers: dict[str, str] | None = None, timeout: float = 900) -> dict[str, Any]:
+    """Run `st run` against one live API; returns its JSON report plus the text output.
+
+    Runs in workdir, where schemathesis keeps its caches and reports."""
+    os.makedirs(workdir, exist_ok=True)
+    config = os.path.join(workdir, "schemathesis.toml")
+    with open(config, "w", encoding="utf-8") as fh:
+        fh.write(SCHEMATHESIS_CONFIG)
+    report = os.path.join(workdir, "report.json")
+    cmd = [*st_command(), "--config-file", config, "run", url,
+           "--checks", "all", "--exclude-checks", "use_after_free",
+           "--max-examples", str(max_examples), "--request-timeout", str(REQUEST_TIMEOUT),
+           "--continue-on-failure", "--workers", "1", "--output-truncate", "true",
+           "--report", "json", "--report-json-path", report, "--wait-for-schema", "10"]
+    if seed != "random":
+        cmd += ["--seed", seed]
+    for name, value in (headers or {}).items():
+        cmd += ["-H", f"{name}: {value}"]
+    proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "NO_COLOR": "1"})
+    output = proc.stdout + proc.stderr
+    with open(os.path.join(workdir, "output.txt"), "w", encoding="utf-8") as fh:
+        fh.write(output)
+    if not os.path.exists(report):
+        raise AssertionError(f"schemathesis wrote no report (exit {proc.returncode}):\n"
+                             f"{output[-4000:]}")
+    with open(report, encoding="utf-8") as fh:
+        result = json.load(fh)
+    result["output"] = output
+    result["returncode"] = proc.returncode
+    return result
+
+
+def summarize(result: dict[str, Any]) -> str:
+    cases = result["test_cases"]
+    line = (f"{cases['generated']} cases, {cases['with_failures']} with failures, "
+            f"{cases['errored']} errored; seed {result['seed']}")
+    problems = result["failures"] + result["errors"]
+    if problems:
+        line += "\n" + "\n".join(json.dumps(p) for p in problems)
+    return line
+
+
+def server_errors(log: str) -> list[str]:
+    """Lines where the service logged a 5xx answer or a traceback."""
+    return [line for line in log.splitlines()
+            if re.search(r"textswap\.http: 5\d\d ", line) or "Traceback" in line]
+
+
+def start_service(store: str, workdir: str) -> Service:
+    """The service on free ports with the fuzzing config and a management token;
+    `sent` applied so /predict answers."""
+    cfg = os.path.join(workdir, "config.yaml")
+    with open(cfg, "w", encoding="utf-8") as fh:
+        fh.write(SERVICE_CONFIG)
+    svc = Service(store, args=["--config", cfg], env={"TEXTSWAP_MANAGEMENT_TOKEN": TOKEN})
+    try:
+        code, body = svc.mpost("/apply", {"name": "sent"}, headers=AUTH, timeout=120)
+        assert code == 200, body
+    except BaseException:
+        svc.stop()
+        raise
+    return svc
+
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def svc(tiny_store, tmp_path_factory):
+    base = tmp_path_factory.mktemp("openapi")
+    store = str(base / "models")
+    shutil.copytree(tiny_store, store)
+    s = start_service(store, str(base))
+    yield s
+    s.stop()
+    assert not s.leftover, s.leftover
+
+
+def test_documents_are_served_and_match_the_routes(svc):
+    code, doc = svc.get("/openapi.json")
+    assert code == 200 and doc["openapi"].startswith("3.0")
+    assert set(doc["paths"]) == {"/predict", "/healthz", "/readyz", "/openapi.json"}
+    predict = doc["components"]["schemas"]["PredictRequest"]
+    assert predict["properties"]["texts"]["maxItems"] == 8  # from the config's limits
+    assert predict["additionalProperties"] is False
+    assert svc.mget("/openapi.json")[0] == 401  # the management document needs the token
+    code, doc = svc.mget("/openapi.json", headers=AUTH)
+    assert code == 200
+    assert set(doc["paths"]) == {
+        "/apply", "/status", "/models", "/models/{name}", "/models/{name}/{version}", "/train",
+        "/train/{id}", "/healthz", "/openapi.json"}
+    assert doc["security"] == [{"bearer": []}]
+    assert doc["paths"]["/apply"]["post"]["responses"]["401"]
+
+
+def test_405_names_the_allowed_methods(svc):
+    from helpers import request
+
+    code, body = request(svc.port, "PUT", "/predict", {"text": "x"})
+    assert code == 405 and body["error"]["code"] == "method_not_allowed"
+    conn_headers = _headers(svc.mport, "DELETE", "/models", AUTH)
+    assert conn_headers["status"] == 405 and conn_headers["allow"] == "GET"
+    assert _headers(svc.mport, "PATCH", "/train/x", AUTH)["allow"] == "GET, DELETE"
+
+
+def _headers(port: int, method: str, path: str, headers: dict[str, str]) -> dict[str, Any]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(method, path, headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+        return {"status": resp.status, "allow": resp.getheader("Allow")}
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("api", ["inference", "management"])
+def test_fuzz(svc, api, tmp_path):
+    if api == "inference":
+        port, headers, per_operation = svc.port, None, CASES
+    else:
+        # ten operations, and the stateful phase adds chains of calls
+        port, headers, per_operation = svc.mport, AUTH, max(10, CASES // 4)
+    log_before = len(svc.log())
+    result = run_schemathesis(f"http://127.0.0.1:{port}/openapi.json", str(tmp_path / api),
+                              max_examples=per_operation, headers=headers)
+    summary = summarize(result)
+    print(f"{api}: {summary}")
+    assert result["test_cases"]["generated"] >= CASES, summary
+    assert not result["failures"] and not result["errors"], (
+        summary + "\n" + result["output"][-6000:])
+    assert result["returncode"] == 0, result["output"][-6000:]
+    assert not server_errors(svc.log()[log_before:])
+    assert svc.get("/healthz")[0] == 200 and svc.get("/readyz")[0] == 200
+    if api == "management":
+        jobs = svc.mget("/train", headers=AUTH)[1]["jobs"]
+        assert len(jobs) <= MAX_JOBS, [j["state"] for j in jobs]
