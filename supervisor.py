@@ -199,6 +199,8 @@ class Supervisor:
             self.standby = None
             self._standby_failures += 1
             self.ensure_standby(delay=min(30.0, 0.5 * 2 ** self._standby_failures))
+        else:
+            self.ensure_standby(delay=1.0)  # e.g. a boot that an apply was waiting on failed
         if w is self.serving:
             self.serving = None
             self.restarts += 1
