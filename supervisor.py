@@ -182,6 +182,7 @@ class Supervisor:
             w.kill()
             raise ApplyFailed(f"worker process did not start: {exc or 'timeout'}",
                               status=503, code="worker_boot_failed") from exc
+        self._standby_failures = 0
         return w
 
     def _on_answer(self) -> None:
@@ -488,21 +489,24 @@ def main(argv: list[str] | None = None) -> int:
     def on_signal(signum: int, frame: Any) -> None:
         loop.add_callback_from_signal(stop)
 
+    servers: list = []
+
     async def stop() -> None:
+        for server in servers:  # no new connections; in-flight requests finish below
+            server.stop()
         await sup.shutdown()
         loop.stop()
 
     async def boot() -> None:
         nonlocal exit_code
         try:
-            servers = start_servers(sup, config)
+            servers.extend(start_servers(sup, config))
         except OSError as exc:
             log.error("cannot listen: %s", exc)
             exit_code = 1
             await sup.shutdown()
             loop.stop()
             return
-        sup.http_servers = servers
         await sup.start()
         s = config["server"]
         log.info("inference API on http://%s:%d, management API on http://%s:%d",

@@ -56,7 +56,7 @@ def faulty(tiny_store, tmp_path_factory):
     root = str(base / "models")
     shutil.copytree(tiny_store, root)
     cfg = base / "config.yaml"
-    cfg.write_text("worker:\n  hang_timeout: 2.0\n  request_timeout: 20.0\n"
+    cfg.write_text("worker:\n  hang_timeout: 2.0\n  request_timeout: 90.0\n"
                    "  max_restarts: 2\n  restart_window: 120.0\n")
     once = str(base / "once")
     env = {"TEXTSWAP_TEST_FAULT": ",".join([
