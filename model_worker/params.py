@@ -26,9 +26,9 @@ DEFAULT_PARAMS: dict[str, Any] = {
     # "auto" looks at the training texts: CJK-dominant -> "char" (every CJK
     # character is a token, Latin words stay whole), otherwise "word".
     "tokenize": "auto",
-    # Highest n-gram order (bow only). 1-3 grams of characters beat 1-2 for
-    # Chinese; for English 1-3 word grams were no worse than 1-2.
-    "ngrams": 3,
+    # Highest n-gram order (bow only). 1-2 grams beat 1-3 on both datasets
+    # (zh 84.95 vs 84.85, en 73.1 vs 72.5) and train faster.
+    "ngrams": 2,
     # Vocabulary size, most document-frequent n-grams first.
     "max_tokens": 100_000,
     # How each n-gram is weighted in the bag (bow only).
@@ -40,18 +40,23 @@ DEFAULT_PARAMS: dict[str, Any] = {
     # cnn only: tokens kept per text and embedding width.
     "sequence_length": 200,
     "embedding_dim": 64,
-    # Dropout on the features before the output layer (cnn) / on the
-    # pooled vector; bow trains on sparse features where dropout is skipped.
+    # Dropout on the pooled vector before the output layer (cnn only; the
+    # bow head is a single linear layer on sparse features).
     "dropout": 0.3,
     # L2 penalty on the output layer's kernel.
     "l2": 0.0,
-    "epochs": 20,
+    # An upper bound; early stopping ends training (zh stops after ~5, en
+    # after ~20 epochs).
+    "epochs": 40,
     "batch_size": 32,
-    "learning_rate": 1e-3,
+    # Adam. With unit-norm bags 1e-2 reaches the 1e-3 accuracy in a quarter
+    # of the epochs (1e-3 needed 20+ epochs, ~65 s on zh).
+    "learning_rate": 1e-2,
     # Fraction held out (stratified per label) for early stopping and the
-    # reported metrics.
-    "validation_split": 0.2,
-    "early_stopping_patience": 2,
+    # reported metrics. 0 trains on everything for `epochs` epochs with no
+    # early stopping; metrics are then measured on the training rows.
+    "validation_split": 0.1,
+    "early_stopping_patience": 3,
     # After early stopping picked the epoch count on the validation rows,
     # train the served model again on all rows for that many epochs.
     # Reported metrics always come from the held-out model.
@@ -79,7 +84,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
 _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     # (low, high, low is exclusive)
     "learning_rate": (0.0, 1.0, True),
-    "validation_split": (0.0, 0.5, True),
+    "validation_split": (0.0, 0.5, False),
     "dropout": (0.0, 0.9, False),
     "l2": (0.0, 1.0, False),
 }

@@ -69,7 +69,7 @@ def test_params_module_does_not_import_tensorflow():
     ("learning_rate", 2.0),
     ("learning_rate", "0.01"),
     ("learning_rate", False),
-    ("validation_split", 0.0),
+    ("validation_split", -0.1),
     ("validation_split", 0.9),
     ("dropout", 1.5),
     ("l2", -0.1),
