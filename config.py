@@ -49,6 +49,7 @@ DEFAULTS: dict[str, Any] = {
         "request_timeout": 30.0,  # a client's predict, queueing included
         "hang_timeout": 20.0,   # a request this old means the worker hangs
         "standby": True,        # keep a TensorFlow-ready process waiting
+        "preload": True,        # ... with the likeliest next model already loaded
         "intra_op_threads": 0,  # 0: TensorFlow's choice
         "inter_op_threads": 0,
         "max_restarts": 5,      # crashes within restart_window -> FAILED

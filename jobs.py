@@ -218,6 +218,8 @@ class JobManager:
                      job.result["version"], (job.metrics or {}).get("accuracy"))
             if job.apply and not self.sup.stopping:
                 self.loop.spawn_callback(self._apply, job)
+            else:
+                self.sup.refresh_preload()
         else:
             job.error = job.error or f"trainer process exited with code {proc.exitcode}"
             self._finish(job, "failed")

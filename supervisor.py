@@ -26,7 +26,8 @@ from config import Config, ConfigError, load_config
 from jobs import JobManager
 from store import InvalidArtifact, ModelStore, NotFound, StoreError, check_name
 from watcher import RecordWatcher
-from workerhandle import RequestFailed, State, WorkerDied, WorkerError, WorkerHandle
+from workerhandle import (RequestFailed, RequestTimedOut, State, WorkerDied, WorkerError,
+                          WorkerHandle)
 
 log = logging.getLogger("textswap.supervisor")
 
@@ -84,6 +85,7 @@ class Supervisor:
         self._recovering = False
         self._applying = 0  # applies queued or running
         self._standby_failures = 0
+        self._bad_guesses: set[tuple[str, int]] = set()
         self.watcher: RecordWatcher | None = None
         self.jobs = JobManager(self)
         self._hang_check = PeriodicCallback(self._check_hangs, 1000)
@@ -169,21 +171,77 @@ class Supervisor:
             self.loop.call_later(delay, self.ensure_standby, nice)
             return
         self.standby = self._spawn(nice=nice)
+        self.loop.spawn_callback(self._preload, self.standby)
 
-    async def _booted_worker(self) -> WorkerHandle:
-        """A worker that has imported TensorFlow: the standby, else a new one."""
+    # -- preloading a guess into the standby ---------------------------------------
+    def _preload_guess(self) -> tuple[str, int] | None:
+        """The model most likely applied next: a newer version of the serving
+        model (just trained), else the one served before it (a rollback)."""
+        if self.serving is None or self.serving.model is None:
+            return None
+        name, version = self.serving.model["name"], self.serving.model["version"]
+        try:
+            newer = [v for v in self.store.versions(name) if v > version]
+        except StoreError:
+            newer = []
+        guess = (name, newer[-1]) if newer else self.last_good
+        if guess is None or guess == (name, version) or guess in self._bad_guesses:
+            return None
+        return guess
+
+    async def _preload(self, w: WorkerHandle) -> None:
+        """Load the guess into the standby in the background, at its low priority,
+        so applying it is only the swap. Any other apply reloads the standby."""
+        if not self.wcfg["preload"]:
+            return
+        try:
+            await w.booted
+        except WorkerDied:
+            return
+        guess = self._preload_guess()
+        if (w is not self.standby or self.stopping or guess is None or w.loads >= 2
+                or w.state not in (State.STANDBY, State.READY)
+                or (w.model and (w.model["name"], w.model["version"]) == guess)):
+            return
+        try:
+            version, path = self.store.resolve(*guess)
+            self.store.check_artifact(*guess)
+        except StoreError:
+            self._bad_guesses.add(guess)
+            return
+        log.info("standby gen %d preloads %s v%s", w.generation, guess[0], version)
+        try:
+            await w.load(path, guess[0], version, preload=True)
+        except WorkerError:
+            self._bad_guesses.add(guess)  # it exits; the standby is replaced
+
+    def refresh_preload(self) -> None:
+        """A model was published: the standby may want a fresher guess."""
+        if self.standby is not None and self.standby.alive:
+            self.loop.spawn_callback(self._preload, self.standby)
+
+    async def _booted_worker(self, name: str, version: int) -> tuple[WorkerHandle, bool]:
+        """A worker that has imported TensorFlow (the standby, else a new one),
+        and whether it already holds (name, version)."""
         w = self.standby if self.standby is not None and self.standby.alive else None
         self.standby = None
         if w is None:
             w = self._spawn()
+        deadline = self.loop.time() + self.wcfg["boot_timeout"]
         try:
-            await gen.with_timeout(self.loop.time() + self.wcfg["boot_timeout"], w.booted)
+            await gen.with_timeout(deadline, w.booted)
+            if w.state is State.LOADING:  # a preload is under way: let it finish
+                try:
+                    await gen.with_timeout(deadline, w.ready)
+                except (WorkerDied, RequestFailed):  # the guess was bad: a fresh one
+                    w = self._spawn()
+                    await gen.with_timeout(deadline, w.booted)
         except (gen.TimeoutError, WorkerDied) as exc:
             w.kill()
             raise ApplyFailed(f"worker process did not start: {exc or 'timeout'}",
                               status=503, code="worker_boot_failed") from exc
         self._standby_failures = 0
-        return w
+        return w, w.state is State.READY and w.model == {"name": name, "version": version}
 
     def _on_answer(self) -> None:
         if self._waiters:
@@ -260,6 +318,7 @@ class Supervisor:
     def _check_hangs(self) -> None:
         limit = self.wcfg["hang_timeout"]
         for w in list(self.workers.values()):
+            w.expire(self.wcfg["request_timeout"])
             if w.state in (State.SERVING, State.DRAINING) and w.oldest_request_age() > limit:
                 log.error("worker gen %d has not answered for %.0fs: killing it as hung",
                           w.generation, limit)
@@ -316,13 +375,15 @@ class Supervisor:
                 source in ("watcher", "restart", "startup")):
             return {"previous": previous, "current": previous, "unchanged": True}
         t = time.monotonic()
-        w = await self._booted_worker()
+        w, preloaded = await self._booted_worker(name, version)
         phases["spawn"] = time.monotonic() - t
         t = time.monotonic()
         try:
-            w.load(path, name, version)
-            ready = await gen.with_timeout(self.loop.time() + self.wcfg["load_timeout"],
-                                           w.ready)
+            if preloaded:
+                ready = w.ready.result()
+            else:
+                ready = await gen.with_timeout(self.loop.time() + self.wcfg["load_timeout"],
+                                               w.load(path, name, version))
         except (gen.TimeoutError, WorkerError) as exc:
             why = str(exc) or "load deadline passed"
             status = None
@@ -340,6 +401,7 @@ class Supervisor:
         # the swap: one assignment moves routing
         w.set_state(State.SERVING)
         self.serving = w
+        w.send({"t": "serve"})  # leaves the standby's low priority
         self._changed.notify_all()
         if previous and (previous["name"], previous["version"]) != (name, version):
             self.last_good = (previous["name"], previous["version"])
@@ -365,6 +427,7 @@ class Supervisor:
             "current": {"name": name, "version": version},
             "worker": {"generation": w.generation, "pid": w.pid},
             "phases_s": {k: round(v, 4) for k, v in phases.items()},
+            "preloaded": preloaded,
             "load_s": round(ready.get("load_s", 0.0), 4),
             "warmup_s": round(ready.get("warm_s", 0.0), 4),
             "old_worker": None if old is None else {
@@ -405,9 +468,7 @@ class Supervisor:
         for attempt in (1, 2):
             w = await self._route(deadline)
             try:
-                fut = w.predict(texts)
-                scores = await gen.with_timeout(deadline, fut)
-                return w.model, w.labels, scores  # type: ignore[return-value]
+                return w.model, w.labels, await w.predict(texts)  # type: ignore[return-value]
             except WorkerDied:
                 if attempt == 2:
                     raise ServiceError("the model worker died twice on this request", 503,
@@ -415,9 +476,8 @@ class Supervisor:
             except RequestFailed as exc:
                 raise ServiceError(f"model failed on this request: {exc}", 500,
                                    exc.code) from exc
-            except gen.TimeoutError:
-                raise ServiceError(f"no answer within {self.wcfg['request_timeout']}s", 504,
-                                   "timeout") from None
+            except RequestTimedOut as exc:
+                raise ServiceError(str(exc), 504, "timeout") from None
         raise AssertionError("unreachable")
 
     # -- status -----------------------------------------------------------------------

@@ -47,7 +47,7 @@ _ALLOWED = {
     State.STARTING: {State.STANDBY},
     State.STANDBY: {State.LOADING, State.STOPPED},
     State.LOADING: {State.READY},
-    State.READY: {State.SERVING, State.STOPPED},
+    State.READY: {State.SERVING, State.STOPPED, State.LOADING},  # a standby may reload
     State.SERVING: {State.DRAINING},
     State.DRAINING: {State.STOPPED},
     State.STOPPED: set(),
@@ -61,6 +61,10 @@ class WorkerError(Exception):
 
 class WorkerDied(WorkerError):
     """The process went away with the request in flight (safe to retry)."""
+
+
+class RequestTimedOut(WorkerError):
+    """No answer within the request deadline."""
 
 
 class RequestFailed(WorkerError):
@@ -88,6 +92,7 @@ class ChildProcess:
         self.created = time.time()
         self.exited: Future = Future()
         self._decoder = protocol.FrameDecoder()
+        self._out: list[bytes] = []
         parent, child = socket.socketpair()
         self.process = _spawn.Process(target=target, args=(child, options), daemon=True,
                                       name=f"textswap-{kind}-{self.generation}")
@@ -110,9 +115,20 @@ class ChildProcess:
         return not self.exited.done() and not self.stream.closed()
 
     def send(self, msg: dict[str, Any]) -> None:
+        """Queue a frame; frames queued in one IOLoop pass go out in one write."""
         if self.stream.closed():
             raise WorkerDied(f"{self.kind} gen {self.generation} is gone")
-        self.stream.write(protocol.encode(msg))
+        self._out.append(protocol.encode(msg))
+        if len(self._out) == 1:
+            self._loop.add_callback(self._flush)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if out and not self.stream.closed():
+            try:
+                self.stream.write(b"".join(out))
+            except StreamClosedError:
+                pass  # the exit path fails what was pending
 
     async def _read_loop(self) -> None:
         try:
@@ -198,6 +214,7 @@ class WorkerHandle(ChildProcess):
         self.labels: list[str] = []
         self.pending: dict[int, tuple[Future, float]] = {}
         self.served = 0
+        self.loads = 0  # models loaded by this process (a standby may preload a guess)
         self.booted: Future = Future()
         self.ready: Future = Future()
         self._ids = itertools.count(1)
@@ -271,16 +288,35 @@ class WorkerHandle(ChildProcess):
         self.pending[rid] = (fut, time.monotonic())
         return fut
 
+    def expire(self, timeout: float) -> int:
+        """Fail requests older than timeout (the per-request deadline, swept
+        once a second instead of a timer per request on the hot path)."""
+        now = time.monotonic()
+        old = [rid for rid, (_, t) in self.pending.items() if now - t > timeout]
+        for rid in old:
+            fut, _ = self.pending.pop(rid)
+            if not fut.done():
+                fut.set_exception(RequestTimedOut(f"no answer within {timeout:.0f}s"))
+        if old and not self.pending:
+            self._wake_idle()
+        return len(old)
+
     def oldest_request_age(self) -> float:
         if not self.pending:
             return 0.0
         now = time.monotonic()
         return max(now - t for _, t in self.pending.values())
 
-    def load(self, path: str, name: str, version: int) -> None:
+    def load(self, path: str, name: str, version: int, preload: bool = False) -> Future:
+        """Send a load order; the returned future resolves with the ready frame."""
+        if self.ready.done():
+            self.ready = Future()
         self.model = {"name": name, "version": version}
+        self.loads += 1
         self.set_state(State.LOADING)
-        self.send({"t": "load", "path": path, "name": name, "version": version})
+        self.send({"t": "load", "path": path, "name": name, "version": version,
+                   "preload": preload})
+        return self.ready
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until nothing is in flight; False when the timeout passed first."""

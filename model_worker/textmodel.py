@@ -484,10 +484,14 @@ def make_predict_fn(model: keras.Model) -> Callable[[list[str]], np.ndarray]:
     def serve(texts: tf.Tensor) -> tf.Tensor:
         return model(texts, training=False)
 
+    # calling the traced graph directly skips tf.function's per-call
+    # argument matching (~1 ms of a 3-4 ms single-text call)
+    concrete = serve.get_concrete_function()
+
     def predict(texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, model.output_shape[-1]), dtype="float32")
-        return serve(tf.constant(texts, dtype=tf.string)).numpy()
+        return concrete(tf.constant(texts, dtype=tf.string)).numpy()
 
     return predict
 

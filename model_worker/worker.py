@@ -40,13 +40,35 @@ _EOF = object()
 
 
 def _reader(sock: socket.socket, q: "queue.Queue[Any]") -> None:
+    """Frames from the supervisor into the queue; big reads, incremental decode."""
+    decoder = protocol.FrameDecoder()
     try:
         while True:
-            q.put(protocol.read_frame(sock))
-    except protocol.ConnectionClosed:
-        q.put(_EOF)
+            data = sock.recv(1 << 18)
+            if not data:
+                if decoder.pending:
+                    raise protocol.TruncatedFrame(
+                        f"connection closed inside a frame ({decoder.pending} bytes)")
+                q.put(_EOF)
+                return
+            for msg in decoder.feed(data):
+                q.put(msg)
     except (protocol.ProtocolError, OSError) as exc:
         q.put(exc)
+
+
+def restore_priority(nice: int) -> bool:
+    """Set every thread of this process back to `nice` (Linux nice is per thread)."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    try:
+        for tid in tids:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError:
+        return False
+    return True
 
 
 def die_with_parent(parent_pid: int | None) -> None:
@@ -107,9 +129,17 @@ class Worker:
         self.predict_fn: Callable[[list[str]], Any] | None = None
         self.labels: list[str] = []
         self.model_name = ""
+        self.restore_nice: int | None = None  # priority to return to when serving
 
     def send(self, msg: dict[str, Any]) -> None:
         protocol.write_frame(self.sock, msg)
+
+    def restore_priority(self) -> None:
+        """Leave the standby's low priority (booted and preloaded at nice +10)."""
+        if self.restore_nice is not None:
+            if not restore_priority(self.restore_nice):
+                log.warning("cannot restore CPU priority; serving niced")
+            self.restore_nice = None
 
     # -- load ----------------------------------------------------------------
     def load(self, msg: dict[str, Any]) -> None:
@@ -118,6 +148,16 @@ class Worker:
         # also registers the project's text layers before a model names them
         from model_worker import textmodel
 
+        if not msg.get("preload"):
+            self.restore_priority()  # an apply waits for this load: full speed
+        if self.predict_fn is not None:
+            # a standby that preloaded a guess gets another model: drop the
+            # guess first (one extra load per process, bounded by the supervisor)
+            import gc
+
+            self.predict_fn = None
+            keras.backend.clear_session()
+            gc.collect()
         t0 = time.monotonic()
         path = msg["path"]
         with open(os.path.join(path, "meta.json"), encoding="utf-8") as fh:
@@ -163,6 +203,8 @@ class Worker:
         return batch, others
 
     def predict(self, batch: list[dict[str, Any]]) -> None:
+        import numpy as np  # here, not at the top: the supervisor imports this module
+
         assert self.predict_fn is not None
         texts: list[str] = []
         for req in batch:
@@ -171,7 +213,9 @@ class Worker:
         try:
             rows = []
             for i in range(0, len(texts), self.max_batch):
-                rows.extend(self.predict_fn(texts[i:i + self.max_batch]).tolist())
+                scores = self.predict_fn(texts[i:i + self.max_batch])
+                # 6 digits say all a probability needs, and keep frames and JSON short
+                rows.extend(np.round(scores.astype(np.float64), 6).tolist())
         except Exception as exc:  # a bad batch must not kill the worker
             if len(batch) > 1:  # isolate the request that broke it
                 for req in batch:
@@ -180,11 +224,13 @@ class Worker:
             self.send({"t": "error", "id": batch[0]["id"], "code": "predict_failed",
                        "message": f"{type(exc).__name__}: {exc}"})
             return
-        pos = 0
+        frames, pos = [], 0
         for req in batch:
             n = len(req["texts"])
-            self.send({"t": "result", "id": req["id"], "scores": rows[pos:pos + n]})
+            frames.append(protocol.encode({"t": "result", "id": req["id"],
+                                           "scores": rows[pos:pos + n]}))
             pos += n
+        self.sock.sendall(b"".join(frames))  # one write for the whole batch
 
     def handle(self, msg: Any) -> bool:
         """Handle one control frame; False means exit."""
@@ -214,6 +260,8 @@ class Worker:
                            "message": f"{type(exc).__name__}: {exc}"})
                 log.error("model load failed: %s", exc)
                 os._exit(EXIT_LOAD)
+        elif kind == "serve":
+            self.restore_priority()
         elif kind == "ping":
             self.send({"t": "pong", "id": msg.get("id")})
         elif kind == "stop":
@@ -263,16 +311,11 @@ def main(sock: socket.socket, options: dict[str, Any]) -> None:
     try:
         worker.send({"t": "booted", "pid": os.getpid()})
         worker.start_reader()
-        msg = worker.queue.get()  # a standby waits here for its model
         if nice:
-            # serve at the normal priority (raising it back needs the right to
-            # do so, which root has; otherwise say so and go on)
-            try:
-                os.setpriority(os.PRIO_PROCESS, 0, base_nice)
-            except OSError:
-                log.warning("cannot restore CPU priority; serving at nice %d", base_nice + nice)
-        if worker.handle(msg):
-            worker.run()
+            # raised back to base_nice when it is given a model to serve
+            # (that needs the right to raise priority, which root has)
+            worker.restore_nice = base_nice
+        worker.run()
     except (BrokenPipeError, ConnectionResetError):
         pass  # the supervisor went away: nothing left to answer
     sys.stdout.flush()

@@ -102,9 +102,11 @@ class Service:
         return self.status()["serving"]
 
     def wait_standby(self, timeout: float = 90) -> dict[str, Any]:
-        return wait_for(lambda: (self.status()["standby"] or {}).get("state") == "STANDBY"
-                        and self.status()["standby"], timeout, "a booted standby worker",
-                        interval=0.2)
+        def booted():
+            sb = self.status()["standby"] or {}
+            # STANDBY: waiting for a model; READY: it has preloaded a likely one
+            return sb.get("state") in ("STANDBY", "READY") and sb
+        return wait_for(booted, timeout, "a booted standby worker", interval=0.2)
 
     def children(self) -> list[psutil.Process]:
         try:
