@@ -25,7 +25,7 @@ import tempfile
 import time
 from typing import Any
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # used with fullmatch
 RECORD = ".applied.json"
 TMP = ".tmp"
 
@@ -47,7 +47,7 @@ class InvalidArtifact(StoreError):
 
 
 def check_name(name: Any) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name) or ".." in name:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or ".." in name:
         raise InvalidName(
             "model name must be 1-64 characters of letters, digits, '_', '-', '.', "
             "starting with a letter or digit, without '..'")
@@ -111,7 +111,7 @@ class ModelStore:
         if not os.path.isdir(self.root):
             return []
         return sorted(e for e in os.listdir(self.root)
-                      if NAME_RE.match(e) and os.path.isdir(os.path.join(self.root, e))
+                      if NAME_RE.fullmatch(e) and os.path.isdir(os.path.join(self.root, e))
                       and self.versions(e))
 
     def resolve(self, name: str, version: int | None = None) -> tuple[int, str]:

@@ -229,13 +229,14 @@ class Supervisor:
             w = self._spawn()
         deadline = self.loop.time() + self.wcfg["boot_timeout"]
         try:
-            await gen.with_timeout(deadline, w.booted)
+            await gen.with_timeout(deadline, w.booted, quiet_exceptions=(WorkerDied,))
             if w.state is State.LOADING:  # a preload is under way: let it finish
                 try:
-                    await gen.with_timeout(deadline, w.ready)
+                    await gen.with_timeout(deadline, w.ready,
+                                           quiet_exceptions=(WorkerDied, RequestFailed))
                 except (WorkerDied, RequestFailed):  # the guess was bad: a fresh one
                     w = self._spawn()
-                    await gen.with_timeout(deadline, w.booted)
+                    await gen.with_timeout(deadline, w.booted, quiet_exceptions=(WorkerDied,))
         except (gen.TimeoutError, WorkerDied) as exc:
             w.kill()
             raise ApplyFailed(f"worker process did not start: {exc or 'timeout'}",
@@ -383,7 +384,8 @@ class Supervisor:
                 ready = w.ready.result()
             else:
                 ready = await gen.with_timeout(self.loop.time() + self.wcfg["load_timeout"],
-                                               w.load(path, name, version))
+                                               w.load(path, name, version),
+                                               quiet_exceptions=(WorkerDied, RequestFailed))
         except (gen.TimeoutError, WorkerError) as exc:
             why = str(exc) or "load deadline passed"
             status = None

@@ -17,8 +17,8 @@ from typing import Any
 import dataset
 from frontend.base import JsonHandler
 from jobs import STATES
-from model_worker.params import (ARCHITECTURES, DEFAULT_PARAMS, OUTPUT_MODES, TOKENIZE_MODES,
-                                 _FLOAT_RANGES, _INT_RANGES)
+# the validation tables themselves, so the document cannot drift from them
+from model_worker.params import _BOOL_FIELDS, _CHOICES, _FLOAT_RANGES, _INT_RANGES, DEFAULT_PARAMS
 from store import NAME_RE
 
 JSON = "application/json"
@@ -166,12 +166,10 @@ def _params_schema() -> S:
             low, high, exclusive = _FLOAT_RANGES[field]
             props[field] = {"type": "number", "minimum": low, "maximum": high,
                             "exclusiveMinimum": exclusive}
-        elif isinstance(default, bool):
+        elif field in _BOOL_FIELDS:
             props[field] = {"type": "boolean"}
         else:
-            choices = {"architecture": ARCHITECTURES, "tokenize": TOKENIZE_MODES,
-                       "output_mode": OUTPUT_MODES}[field]
-            props[field] = {"type": "string", "enum": list(choices)}
+            props[field] = {"type": "string", "enum": list(_CHOICES[field])}
         props[field]["default"] = default
     return {"type": "object", "additionalProperties": False, "properties": props,
             "description": "training parameters; absent ones take the defaults"}
@@ -195,7 +193,8 @@ def _train_request() -> S:
             "examples": {"type": "array", "minItems": 2 * dataset.MIN_PER_LABEL,
                          "maxItems": dataset.MAX_EXAMPLES, "items": example},
             "labels": {"type": "array", "uniqueItems": True, "items": {"type": "string"},
-                       "description": "the declared label set (optional)"},
+                       "nullable": True, "description": "the declared label set "
+                                                       "(null or absent: not declared)"},
         },
     }
     # a valid request: fuzzing's examples phase trains one tiny model with it
@@ -203,10 +202,12 @@ def _train_request() -> S:
     request_example = {"name": "example", "apply": False, "params": {"epochs": 1},
                        "data": {"examples": [{"text": t, "label": label}
                                              for label, ts in texts.items() for t in ts]}}
+    data["example"] = request_example["data"]
     return {"type": "object", "additionalProperties": False, "required": ["name", "data"],
             "example": request_example,
             "properties": {"name": NAME, "data": data,
-                           "params": {"$ref": "#/components/schemas/TrainParams"},
+                           "params": {"allOf": [{"$ref": "#/components/schemas/TrainParams"}],
+                                      "nullable": True, "description": "null: the defaults"},
                            "apply": {"type": "boolean", "default": False,
                                      "description": "apply the model once trained"}}}
 
@@ -277,8 +278,12 @@ def management_spec(cfg: Any) -> S:
                 "400": _err("not JSON, unknown field, missing or invalid name, bad version"),
                 "404": _err("no such model or version in the store"),
                 **_body_errors(cfg),
-                "502": _err("the new worker failed to start or load; the old one serves on"),
-                "503": _err("the service is shutting down"),
+                "422": _err("the version's files are invalid, or the model failed to "
+                            "load or warm up; the serving model serves on"),
+                "503": _err("no worker process could be started in time (worker."
+                            "boot_timeout), or the service is shutting down"),
+                "504": _err("the model did not load and warm up within "
+                            "worker.load_timeout"),
             }}},
         "/status": _get("Supervisor, workers, standby, restarts, jobs.", _json(status, "status")),
         "/models": _get("Every model in the store, and the serving one.",

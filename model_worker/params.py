@@ -120,7 +120,10 @@ def _check_float(field: str, value: Any) -> float:
     # JSON has one number type, so an integer such as `"l2": 0` is accepted.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ParamError(field, f"must be a number, got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # a JSON integer with hundreds of digits
+        raise ParamError(field, "is far out of range") from None
     low, high, low_exclusive = _FLOAT_RANGES[field]
     if value != value or (value <= low if low_exclusive else value < low) or value > high:
         bracket = "(" if low_exclusive else "["

@@ -9,18 +9,23 @@ body schema, invalid data rejected with 4xx, a 405 with an Allow header for
 undeclared methods, and 401 without the management token. Each request has a
 timeout, so a hang fails the run.
 
-Cost control, for `make test` on 2 cores:
-- The service runs with small limits (texts per request, characters, body
-  bytes). The documents are built from the config, so generated data stays
-  small and the 413 boundaries are reached quickly: with the default limits
-  hypothesis spends most of its time building 20,000-character strings.
-- POST /train is fuzzed for real. Random data almost never passes the
-  dataset checks (two labels with two examples each, or an existing file
-  under the data roots), so nearly every case is a 400; the spec's request
-  example is valid on purpose and trains one tiny model (epochs 1,
-  apply false), which exercises the 202 path, the Location header and the
-  job schema. Jobs run one at a time (training.max_concurrent 1) and the
-  test checks that only a handful were created.
+Cost control, for `make test` on 2 cores (one service, a config for fuzzing):
+- Small limits (texts per request, characters, body bytes). The documents
+  are built from the config, so generated data stays small and the 413
+  boundaries are reached quickly: with the default limits hypothesis spends
+  most of its time building 20,000-character strings.
+- training.max_concurrent 0: POST /train is fuzzed for real (validation,
+  the 202 answer with its Location header, the job schema, GET and DELETE of
+  the job through the stateful phase), but queued jobs never start a trainer,
+  so no generated request can load the machine with training. The spec's
+  request example is valid on purpose, so that path is always reached.
+- worker.boot_timeout 3: a valid /apply takes the warm standby worker (the
+  test waits for one first); once it is used, the next one needs ~15 s of CPU
+  to import TensorFlow, and an apply that would wait for it answers 503
+  (documented, code worker_boot_failed) within 3 s instead. The serving
+  model is never dropped.
+- Only the well-behaved tiny models are in the store: the fuzzer learns
+  names from GET /models and would otherwise apply the crashing ones.
 - The test runs CASES cases per API; bench/fuzz.py runs 1,000+ per API with
   the same code and prints the counts.
 """
@@ -36,13 +41,14 @@ from typing import Any
 
 import pytest
 
-from helpers import Service
+from helpers import Service, request, wait_for
 
 TOKEN = "fuzz-token"
-CASES = int(os.environ.get("TEXTSWAP_FUZZ_CASES", "300"))  # generated cases per API, at least
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CASES = int(os.environ.get("TEXTSWAP_FUZZ_CASES", "250"))  # generated cases per API, at least
 SEED = os.environ.get("TEXTSWAP_FUZZ_SEED", "1")  # "random": a new seed each run
 REQUEST_TIMEOUT = 60.0  # an /apply may wait for a worker to boot TensorFlow on a busy box
-MAX_JOBS = 10  # more training jobs than this from one run would be a flood
+MODELS = ("sent", "topic")  # the tiny models the fuzzer may apply
 
 SERVICE_CONFIG = """\
 limits:
@@ -51,27 +57,43 @@ limits:
   max_text_chars: 200
   max_top_k: 10
   default_top_k: 3
+worker:
+  boot_timeout: 3.0
 training:
-  max_concurrent: 1
+  max_concurrent: 0
   demo_on_empty_store: false
 """
 
-# Checks every response passes; the exceptions, and why:
+# Every built-in check runs on every answer; the exceptions, and why:
 # - negative_data_rejection: a too-long text, too many texts or a too-large
 #   body is refused with 413 (not in schemathesis's default list of 4xx).
 # - positive_data_acceptance on POST /train: schema-valid data can still be
 #   refused with 400 for what a schema cannot say (each label needs two
 #   examples; a data file must exist under the data roots).
+# - not_a_server_error on POST /apply: 503 worker_boot_failed is the
+#   documented answer that worker.boot_timeout above provokes on purpose.
 # - use_after_free (excluded on the command line): DELETE /train/{id}
 #   cancels a job and keeps its record, so GET /train/{id} still answers 200.
-SCHEMATHESIS_CONFIG = """\
+# Per-operation settings are repeated per phase: schemathesis reads a
+# phase's check settings before the operation's.
+def _per_phase(setting: str) -> str:
+    return "\n".join(f"{prefix}{setting}" for prefix in (
+        "", "phases.examples.", "phases.coverage.", "phases.fuzzing.", "phases.stateful."))
+
+
+SCHEMATHESIS_CONFIG = f"""\
 [checks.negative_data_rejection]
 expected-statuses = ["400", "401", "404", "405", "409", "413", "415"]
 
 [[operations]]
 include-path = "/train"
 include-method = "POST"
-checks.positive_data_acceptance.enabled = false
+{_per_phase("checks.positive_data_acceptance.enabled = false")}
+
+[[operations]]
+include-path = "/apply"
+include-method = "POST"
+{_per_phase('checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "503"]')}
 """
 
 
@@ -81,7 +103,8 @@ def st_command() -> list[str]:
 
 
 def run_schemathesis(url: str, workdir: str, *, max_examples: int, seed: str = SEED,
-                     headers: dict[str, str] | None = None, timeout: float = 900) -> dict[str, Any]:
+                     headers: dict[str, str] | None = None,
+                     timeout: float = 900) -> dict[str, Any]:
     """Run `st run` against one live API; returns its JSON report plus the text output.
 
     Runs in workdir, where schemathesis keeps its caches and reports."""
@@ -91,9 +114,10 @@ def run_schemathesis(url: str, workdir: str, *, max_examples: int, seed: str = S
         fh.write(SCHEMATHESIS_CONFIG)
     report = os.path.join(workdir, "report.json")
     cmd = [*st_command(), "--config-file", config, "run", url,
-           "--checks", "all", "--exclude-checks", "use_after_free",
+           "--exclude-checks", "use_after_free",
            "--max-examples", str(max_examples), "--request-timeout", str(REQUEST_TIMEOUT),
            "--continue-on-failure", "--workers", "1", "--output-truncate", "true",
+           "--warnings", "off",
            "--report", "json", "--report-json-path", report, "--wait-for-schema", "10"]
     if seed != "random":
         cmd += ["--seed", seed]
@@ -125,36 +149,42 @@ def summarize(result: dict[str, Any]) -> str:
 
 
 def server_errors(log: str) -> list[str]:
-    """Lines where the service logged a 5xx answer or a traceback."""
+    """Lines where the service logged a 500 answer or an exception a handler let
+    escape (documented 503/504 answers are fine)."""
     return [line for line in log.splitlines()
-            if re.search(r"textswap\.http: 5\d\d ", line) or "Traceback" in line]
+            if re.search(r"textswap\.http: 500 |Uncaught exception", line)]
 
 
-def start_service(store: str, workdir: str) -> Service:
-    """The service on free ports with the fuzzing config and a management token;
-    `sent` applied so /predict answers."""
+def start_service(tiny_store: str, workdir: str) -> Service:
+    """The service on free ports with the fuzzing config and a management token,
+    a warm standby worker, and `sent` applied so /predict answers."""
+    store = os.path.join(workdir, "models")
+    os.makedirs(store)
+    for name in MODELS:
+        shutil.copytree(os.path.join(tiny_store, name), os.path.join(store, name))
     cfg = os.path.join(workdir, "config.yaml")
     with open(cfg, "w", encoding="utf-8") as fh:
         fh.write(SERVICE_CONFIG)
     svc = Service(store, args=["--config", cfg], env={"TEXTSWAP_MANAGEMENT_TOKEN": TOKEN})
+    def standby_booted() -> bool:
+        standby = svc.mget("/status", headers=AUTH)[1]["standby"] or {}
+        return standby.get("state") == "STANDBY"
+
     try:
+        wait_for(standby_booted, 120, "a booted standby worker", interval=0.2)
         code, body = svc.mpost("/apply", {"name": "sent"}, headers=AUTH, timeout=120)
         assert code == 200, body
+        # the apply used the standby: let its successor boot before fuzzing
+        wait_for(standby_booted, 120, "the next standby worker", interval=0.2)
     except BaseException:
         svc.stop()
         raise
     return svc
 
 
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
 @pytest.fixture(scope="module")
 def svc(tiny_store, tmp_path_factory):
-    base = tmp_path_factory.mktemp("openapi")
-    store = str(base / "models")
-    shutil.copytree(tiny_store, store)
-    s = start_service(store, str(base))
+    s = start_service(tiny_store, str(tmp_path_factory.mktemp("openapi")))
     yield s
     s.stop()
     assert not s.leftover, s.leftover
@@ -178,8 +208,6 @@ def test_documents_are_served_and_match_the_routes(svc):
 
 
 def test_405_names_the_allowed_methods(svc):
-    from helpers import request
-
     code, body = request(svc.port, "PUT", "/predict", {"text": "x"})
     assert code == 405 and body["error"]["code"] == "method_not_allowed"
     conn_headers = _headers(svc.mport, "DELETE", "/models", AUTH)
@@ -207,7 +235,7 @@ def test_fuzz(svc, api, tmp_path):
         port, headers, per_operation = svc.port, None, CASES
     else:
         # ten operations, and the stateful phase adds chains of calls
-        port, headers, per_operation = svc.mport, AUTH, max(10, CASES // 4)
+        port, headers, per_operation = svc.mport, AUTH, max(10, CASES // 10)
     log_before = len(svc.log())
     result = run_schemathesis(f"http://127.0.0.1:{port}/openapi.json", str(tmp_path / api),
                               max_examples=per_operation, headers=headers)
@@ -219,6 +247,6 @@ def test_fuzz(svc, api, tmp_path):
     assert result["returncode"] == 0, result["output"][-6000:]
     assert not server_errors(svc.log()[log_before:])
     assert svc.get("/healthz")[0] == 200 and svc.get("/readyz")[0] == 200
-    if api == "management":
+    if api == "management":  # jobs were queued and cancelled, never trained
         jobs = svc.mget("/train", headers=AUTH)[1]["jobs"]
-        assert len(jobs) <= MAX_JOBS, [j["state"] for j in jobs]
+        assert {j["state"] for j in jobs} <= {"queued", "cancelled"}, jobs
