@@ -132,5 +132,7 @@ class ModelHandler(JsonHandler):
             else:
                 v, _ = self.sup.store.resolve(name, int(version))
                 self.send_json(self.sup.store.meta(name, v))
+        except InvalidName:  # a lookup of a name that cannot exist: not there
+            raise ApiError(404, "not_found", f"no model named {name!r} in the store") from None
         except Exception as exc:
             raise _service_error(exc) from None
