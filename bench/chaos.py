@@ -115,8 +115,9 @@ def main() -> int:
             n_ok, n_failed = len(load.ok), len(load.failed)
             mismatched = [r for r in load.ok if abs(r[3] - expected[r[1]]) > 1e-5]
         wait_for(lambda: len([w for w in svc.status()["workers"]]) <= 2, 30, "old workers gone")
-        leftover = [w for w in svc.status()["workers"] if w["state"] not in ("SERVING",
-                                                                             "STANDBY")]
+        st = svc.status()
+        keep = {st["serving"]["generation"], (st["standby"] or {}).get("generation")}
+        leftover = [w for w in st["workers"] if w["generation"] not in keep]
         sup_rss1, kids_rss1 = family_rss(svc.proc.pid)
         figures += [
             ("applies under load", f"{len(apply_times)} of {args.applies} succeeded"),
