@@ -50,8 +50,12 @@ DEFAULTS: dict[str, Any] = {
         "hang_timeout": 20.0,   # a request this old means the worker hangs
         "standby": True,        # keep a TensorFlow-ready process waiting
         "preload": True,        # ... with the likeliest next model already loaded
-        "intra_op_threads": 0,  # 0: TensorFlow's choice
-        "inter_op_threads": 0,
+        # TensorFlow threads in a serving worker (0: TensorFlow's choice).
+        # Measured on 2 cores: one each cut the worker's CPU per request under
+        # load by 25-40% with batch-256 throughput unchanged; raise them on a
+        # big machine serving big batches.
+        "intra_op_threads": 1,
+        "inter_op_threads": 1,
         "max_restarts": 5,      # crashes within restart_window -> FAILED
         "restart_window": 60.0,
     },
