@@ -19,6 +19,9 @@ DEFAULTS: dict[str, Any] = {
         "port": 8080,
         "manage_host": "127.0.0.1",
         "manage_port": 8081,
+        # answer POST /predict on a lean path beside Tornado's RequestHandler
+        # (same checks and answers, far less CPU per request; see fastpath.py)
+        "fast_predict": True,
     },
     "models_dir": "./models",
     "management": {

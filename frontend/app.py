@@ -66,7 +66,11 @@ def start_servers(sup: Any, config: Any) -> list[HTTPServer]:
                     "can apply and train models; set management.token or "
                     "TEXTSWAP_MANAGEMENT_TOKEN", s["manage_host"])
     servers = []
-    for app, host, port in ((inference_app(sup, config), s["host"], s["port"]),
+    inference: Any = inference_app(sup, config)
+    if s["fast_predict"]:
+        from frontend.fastpath import PredictRouter
+        inference = PredictRouter(inference, sup, config)
+    for app, host, port in ((inference, s["host"], s["port"]),
                             (management_app(sup, config), s["manage_host"], s["manage_port"])):
         cap = max(_MIN_TRANSPORT_CAP, 2 * config["limits"]["max_body_bytes"])
         server = HTTPServer(app, max_body_size=cap, xheaders=False)

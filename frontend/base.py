@@ -94,35 +94,10 @@ class JsonHandler(RequestHandler):
     def json_body(self, required: bool = True) -> Any:
         if self._too_large:
             raise ApiError(413, "body_too_large", self._too_large)
-        ctype = self.request.headers.get("Content-Type", "application/json")
-        media = ctype.split(";")[0].strip().lower()
-        if media not in ("application/json", "") and not media.endswith("+json"):
-            raise ApiError(415, "unsupported_media_type",
-                           f"Content-Type must be application/json, got '{media}'")
-        raw = self.body
-        if not raw.strip():
-            if required:
-                raise ApiError(400, "bad_request", "request body is empty; JSON expected")
-            return {}
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ApiError(400, "bad_encoding", f"body is not valid UTF-8: {exc}") from None
-        try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise ApiError(400, "bad_json", f"body is not valid JSON: {exc}") from None
+        return parse_json(self.body, self.request.headers.get("Content-Type"), required)
 
     def json_object(self, allowed: set[str], required: bool = True) -> dict[str, Any]:
-        data = self.json_body(required)
-        if not isinstance(data, dict):
-            raise ApiError(400, "bad_request", "body must be a JSON object")
-        unknown = sorted(set(data) - allowed)
-        if unknown:
-            raise ApiError(400, "unknown_field",
-                           f"unknown field(s) {', '.join(map(repr, unknown))}; "
-                           f"allowed: {', '.join(sorted(allowed))}")
-        return data
+        return check_object(self.json_body(required), allowed)
 
     def allowed_methods(self) -> list[str]:
         """The HTTP methods this handler class implements."""
@@ -148,6 +123,37 @@ class JsonHandler(RequestHandler):
             self.set_header("Allow", ", ".join(self.allowed_methods()))
         self.finish(json.dumps({"error": {"code": code, "message": message}},
                                ensure_ascii=False))
+
+
+def parse_json(raw: bytes, content_type: str | None, required: bool = True) -> Any:
+    """The JSON value of a request body, or an ApiError saying what is wrong."""
+    media = (content_type or "application/json").split(";")[0].strip().lower()
+    if media not in ("application/json", "") and not media.endswith("+json"):
+        raise ApiError(415, "unsupported_media_type",
+                       f"Content-Type must be application/json, got '{media}'")
+    if not raw.strip():
+        if required:
+            raise ApiError(400, "bad_request", "request body is empty; JSON expected")
+        return {}
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "bad_encoding", f"body is not valid UTF-8: {exc}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ApiError(400, "bad_json", f"body is not valid JSON: {exc}") from None
+
+
+def check_object(data: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ApiError(400, "bad_request", "body must be a JSON object")
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ApiError(400, "unknown_field",
+                       f"unknown field(s) {', '.join(map(repr, unknown))}; "
+                       f"allowed: {', '.join(sorted(allowed))}")
+    return data
 
 
 class NotFoundHandler(JsonHandler):

@@ -21,64 +21,73 @@ def _service_error(exc: Exception) -> ApiError:
 
 
 # -- inference port ----------------------------------------------------------------
-class PredictHandler(JsonHandler):
-    FIELDS = {"text", "texts", "top_k"}
+PREDICT_FIELDS = {"text", "texts", "top_k"}
 
-    def _texts(self, data: dict[str, Any]) -> list[str]:
-        lim = self.limits
-        if ("text" in data) == ("texts" in data):
-            raise ApiError(400, "bad_request", "give exactly one of 'text' (a string) or "
-                                               "'texts' (a list of strings)")
-        if "text" in data:
-            texts = [data["text"]]
-            if not isinstance(texts[0], str):
-                raise ApiError(400, "invalid_field", "'text' must be a string")
-            what = "'text'"
-        else:
-            texts = data["texts"]
-            if not isinstance(texts, list):
-                raise ApiError(400, "invalid_field", "'texts' must be a list of strings")
-            if not texts:
-                raise ApiError(400, "invalid_field", "'texts' must not be empty")
-            if len(texts) > lim["max_texts"]:
-                raise ApiError(413, "too_many_texts",
-                               f"'texts' has {len(texts)} items; the limit is {lim['max_texts']}")
-            what = "'texts'"
-        cap = lim["max_text_chars"]
-        for i, t in enumerate(texts):
-            where = what if len(texts) == 1 and "text" in data else f"{what}[{i}]"
-            if not isinstance(t, str):
-                raise ApiError(400, "invalid_field", f"{where} must be a string")
-            if not t.strip():
-                raise ApiError(400, "empty_text", f"{where} is empty")
-            if len(t) > cap:
-                raise ApiError(413, "text_too_long",
-                               f"{where} has {len(t)} characters; the limit is {cap}")
-            if not t.isascii():
-                try:
-                    t.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise ApiError(400, "bad_text", f"{where} contains an unpaired surrogate "
-                                                    "escape, which is not valid Unicode") from None
-        return texts
+
+def predict_request(data: dict[str, Any], lim: dict[str, Any]) -> tuple[list[str], int]:
+    """(texts, top_k) of a checked /predict body, or an ApiError naming the problem."""
+    if ("text" in data) == ("texts" in data):
+        raise ApiError(400, "bad_request", "give exactly one of 'text' (a string) or "
+                                           "'texts' (a list of strings)")
+    if "text" in data:
+        texts = [data["text"]]
+        if not isinstance(texts[0], str):
+            raise ApiError(400, "invalid_field", "'text' must be a string")
+        what = "'text'"
+    else:
+        texts = data["texts"]
+        if not isinstance(texts, list):
+            raise ApiError(400, "invalid_field", "'texts' must be a list of strings")
+        if not texts:
+            raise ApiError(400, "invalid_field", "'texts' must not be empty")
+        if len(texts) > lim["max_texts"]:
+            raise ApiError(413, "too_many_texts",
+                           f"'texts' has {len(texts)} items; the limit is {lim['max_texts']}")
+        what = "'texts'"
+    cap = lim["max_text_chars"]
+    for i, t in enumerate(texts):
+        where = what if len(texts) == 1 and "text" in data else f"{what}[{i}]"
+        if not isinstance(t, str):
+            raise ApiError(400, "invalid_field", f"{where} must be a string")
+        if not t or t.isspace():
+            raise ApiError(400, "empty_text", f"{where} is empty")
+        if len(t) > cap:
+            raise ApiError(413, "text_too_long",
+                           f"{where} has {len(t)} characters; the limit is {cap}")
+        if not t.isascii():
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ApiError(400, "bad_text", f"{where} contains an unpaired surrogate "
+                                                "escape, which is not valid Unicode") from None
+    top_k = int_field(data, "top_k", minimum=1, maximum=lim["max_top_k"],
+                      default=lim["default_top_k"])
+    return texts, top_k
+
+
+async def predict(sup: Any, texts: list[str], top_k: int) -> dict[str, Any]:
+    """The /predict answer: one prediction per text, in order."""
+    try:
+        model, labels, scores = await sup.predict(texts)
+    except Exception as exc:
+        raise _service_error(exc) from None
+    k = min(top_k, len(labels))
+    order = range(len(labels))
+    predictions = []
+    for row in scores:
+        ranked = sorted(order, key=row.__getitem__, reverse=True)[:k]
+        top = [{"label": labels[i], "score": row[i]} for i in ranked]
+        predictions.append({"label": top[0]["label"], "score": top[0]["score"], "top": top})
+    return {"model": model, "predictions": predictions}
+
+
+class PredictHandler(JsonHandler):
+    """POST /predict through Tornado's RequestHandler (see frontend/fastpath.py
+    for the lean path that normally answers it)."""
 
     async def post(self) -> None:
-        data = self.json_object(self.FIELDS)
-        texts = self._texts(data)
-        top_k = int_field(data, "top_k", minimum=1, maximum=self.limits["max_top_k"],
-                          default=self.limits["default_top_k"])
-        try:
-            model, labels, scores = await self.sup.predict(texts)
-        except Exception as exc:
-            raise _service_error(exc) from None
-        k = min(top_k, len(labels))
-        order = range(len(labels))
-        predictions = []
-        for row in scores:
-            ranked = sorted(order, key=row.__getitem__, reverse=True)[:k]
-            top = [{"label": labels[i], "score": row[i]} for i in ranked]
-            predictions.append({"label": top[0]["label"], "score": top[0]["score"], "top": top})
-        self.send_json({"model": model, "predictions": predictions})
+        texts, top_k = predict_request(self.json_object(PREDICT_FIELDS), self.limits)
+        self.send_json(await predict(self.sup, texts, top_k))
 
 
 class HealthHandler(JsonHandler):

@@ -1,0 +1,130 @@
+"""The lean path for POST /predict, beside Tornado's RequestHandler.
+
+Profiles of the service under single-text load showed about half of the
+supervisor's CPU in RequestHandler's own machinery (handler set-up, default
+headers, the Date header, flush/finish bookkeeping), not in predicting. This
+module answers POST /predict straight from Tornado's HTTP/1 connection
+(`HTTPMessageDelegate`): the same checks (`handlers.predict_request`), the
+same supervisor call and the same JSON answers and errors, with a fraction
+of that overhead. Every other request (other paths, other methods) goes to
+the inference Application untouched, so /healthz, /readyz, /openapi.json,
+404s and 405s behave exactly as before.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from tornado import httputil
+from tornado.ioloop import IOLoop
+from tornado.iostream import StreamClosedError
+from tornado.web import Application
+
+from frontend.base import ApiError, check_object, parse_json
+from frontend.handlers import PREDICT_FIELDS, predict, predict_request
+
+log = logging.getLogger("textswap.http")
+
+_JSON = "application/json; charset=utf-8"
+
+
+class PredictRouter(httputil.HTTPServerConnectionDelegate):
+    """The inference server's delegate: POST /predict here, the rest to `app`."""
+
+    def __init__(self, app: Application, supervisor: Any, config: Any) -> None:
+        self.app = app
+        self.sup = supervisor
+        self.limits = config["limits"]
+
+    def start_request(self, server_conn: object,
+                      request_conn: httputil.HTTPConnection) -> httputil.HTTPMessageDelegate:
+        return _Predict(self, server_conn, request_conn)
+
+    def on_close(self, server_conn: object) -> None:
+        self.app.on_close(server_conn)
+
+
+class _Predict(httputil.HTTPMessageDelegate):
+    def __init__(self, router: PredictRouter, server_conn: object,
+                 conn: httputil.HTTPConnection) -> None:
+        self.router = router
+        self.server_conn = server_conn
+        self.conn = conn
+        self.inner: httputil.HTTPMessageDelegate | None = None
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.too_large: str | None = None
+        self.closed = False
+
+    def headers_received(self, start_line: Any, headers: httputil.HTTPHeaders) -> Any:
+        if start_line.method != "POST" or start_line.path.split("?", 1)[0] != "/predict":
+            self.inner = self.router.app.start_request(self.server_conn, self.conn)
+            return self.inner.headers_received(start_line, headers)
+        self.start_line, self.headers = start_line, headers
+        self.started = time.monotonic()
+        cap = self.router.limits["max_body_bytes"]
+        length = headers.get("Content-Length")
+        if length is not None and length.isdigit() and int(length) > cap:
+            # read and drop it, then answer 413 (refusing at once makes most
+            # clients see a reset instead of the answer)
+            self.too_large = f"request body of {int(length)} bytes exceeds the limit of {cap}"
+        return None
+
+    def data_received(self, chunk: bytes) -> Any:
+        if self.inner is not None:
+            return self.inner.data_received(chunk)
+        self.size += len(chunk)
+        if self.too_large is None:
+            cap = self.router.limits["max_body_bytes"]
+            if self.size > cap:
+                self.too_large = f"request body exceeds the limit of {cap} bytes"
+                self.chunks = []
+            else:
+                self.chunks.append(chunk)
+        return None
+
+    def finish(self) -> None:
+        if self.inner is not None:
+            self.inner.finish()
+            return
+        IOLoop.current().spawn_callback(self._answer)
+
+    def on_connection_close(self) -> None:
+        if self.inner is not None:
+            self.inner.on_connection_close()
+        self.closed = True
+
+    async def _answer(self) -> None:
+        status = 200
+        try:
+            if self.too_large:
+                raise ApiError(413, "body_too_large", self.too_large)
+            body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+            data = check_object(parse_json(body, self.headers.get("Content-Type")),
+                                PREDICT_FIELDS)
+            texts, top_k = predict_request(data, self.router.limits)
+            payload: Any = await predict(self.router.sup, texts, top_k)
+        except ApiError as exc:
+            status = exc.status_code
+            payload = {"error": {"code": exc.code, "message": exc.message}}
+        except Exception:  # never an HTML page or a dropped connection
+            log.exception("POST /predict failed")
+            status = 500
+            payload = {"error": {"code": "internal", "message": "internal error"}}
+        out = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode()
+        if status >= 400:
+            (log.error if status >= 500 else log.info)(
+                "%d POST /predict %.1fms", status, 1000 * (time.monotonic() - self.started))
+        if self.closed:
+            return
+        headers = httputil.HTTPHeaders({"Content-Type": _JSON, "Content-Length": str(len(out))})
+        try:
+            self.conn.write_headers(
+                httputil.ResponseStartLine(self.start_line.version, status,
+                                           httputil.responses.get(status, "Unknown")),
+                headers, out)
+            self.conn.finish()
+        except StreamClosedError:
+            pass  # the client went away; nothing to tell it
