@@ -89,7 +89,7 @@ class Supervisor:
         self._bad_guesses: set[tuple[str, int]] = set()
         self.watcher: RecordWatcher | None = None
         self.jobs = JobManager(self)
-        self._hang_check = PeriodicCallback(self._check_hangs, 1000)
+        self._sweeper = PeriodicCallback(self._sweep, 1000)
 
     # -- start and stop -----------------------------------------------------------
     async def start(self) -> None:
@@ -104,7 +104,7 @@ class Supervisor:
             self.watcher = RecordWatcher(self.store, self.loop, self.cfg["watcher"]["interval"],
                                          self._on_record_change)
             self.watcher.start((record["name"], record.get("version")) if record else None)
-        self._hang_check.start()
+        self._sweeper.start()
         if record:
             self.loop.spawn_callback(self._apply_logged, record["name"], record.get("version"),
                                      "startup")
@@ -131,7 +131,7 @@ class Supervisor:
             return
         self.stopping = True
         log.info("shutting down")
-        self._hang_check.stop()
+        self._sweeper.stop()
         if self.watcher:
             self.watcher.stop()
         await self.jobs.shutdown()
@@ -317,7 +317,8 @@ class Supervisor:
         self.failed_models[f"{key[0]} v{key[1]}"] = {
             "name": key[0], "version": key[1], "reason": reason, "at": time.time()}
 
-    def _check_hangs(self) -> None:
+    def _sweep(self) -> None:
+        """Once a second: fail requests past their deadline, kill hung workers."""
         limit = self.wcfg["hang_timeout"]
         for w in list(self.workers.values()):
             w.expire(self.wcfg["request_timeout"])
@@ -397,7 +398,7 @@ class Supervisor:
             self.loop.spawn_callback(w.stop, 1.0)
             self.ensure_standby(delay=1.0)
             raise ApplyFailed(f"{name} v{version} failed to load: {why}; "
-                              f"{'still serving ' + old.model_label if old else 'no model serving'}",
+                              f"{'still serving ' + old.model_label if old else 'nothing serves'}",
                               status=status) from exc
         phases["load"] = time.monotonic() - t
         t = time.monotonic()

@@ -255,7 +255,8 @@ class WorkerHandle(ChildProcess):
                     self.served += 1
                     fut.set_result(msg["scores"])
                 else:
-                    fut.set_exception(RequestFailed(msg.get("code", "error"), msg.get("message", "")))
+                    fut.set_exception(RequestFailed(msg.get("code", "error"),
+                                                    msg.get("message", "")))
             if not self.pending:
                 self._wake_idle()
             self.on_answer()

@@ -120,7 +120,8 @@ def main(sock: socket.socket, spec: dict[str, Any]) -> None:
     """Process entry point (spawned by the supervisor's job manager)."""
     from model_worker.worker import die_with_parent
 
-    die_with_parent(spec.get("parent_pid"))  # a trainer must not publish for a supervisor that is gone
+    # a trainer must not publish for a supervisor that is gone
+    die_with_parent(spec.get("parent_pid"))
     _redirect_output(spec["log_file"])
     logging.basicConfig(level="INFO",
                         format="%(asctime)s %(levelname)s [trainer %(process)d] %(message)s")
