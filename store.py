@@ -30,20 +30,7 @@ RECORD = ".applied.json"
 TMP = ".tmp"
 
 
-class StoreError(Exception):
-    pass
-
-
-class NotFound(StoreError):
-    pass
-
-
-class InvalidName(StoreError):
-    pass
-
-
-class InvalidArtifact(StoreError):
-    """The version exists but cannot be a loadable model."""
+from errors import InvalidArtifact, InvalidName, NotFound, StoreError  # noqa: F401 (re-exported)
 
 
 def check_name(name: Any) -> str:

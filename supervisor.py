@@ -24,6 +24,7 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.locks import Condition, Event, Lock
 
 from config import Config, ConfigError, load_config
+from errors import ApplyFailed, NoModel, Overloaded, ServiceError
 from jobs import JobManager
 from store import InvalidArtifact, ModelStore, NotFound, StoreError, check_name
 from watcher import RecordWatcher
@@ -34,32 +35,6 @@ log = logging.getLogger("textswap.supervisor")
 
 DEMO_DATA = "data/demo/sentiment_zh.jsonl"
 DEMO_PARAMS: dict[str, Any] = {}  # the measured defaults
-
-
-class ServiceError(Exception):
-    """An error with an HTTP status and a code, raised to the handlers."""
-
-    status = 500
-    code = "internal"
-
-    def __init__(self, message: str, status: int | None = None, code: str | None = None):
-        super().__init__(message)
-        if status is not None:
-            self.status = status
-        if code is not None:
-            self.code = code
-
-
-class NoModel(ServiceError):
-    status, code = 503, "no_model"
-
-
-class Overloaded(ServiceError):
-    status, code = 503, "overloaded"
-
-
-class ApplyFailed(ServiceError):
-    status, code = 422, "model_load_failed"
 
 
 class Supervisor:
@@ -588,8 +563,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run through the importable module, so the handlers (which import
-    # `supervisor`) and this entry point share one set of classes.
-    import supervisor as _self
-
-    sys.exit(_self.main())
+    sys.exit(main())

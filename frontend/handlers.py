@@ -4,8 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from frontend.base import ApiError, JsonHandler, int_field
-from store import InvalidName, NotFound, StoreError
-from supervisor import ServiceError
+from errors import InvalidName, NotFound, ServiceError, StoreError
 
 
 def _service_error(exc: Exception) -> ApiError:
