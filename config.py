@@ -72,6 +72,8 @@ DEFAULTS: dict[str, Any] = {
         "threads": 1,
         "demo_on_empty_store": True,
         "data_roots": [],
+        # finished jobs kept (listed by GET /train, in the state db); older ones go
+        "keep_jobs": 200,
     },
     "log_level": "INFO",
 }

@@ -4,8 +4,15 @@ The Supervisor owns the JobManager; both live on the IOLoop. A job's data is
 checked in the supervisor (dataset.py, in a thread so the loop keeps
 serving), written to the job's folder as normalised JSONL, and the trainer
 process (model_worker/trainer.py) is spawned to train and publish. Job
-folders live under <models_dir>/.tmp/jobs/ and are wiped at start; the job
-list is in memory (a restart forgets finished jobs, never published models).
+folders live under <models_dir>/.tmp/jobs/ and are wiped at start.
+
+Jobs outlive the process: every job and each of its epochs is written to the
+state database (statedb.py; the writes go to its background thread, so the
+IOLoop never waits on disk). The in-memory list is the cache the API reads.
+On construction, before the store wipes .tmp/, the manager reloads the jobs
+kept (training.keep_jobs finished ones) and marks each one the previous
+process left queued or running as `interrupted`, with the tail of its log;
+its folder is removed. A clean shutdown interrupts running jobs the same way.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from typing import Any
 from tornado.ioloop import IOLoop
 
 import dataset
+from statedb import FILENAME as STATE_FILE, StateDB
 from model_worker.params import ParamError, validate_params
 from store import TMP, check_name
 from workerhandle import ChildProcess
@@ -27,8 +35,9 @@ from workerhandle import ChildProcess
 log = logging.getLogger("textswap.jobs")
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-STATES = ("queued", "running", "succeeded", "failed", "cancelled")
-KEEP_FINISHED = 200
+STATES = ("queued", "running", "succeeded", "failed", "cancelled", "interrupted")
+FINISHED = ("succeeded", "failed", "cancelled", "interrupted")
+ACTIVE = ("queued", "running")
 
 
 class JobError(Exception):
@@ -51,12 +60,12 @@ class TrainerProcess(ChildProcess):
 class Job:
     _ids = itertools.count(1)
 
-    def __init__(self, name: str, params: dict[str, Any], data: dataset.Dataset,
-                 apply: bool) -> None:
-        self.id = f"{time.strftime('%Y%m%d%H%M%S')}-{next(self._ids)}"
+    def __init__(self, name: str, params: dict[str, Any], data_summary: dict[str, Any],
+                 apply: bool, job_id: str | None = None) -> None:
+        self.id = job_id or f"{time.strftime('%Y%m%d%H%M%S')}-{next(self._ids)}"
         self.name = name
         self.params = params
-        self.data_summary = data.summary()
+        self.data_summary = data_summary
         self.apply = apply
         self.state = "queued"
         self.created = time.time()
@@ -72,22 +81,26 @@ class Job:
         self.applied: dict[str, Any] | None = None
         self.process: TrainerProcess | None = None
         self.dir = ""
+        self.on_change: Any = None  # (job, figures or None) -> None: persists the job
 
     def on_frame(self, msg: dict[str, Any]) -> None:
         kind = msg.get("t")
+        figures = None
         if kind == "progress":
             info = {k: v for k, v in msg.items() if k != "t"}
             self.progress.update(info)
-            if "loss" in info:
+            # an epoch's figures, or a model-search candidate's: one history entry each
+            if "loss" in info or "candidate" in info:
+                figures = info
                 self.history.append(info)
-                log.info("job %s (%s): epoch %s/%s loss %.4f val_accuracy %s", self.id,
-                         self.name, info.get("epoch"), info.get("epochs"), info["loss"],
-                         info.get("val_accuracy"))
+                log.info("job %s (%s): %s", self.id, self.name, _progress_line(info))
         elif kind == "done":
             self.result = {"name": self.name, "version": msg["version"]}
             self.metrics = msg.get("metrics")
         elif kind == "failed":
             self.error = msg.get("message")
+        if self.on_change is not None:
+            self.on_change(self, figures)
 
     def describe(self) -> dict[str, Any]:
         now = time.time()
@@ -104,18 +117,99 @@ class Job:
             "pid": self.process.pid if self.process else None,
         }
 
+    # -- the state db's row ------------------------------------------------------------
+    def record(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "state": self.state, "apply": self.apply,
+                "params": self.params, "data": self.data_summary, "created_at": self.created,
+                "started_at": self.started, "finished_at": self.finished,
+                "progress": self.progress,
+                "result_version": self.result["version"] if self.result else None,
+                "metrics": self.metrics, "error": self.error, "exitcode": self.exitcode,
+                "log_tail": self.log_tail, "applied": self.applied}
+
+    @classmethod
+    def from_record(cls, row: dict[str, Any], history: list[dict[str, Any]]) -> "Job":
+        job = cls(row["name"], row["params"] or {}, row["data"] or {}, row["apply"],
+                  job_id=row["id"])
+        job.state = row["state"]
+        job.created, job.started, job.finished = (row["created_at"], row["started_at"],
+                                                  row["finished_at"])
+        job.progress = row["progress"] or {}
+        job.history = history
+        if row["result_version"] is not None:
+            job.result = {"name": row["name"], "version": row["result_version"]}
+        job.metrics, job.error, job.exitcode = row["metrics"], row["error"], row["exitcode"]
+        job.log_tail, job.applied = row["log_tail"], row["applied"]
+        return job
+
+
+def _progress_line(info: dict[str, Any]) -> str:
+    if "candidate" in info:
+        where = f"candidate {info.get('candidate')}/{info.get('candidates')}"
+    else:
+        where = f"epoch {info.get('epoch')}/{info.get('epochs')}"
+    loss = info.get("loss")
+    return (f"{where} loss {loss:.4f}" if isinstance(loss, float) else where) + \
+        f" val_accuracy {info.get('val_accuracy')}"
+
 
 class JobManager:
-    def __init__(self, supervisor: Any) -> None:
+    def __init__(self, supervisor: Any, state: StateDB | None = None) -> None:
         self.sup = supervisor
         self.cfg = supervisor.cfg["training"]
         self.jobs: "collections.OrderedDict[str, Job]" = collections.OrderedDict()
         self.loop = IOLoop.current()
         self.root = os.path.join(supervisor.store.root, TMP, "jobs")
+        # the supervisor normally passes the db it shares with the rollout history
+        self._owns_state = state is None
+        self.state = state or StateDB(os.path.join(supervisor.store.root, STATE_FILE))
+        self._recover()
 
     @property
     def data_roots(self) -> list[str]:
         return [os.getcwd(), os.path.join(self.sup.store.root, "data"), *self.cfg["data_roots"]]
+
+    # -- persistence -------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Reload kept jobs; the ones a dead process left queued or running are
+        `interrupted`. Runs before the store wipes .tmp/, to read their logs."""
+        rows = self.state.jobs()
+        now = time.time()
+        seq = 0
+        for row in rows:
+            job = Job.from_record(row, self.state.epochs(row["id"]))
+            if job.state in ACTIVE:
+                was = job.state
+                job.log_tail = self._tail(os.path.join(self.root, job.id, "train.log")) \
+                    or job.log_tail
+                self._mark_interrupted(job, f"the service stopped while the job was {was}",
+                                       now)
+                log.warning("job %s (%s) was %s when the service stopped: interrupted",
+                            job.id, job.name, was)
+            self.jobs[job.id] = job
+            tail = job.id.rpartition("-")[2]
+            seq = max(seq, int(tail) if tail.isdigit() else 0)
+        # ids stay unique across restarts within the same second
+        Job._ids = itertools.count(seq + 1)
+        shutil.rmtree(self.root, ignore_errors=True)  # interrupted jobs' data and logs
+        self.sup.store.clean_staging()  # and what their trainers were publishing
+        self._trim()
+
+    def _mark_interrupted(self, job: Job, reason: str, when: float | None = None) -> None:
+        job.state = "interrupted"
+        job.error = job.error or reason
+        job.finished = job.finished or when or time.time()
+        job.process = None
+        self._save(job)
+
+    def _save(self, job: Job, figures: dict[str, Any] | None = None) -> None:
+        """Hand the job's row (and a new history entry) to the db's writer thread."""
+        try:
+            if figures is not None:
+                self.state.add_epoch(job.id, len(job.history) - 1, figures)
+            self.state.save_job(job.record())
+        except Exception as exc:  # the db is closed or broken: serve on, say so
+            log.error("job %s: cannot persist: %s", job.id, exc)
 
     # -- API -----------------------------------------------------------------------
     async def submit(self, name: Any, data_spec: Any, params: Any, apply: Any,
@@ -137,7 +231,8 @@ class JobManager:
             data = await self.loop.run_in_executor(None, dataset.load, data_spec, roots)
         except dataset.DataError as exc:
             raise JobError(400, "invalid_data", str(exc)) from None
-        job = Job(name, full, data, apply)
+        summary = await self.loop.run_in_executor(None, data.summary)  # hashes every text
+        job = Job(name, full, summary, apply)
         job.dir = os.path.join(self.root, job.id)
         try:
             os.makedirs(job.dir, exist_ok=True)
@@ -147,10 +242,12 @@ class JobManager:
             shutil.rmtree(job.dir, ignore_errors=True)
             raise JobError(507, "insufficient_storage",
                            f"cannot write the job's data into the model store: {exc}") from None
+        job.on_change = self._save
         self.jobs[job.id] = job
+        self._save(job)
         self._trim()
         log.info("job %s queued: train %s on %d examples %s", job.id, name,
-                 len(data.texts), data.summary()["label_counts"])
+                 len(data.texts), summary["label_counts"])
         self._schedule()
         return job
 
@@ -165,11 +262,13 @@ class JobManager:
                 for j in reversed(self.jobs.values())]
 
     async def cancel(self, job_id: str) -> Job:
+        """Cancel a queued or running job; it stays readable as `cancelled`."""
         job = self.get(job_id)
         if job.state == "queued":
             self._finish(job, "cancelled")
         elif job.state == "running":
             job.state = "cancelled"  # the exit callback keeps it so
+            self._save(job)
             if job.process is not None:
                 await job.process.stop(2.0)
         else:
@@ -177,15 +276,31 @@ class JobManager:
         return job
 
     async def shutdown(self) -> None:
+        """Stop every trainer; their jobs are `interrupted` (not the user's cancel)."""
         for job in list(self.jobs.values()):
-            if job.state in ("queued", "running"):
-                await self.cancel(job.id)
+            if job.state == "queued":
+                job.error = "the service stopped before the job started"
+                self._finish(job, "interrupted")
+            elif job.state == "running":
+                job.state = "interrupted"  # the exit callback keeps it so
+                job.error = "the service stopped while the job was running"
+                if job.process is not None:
+                    await job.process.stop(2.0)
+        if self._owns_state:
+            self.state.close()
 
     # -- running -------------------------------------------------------------------
     def _trim(self) -> None:
-        done = [j for j in self.jobs.values() if j.state in ("succeeded", "failed", "cancelled")]
-        for j in done[:max(0, len(done) - KEEP_FINISHED)]:
+        """Keep training.keep_jobs finished jobs, in memory and in the db."""
+        done = [j for j in self.jobs.values() if j.state in FINISHED]
+        drop = done[:max(0, len(done) - self.cfg["keep_jobs"])]
+        for j in drop:
             del self.jobs[j.id]
+        if drop:
+            try:
+                self.state.delete_jobs([j.id for j in drop])
+            except Exception as exc:
+                log.error("cannot trim old jobs from the state db: %s", exc)
 
     def _schedule(self) -> None:
         running = sum(1 for j in self.jobs.values() if j.state == "running")
@@ -206,12 +321,13 @@ class JobManager:
                 "nice": self.cfg["nice"], "threads": self.cfg["threads"], "root": ROOT,
                 "parent_pid": os.getpid()}
         job.process = TrainerProcess(job, spec, self._on_exit)
+        self._save(job)
 
     def _on_exit(self, proc: TrainerProcess) -> None:
         job = proc.job
         job.exitcode = proc.exitcode
-        if job.state == "cancelled":
-            self._finish(job, "cancelled")
+        if job.state in ("cancelled", "interrupted"):
+            self._finish(job, job.state)
         elif job.result is not None and proc.exitcode == 0:
             self._finish(job, "succeeded")
             log.info("job %s succeeded: %s v%s, accuracy %s", job.id, job.name,
@@ -232,6 +348,8 @@ class JobManager:
         if state != "succeeded":
             job.log_tail = self._tail(os.path.join(job.dir, "train.log"))
         shutil.rmtree(job.dir, ignore_errors=True)
+        self._save(job)
+        self._trim()
         # a cancelled or crashed trainer may leave a staging folder behind
         if not self._any_running():
             self.sup.store.clean_staging()
@@ -257,3 +375,4 @@ class JobManager:
             job.applied = {"error": str(exc)}
             log.error("job %s: apply of %s v%s failed: %s", job.id, job.name,
                       job.result["version"], exc)
+        self._save(job)

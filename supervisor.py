@@ -26,6 +26,7 @@ from tornado.locks import Condition, Event, Lock
 from config import Config, ConfigError, load_config
 from errors import ApplyFailed, NoModel, Overloaded, ServiceError
 from jobs import JobManager
+from statedb import FILENAME as STATE_DB, StateDB
 from store import InvalidArtifact, ModelStore, NotFound, StoreError, check_name
 from watcher import RecordWatcher
 from workerhandle import (RequestFailed, RequestTimedOut, State, WorkerDied, WorkerError,
@@ -63,7 +64,8 @@ class Supervisor:
         self._standby_failures = 0
         self._bad_guesses: set[tuple[str, int]] = set()
         self.watcher: RecordWatcher | None = None
-        self.jobs = JobManager(self)
+        self.state = StateDB(os.path.join(self.store.root, STATE_DB))  # jobs, history
+        self.jobs = JobManager(self, self.state)
         self._sweeper = PeriodicCallback(self._sweep, 1000)
 
     # -- start and stop -----------------------------------------------------------
@@ -118,6 +120,7 @@ class Supervisor:
                 await w.wait_idle(min(self.wcfg["drain_timeout"], 5.0))
         await gen.multi([w.stop(timeout) for w in handles])
         self.serving = self.standby = None
+        self.state.close()  # commits the pending job and history writes
         self.stopped.set()
         log.info("all workers stopped")
 
