@@ -8,7 +8,7 @@ from tornado.httpserver import HTTPServer
 from tornado.web import Application
 
 from frontend import handlers as h
-from frontend import openapi
+from frontend import oip, openapi
 from frontend.base import NotFoundHandler
 
 log = logging.getLogger("textswap.http")
@@ -27,6 +27,7 @@ def inference_app(sup: Any, config: Any) -> Application:
         (r"/healthz", h.HealthHandler, kw),
         (r"/readyz", h.ReadyHandler, kw),
         (r"/openapi.json", openapi.InferenceSpecHandler, kw),
+        *oip.routes(kw),  # Open Inference Protocol v2
     ], default_handler_class=NotFoundHandler, default_handler_args=kw, log_function=_log)
 
 
@@ -34,6 +35,7 @@ def management_app(sup: Any, config: Any) -> Application:
     kw = {"supervisor": sup, "config": config, "token": config.token or None}
     routes: list = [
         (r"/apply", h.ApplyHandler, kw),
+        (r"/unload", h.UnloadHandler, kw),
         (r"/status", h.StatusHandler, kw),
         (r"/models", h.ModelsHandler, kw),
         (r"/models/([^/]+)", h.ModelHandler, kw),
