@@ -25,7 +25,9 @@ Messages (supervisor -> worker):
 Messages (worker -> supervisor):
     booted    {pid}                     TensorFlow imported, waiting for load
     ready     {labels, load_s, warm_s}  model loaded and one prediction done
-    result    {id, scores}              scores: one list of floats per text
+    result    {id, scores[, bn, bs]}    scores: one list of floats per text; the first
+                                      result of a batch adds bn (texts in the model
+                                      call) and bs (seconds inside the model)
     error     {id?, code, message}      a request failed; the worker lives on
     pong      {id}
 Trainer processes use the same framing for progress/done/failed messages.

@@ -212,8 +212,11 @@ class Worker:
         fault("predict", self.model_name, self.sock)
         try:
             rows = []
+            in_model = 0.0
             for i in range(0, len(texts), self.max_batch):
+                t0 = time.perf_counter()
                 scores = self.predict_fn(texts[i:i + self.max_batch])
+                in_model += time.perf_counter() - t0
                 # 6 digits say all a probability needs, and keep frames and JSON short
                 rows.extend(np.round(scores.astype(np.float64), 6).tolist())
         except Exception as exc:  # a bad batch must not kill the worker
@@ -227,8 +230,10 @@ class Worker:
         frames, pos = [], 0
         for req in batch:
             n = len(req["texts"])
-            frames.append(protocol.encode({"t": "result", "id": req["id"],
-                                           "scores": rows[pos:pos + n]}))
+            msg = {"t": "result", "id": req["id"], "scores": rows[pos:pos + n]}
+            if not pos:  # the batch's figures ride on its first frame (metrics)
+                msg["bn"], msg["bs"] = len(texts), in_model
+            frames.append(protocol.encode(msg))
             pos += n
         self.sock.sendall(b"".join(frames))  # one write for the whole batch
 

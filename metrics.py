@@ -1,0 +1,277 @@
+"""Prometheus metrics of the service (supervisor side; no TensorFlow).
+
+Served as the Prometheus text format at GET /metrics on the management port
+(behind its token) and, when `metrics.port` is set, on a port of its own.
+
+The hot path stays cheap: a request or a model batch only bumps plain ints in
+dicts and one bucket of a fixed histogram (no locks, no prometheus_client
+objects per call; everything runs on the one IOLoop thread). prometheus_client
+turns them into metric families at scrape time, as a custom collector, and
+writes the exposition. Gauges (workers by state, in flight, queued, memory,
+jobs) are read from the supervisor at scrape time, never per request.
+
+Where each figure comes from:
+- requests, end-to-end latency: the frontend (fastpath.py and the handlers'
+  log function in app.py), per API, model, version and status code;
+- time inside the model, batch size: measured by the worker around each model
+  call and carried in the first result frame of the batch (no extra frame);
+- applies, phase durations, crashes, restarts: the supervisor's events;
+- training jobs by state and duration: the job list, at scrape time;
+- RSS and private memory (USS) per worker: psutil at scrape time (USS is
+  cached a few seconds per worker: reading it walks the page maps).
+"""
+from __future__ import annotations
+
+import bisect
+import time
+from collections import defaultdict
+from typing import Any, Iterator
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+PREFIX = "textswap_"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0)
+MODEL_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                 0.5, 1.0, 2.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+APPLY_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TRAIN_BUCKETS = (1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
+_FINISHED = ("succeeded", "failed", "cancelled", "interrupted")
+
+
+class Hist:
+    """A fixed-bucket histogram: one bisect and two adds per observation."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # "le" buckets
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, int]]:
+        out, total = [], 0
+        for bound, n in zip(self.bounds, self.counts):
+            total += n
+            out.append((repr(float(bound)), total))
+        out.append(("+Inf", total + self.counts[-1]))
+        return out
+
+
+def _noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+class Metrics:
+    """The service's figures. `sup` (the Supervisor) is read at scrape time.
+
+    Counting calls, for the frontend and the supervisor:
+      observe_request(api, model, version, status, seconds)  one HTTP answer
+      observe_batch(model_ref, texts, seconds)                one model call
+      on_event(kind, fields)                                  supervisor events
+    With `enabled` false they do nothing, and /metrics is not served.
+    """
+
+    def __init__(self, sup: Any = None, enabled: bool = True) -> None:
+        self.sup = sup
+        self.enabled = enabled
+        self.started = time.time()
+        self.requests: dict[tuple[str, str, str, str], int] = defaultdict(int)
+        self.latency: dict[tuple[str, str, str], Hist] = {}
+        self.model_time: dict[tuple[str, str], Hist] = {}
+        self.batch_size: dict[tuple[str, str], Hist] = {}
+        self.crashes: dict[tuple[str, str], int] = defaultdict(int)
+        self.restarts: dict[tuple[str, str], int] = defaultdict(int)
+        self.applies: dict[tuple[str, str, str], int] = defaultdict(int)
+        self.apply_phases: dict[str, Hist] = {}
+        self.train_seconds: dict[str, Hist] = {}
+        self._jobs_seen: set[str] = set()
+        if not enabled:
+            self.observe_request = self.observe_batch = self.on_event = _noop  # type: ignore
+            return
+        self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)  # the supervisor's own CPU, RSS, fds
+        PlatformCollector(registry=self.registry)
+        self.registry.register(self)  # type: ignore[arg-type]  (a custom collector)
+        events = getattr(sup, "events", None)
+        if events is not None:
+            events.subscribe(self.on_event)
+
+    # -- counting (hot path: keep it plain) ----------------------------------------------
+    def observe_request(self, api: str, model: str, version: Any, status: int,
+                        seconds: float) -> None:
+        v = str(version) if version is not None else ""
+        self.requests[(api, model, v, str(status))] += 1
+        key = (api, model, v)
+        h = self.latency.get(key)
+        if h is None:
+            h = self.latency[key] = Hist(LATENCY_BUCKETS)
+        h.observe(seconds)
+
+    def observe_batch(self, model: dict[str, Any] | None, texts: int, seconds: float) -> None:
+        key = (model["name"], str(model["version"])) if model else ("", "")
+        h = self.model_time.get(key)
+        if h is None:
+            h = self.model_time[key] = Hist(MODEL_BUCKETS)
+            self.batch_size[key] = Hist(BATCH_BUCKETS)
+        h.observe(seconds)
+        self.batch_size[key].observe(texts)
+
+    def on_event(self, kind: str, fields: dict[str, Any]) -> None:
+        name = str(fields.get("name") or "")
+        version = "" if fields.get("version") is None else str(fields["version"])
+        if kind == "crash":
+            self.crashes[(name, version)] += 1
+        elif kind == "restart":
+            self.restarts[(name, version)] += 1
+        elif kind in ("apply", "apply_failed"):
+            outcome = "ok" if kind == "apply" else "failed"
+            self.applies[(name, str(fields.get("source") or ""), outcome)] += 1
+            for phase, seconds in (fields.get("phases") or {}).items():
+                if isinstance(seconds, (int, float)):
+                    h = self.apply_phases.get(phase)
+                    if h is None:
+                        h = self.apply_phases[phase] = Hist(APPLY_BUCKETS)
+                    h.observe(float(seconds))
+
+    # -- scraping ---------------------------------------------------------------------------
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def collect(self) -> Iterator[Any]:
+        """prometheus_client's collector protocol: every family, built now."""
+        c = CounterMetricFamily(PREFIX + "requests", "HTTP answers on the inference API",
+                                labels=["api", "model", "version", "code"])
+        for labels, n in sorted(self.requests.items()):
+            c.add_metric(labels, n)
+        yield c
+        yield _hist("request_duration_seconds", "end-to-end time of an inference request, "
+                    "from its headers to its answer", ["api", "model", "version"], self.latency)
+        yield _hist("model_seconds", "time inside the model per batch (measured in the worker)",
+                    ["model", "version"], self.model_time)
+        yield _hist("batch_size", "texts per model call (micro-batches)", ["model", "version"],
+                    self.batch_size)
+        for fam, doc, data in (("worker_crashes", "serving worker exits not asked for",
+                                self.crashes),
+                               ("worker_restarts", "crashed replicas replaced", self.restarts)):
+            c = CounterMetricFamily(PREFIX + fam, doc, labels=["model", "version"])
+            for labels, n in sorted(data.items()):
+                c.add_metric(labels, n)
+            yield c
+        c = CounterMetricFamily(PREFIX + "applies", "applies by model, source and outcome",
+                                labels=["model", "source", "outcome"])
+        for labels, n in sorted(self.applies.items()):
+            c.add_metric(labels, n)
+        yield c
+        yield _hist("apply_phase_seconds", "duration of each phase of a successful apply",
+                    ["phase"], {(k,): h for k, h in self.apply_phases.items()})
+        if self.sup is not None:
+            yield from self._supervisor_gauges()
+
+    def _supervisor_gauges(self) -> Iterator[Any]:
+        sup = self.sup
+        workers = _workers(sup)
+        by_state: dict[str, int] = defaultdict(int)
+        inflight: dict[tuple[str, str], int] = defaultdict(int)
+        rss = GaugeMetricFamily(PREFIX + "worker_rss_bytes", "resident memory per worker process",
+                                labels=["worker", "state", "model", "version"])
+        uss = GaugeMetricFamily(PREFIX + "worker_uss_bytes", "private memory (USS) per worker "
+                                "process", labels=["worker", "state", "model", "version"])
+        for w in workers:
+            state = w.state.value
+            by_state[state] += 1
+            model = w.model or {}
+            key = (str(model.get("name", "")), str(model.get("version", "")))
+            if w.inflight:
+                inflight[key] += w.inflight
+            labels = [str(w.generation), state, *key]
+            value = w.rss()
+            if value is not None:
+                rss.add_metric(labels, value)
+            value = w.uss() if hasattr(w, "uss") else None
+            if value is not None:
+                uss.add_metric(labels, value)
+        g = GaugeMetricFamily(PREFIX + "workers", "worker processes by state", labels=["state"])
+        for state, n in sorted(by_state.items()):
+            g.add_metric([state], n)
+        yield g
+        yield rss
+        yield uss
+        g = GaugeMetricFamily(PREFIX + "requests_in_flight", "requests sent to a worker and "
+                              "not yet answered", labels=["model", "version"])
+        for labels, n in sorted(inflight.items()):
+            g.add_metric(list(labels), n)
+        yield g
+        g = GaugeMetricFamily(PREFIX + "requests_queued", "requests waiting for room on a "
+                              "worker (all replicas at max_inflight)", labels=["model"])
+        for name, n in sorted(_queued(sup).items()):
+            g.add_metric([name], n)
+        yield g
+        yield from self._job_families()
+
+    def _job_families(self) -> Iterator[Any]:
+        jobs = getattr(self.sup, "jobs", None)
+        listing = jobs.list() if jobs is not None else []
+        states: dict[str, int] = defaultdict(int)
+        for job in listing:
+            states[job["state"]] += 1
+            # a job finished while this process runs counts once in the histogram
+            if (job["state"] in _FINISHED and job.get("elapsed_s") is not None
+                    and (job.get("finished_at") or 0) >= self.started
+                    and job["id"] not in self._jobs_seen):
+                self._jobs_seen.add(job["id"])
+                h = self.train_seconds.get(job["state"])
+                if h is None:
+                    h = self.train_seconds[job["state"]] = Hist(TRAIN_BUCKETS)
+                h.observe(float(job["elapsed_s"]))
+        g = GaugeMetricFamily(PREFIX + "training_jobs", "training jobs known, by state",
+                              labels=["state"])
+        for state, n in sorted(states.items()):
+            g.add_metric([state], n)
+        yield g
+        yield _hist("training_seconds", "run time of training jobs finished since start, "
+                    "by final state", ["state"], {(k,): h for k, h in self.train_seconds.items()})
+
+
+def _hist(name: str, doc: str, labels: list[str], data: dict[Any, Hist]) -> Any:
+    fam = HistogramMetricFamily(PREFIX + name, doc, labels=labels)
+    for key, h in sorted(data.items()):
+        fam.add_metric(list(key), h.buckets(), h.sum)
+    return fam
+
+
+# -- what the supervisor looks like (multi-model slots, or the single-model one) ---------
+def _workers(sup: Any) -> list[Any]:
+    pool = getattr(sup, "pool", None)
+    if pool is not None and hasattr(pool, "workers"):
+        return list(pool.workers.values())
+    return list(getattr(sup, "workers", {}).values())
+
+
+def _queued(sup: Any) -> dict[str, int]:
+    slots = getattr(sup, "slots", None)
+    if isinstance(slots, dict):
+        return {name: s.waiters for name, s in slots.items()}
+    serving = getattr(sup, "serving", None)
+    name = serving.model["name"] if serving is not None and serving.model else ""
+    return {name: getattr(sup, "_waiters", 0)}
+
+
+def build(sup: Any, config: Any) -> Metrics:
+    """The service's Metrics from its config (`metrics.enabled`)."""
+    section: dict[str, Any] = {}
+    try:
+        section = config["metrics"]
+    except KeyError:
+        pass
+    return Metrics(sup, enabled=bool(section.get("enabled", True)))
+
