@@ -163,6 +163,11 @@ class JobManager:
         # the supervisor normally passes the db it shares with the rollout history
         self._owns_state = state is None
         self.state = state or StateDB(os.path.join(supervisor.store.root, STATE_FILE))
+        # cluster mode (clusternode.py): jobs are queued in Redis and other nodes'
+        # job data and staging live in this same store, so nothing shared is
+        # wiped here; the supervisor sets `cluster` to its ClusterTraining
+        self.cluster: Any = None
+        self.shared_store = bool(supervisor.cfg.raw.get("cluster", {}).get("redis_url"))
         self._recover()
 
     @property
@@ -191,8 +196,9 @@ class JobManager:
             seq = max(seq, int(tail) if tail.isdigit() else 0)
         # ids stay unique across restarts within the same second
         Job._ids = itertools.count(seq + 1)
-        shutil.rmtree(self.root, ignore_errors=True)  # interrupted jobs' data and logs
-        self.sup.store.clean_staging()  # and what their trainers were publishing
+        if not self.shared_store:
+            shutil.rmtree(self.root, ignore_errors=True)  # interrupted jobs' data and logs
+            self.sup.store.clean_staging()  # and what their trainers were publishing
         self._trim()
 
     def _mark_interrupted(self, job: Job, reason: str, when: float | None = None) -> None:
@@ -210,6 +216,8 @@ class JobManager:
             self.state.save_job(job.record())
         except Exception as exc:  # the db is closed or broken: serve on, say so
             log.error("job %s: cannot persist: %s", job.id, exc)
+        if self.cluster is not None:  # every node's GET /train/<id> reads it there
+            self.cluster.changed(job)
 
     # -- API -----------------------------------------------------------------------
     async def submit(self, name: Any, data_spec: Any, params: Any, apply: Any,
@@ -232,7 +240,9 @@ class JobManager:
         except dataset.DataError as exc:
             raise JobError(400, "invalid_data", str(exc)) from None
         summary = await self.loop.run_in_executor(None, data.summary)  # hashes every text
-        job = Job(name, full, summary, apply)
+        # cluster mode: an id unique across nodes (JobError 503 when Redis is down)
+        job_id = await self.cluster.new_id() if self.cluster is not None else None
+        job = Job(name, full, summary, apply, job_id=job_id)
         job.dir = os.path.join(self.root, job.id)
         try:
             os.makedirs(job.dir, exist_ok=True)
@@ -242,6 +252,10 @@ class JobManager:
             shutil.rmtree(job.dir, ignore_errors=True)
             raise JobError(507, "insufficient_storage",
                            f"cannot write the job's data into the model store: {exc}") from None
+        if self.cluster is not None:  # queued in Redis: a node with room runs it
+            await self.cluster.enqueue(job)
+            log.info("job %s queued in the cluster: train %s", job.id, name)
+            return job
         job.on_change = self._save
         self.jobs[job.id] = job
         self._save(job)
@@ -249,6 +263,16 @@ class JobManager:
         log.info("job %s queued: train %s on %d examples %s", job.id, name,
                  len(data.texts), summary["label_counts"])
         self._schedule()
+        return job
+
+    def run_claimed(self, doc: dict[str, Any]) -> Job:
+        """Cluster mode: run a job this node claimed from the Redis queue."""
+        job = Job(doc["name"], doc["params"], doc["data"], doc["apply"], job_id=doc["id"])
+        job.created = doc.get("created_at") or job.created
+        job.dir = os.path.join(self.root, job.id)
+        job.on_change = self._save
+        self.jobs[job.id] = job
+        self._start(job)
         return job
 
     def get(self, job_id: str) -> Job:
@@ -351,7 +375,7 @@ class JobManager:
         self._save(job)
         self._trim()
         # a cancelled or crashed trainer may leave a staging folder behind
-        if not self._any_running():
+        if not self._any_running() and not self.shared_store:
             self.sup.store.clean_staging()
 
     def _any_running(self) -> bool:

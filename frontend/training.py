@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from errors import ServiceError
 from frontend.base import ApiError, JsonHandler
 from jobs import JobError
 
@@ -25,18 +26,45 @@ class TrainHandler(JsonHandler):
         self.set_header("Location", f"/train/{job.id}")
         self.send_json({"job": job.describe()}, status=202)
 
-    def get(self) -> None:
+    async def get(self) -> None:
+        cluster = self.sup.jobs.cluster
+        if cluster is not None:  # cluster mode: every node's jobs, from Redis
+            self.send_json({"jobs": await _cluster(cluster.list())})
+            return
         self.send_json({"jobs": self.sup.jobs.list()})
 
 
+async def _cluster(coro: Any) -> Any:
+    try:
+        return await coro
+    except ServiceError as exc:  # the cluster store is unreachable: 503
+        raise ApiError(exc.status, exc.code, str(exc)) from None
+
+
 class JobHandler(JsonHandler):
-    def get(self, job_id: str) -> None:
+    async def get(self, job_id: str) -> None:
+        cluster = self.sup.jobs.cluster
+        if cluster is not None:
+            doc = await _cluster(cluster.get(job_id))
+            if doc is None:
+                raise ApiError(404, "not_found", f"no job with id {job_id!r}")
+            self.send_json({"job": doc})
+            return
         try:
             self.send_json({"job": self.sup.jobs.get(job_id).describe()})
         except JobError as exc:
             raise _job_error(exc) from None
 
     async def delete(self, job_id: str) -> None:
+        cluster = self.sup.jobs.cluster
+        if cluster is not None:
+            verdict, doc = await _cluster(cluster.cancel(job_id))
+            if doc is None:
+                raise ApiError(404, "not_found", f"no job with id {job_id!r}")
+            if verdict not in ("cancelled", "requested"):
+                raise ApiError(409, "conflict", f"job {job_id} is already {verdict}")
+            self.send_json({"job": doc})
+            return
         try:
             job = await self.sup.jobs.cancel(job_id)
         except JobError as exc:
