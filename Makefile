@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test venv bench bench-accuracy clean
+.PHONY: serve test venv bench bench-accuracy clean cluster
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# Redis + nginx + three nodes on this machine (see README "Running several nodes")
+cluster: $(STAMP)
+	$(PY) deploy/localcluster.py
 
 bench: $(STAMP)
 	$(PY) bench/serving.py
