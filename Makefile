@@ -1,5 +1,7 @@
 # The two commands: `make serve` and `make test`. Both create .venv from
-# requirements.txt when it is missing or older than requirements.txt.
+# requirements.txt (and install the `textswap` command from pyproject.toml)
+# when it is missing or older than either file; the command is installed in
+# editable mode with --no-deps: its dependencies are pinned in requirements.txt.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -7,10 +9,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: serve test venv bench bench-accuracy clean cluster
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 venv: $(STAMP)

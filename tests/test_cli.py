@@ -1,0 +1,171 @@
+"""The `textswap` command (textswap_cli/), run as a real subprocess against a real
+service with a management token: train --wait, apply, predict from stdin,
+status, models, jobs, logs, and the exit codes scripts rely on."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT, Service, free_port
+
+DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
+TOKEN = "cli-token"
+
+
+def textswap_cmd() -> list[str]:
+    """The console script `make` installs into the venv (python -m as a fallback
+    for a venv made before pyproject.toml existed)."""
+    script = os.path.join(os.path.dirname(sys.executable), "textswap")
+    return [script] if os.path.exists(script) else [sys.executable, "-m", "textswap_cli"]
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory):
+    base = tmp_path_factory.mktemp("cli")
+    cfg = base / "config.yaml"
+    cfg.write_text("training:\n  demo_on_empty_store: false\n")
+    s = Service(str(base / "models"), args=["--config", str(cfg)],
+                env={"TEXTSWAP_MANAGEMENT_TOKEN": TOKEN})
+    yield s
+    s.stop()
+
+
+def run(svc: Service, *args: str, stdin: str | None = None, token: str | None = TOKEN,
+        timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TEXTSWAP_")}
+    env.update({"TEXTSWAP_URL": f"http://127.0.0.1:{svc.mport}",
+                "TEXTSWAP_PREDICT_URL": f"http://127.0.0.1:{svc.port}", "COLUMNS": "200"})
+    if token:
+        env["TEXTSWAP_MANAGEMENT_TOKEN"] = token
+    return subprocess.run([*textswap_cmd(), *args], input=stdin, capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=os.path.dirname(ROOT))
+
+
+@pytest.fixture(scope="module")
+def data_csv(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("clidata") / "reviews.csv")
+    with open(DEMO, encoding="utf-8") as src, open(path, "w", encoding="utf-8",
+                                                   newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["text", "label"])
+        for _, line in zip(range(300), src):
+            row = json.loads(line)
+            w.writerow([row["text"], row["label"]])
+    return path
+
+
+def test_train_wait_apply_predict_status(svc, data_csv):
+    # train: the CSV is read by the CLI (it is outside the server's data roots)
+    p = run(svc, "train", "reviews", data_csv, "--param", "epochs=3", "-p", "refit=false",
+            "-p", "architecture=bow",
+            "--wait", "--json")
+    assert p.returncode == 0, p.stderr
+    job = json.loads(p.stdout)["job"]
+    assert job["state"] == "succeeded" and job["result"] == {"name": "reviews", "version": 1}
+    assert job["params"]["epochs"] == 3 and job["params"]["refit"] is False
+    assert job["data"]["examples"] == 300 and job["data"]["source"] == "inline"
+
+    p = run(svc, "apply", "reviews", "1")
+    assert p.returncode == 0, p.stderr
+    assert "now serving reviews v1" in p.stdout
+
+    texts = ["非常好，很满意，推荐购买", "", "太差了，质量不好，退货"]
+    p = run(svc, "predict", stdin="\n".join(texts) + "\n")
+    assert p.returncode == 0, p.stderr
+    lines = [json.loads(line) for line in p.stdout.splitlines()]
+    assert [x["text"] for x in lines] == [texts[0], texts[2]]  # blank lines skipped
+    assert [x["label"] for x in lines] == ["pos", "neg"]
+    assert all(x["model"] == {"name": "reviews", "version": 1} for x in lines)
+    assert all(0 < x["score"] <= 1 and x["top"] for x in lines)
+
+    # more texts than one batch: several requests, order kept
+    many = [f"{t} {i}" for i in range(7) for t in (texts[0], texts[2])]
+    p = run(svc, "predict", "--batch-size", "3", "--top-k", "1", *many)
+    assert p.returncode == 0, p.stderr
+    out = [json.loads(line) for line in p.stdout.splitlines()]
+    assert [x["text"] for x in out] == many and all(len(x["top"]) == 1 for x in out)
+
+    p = run(svc, "status")
+    assert p.returncode == 0, p.stderr
+    assert "reviews" in p.stdout and "SERVING" in p.stdout
+    p = run(svc, "status", "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["supervisor"]["pid"] == svc.proc.pid
+
+    p = run(svc, "models")
+    assert p.returncode == 0 and "reviews" in p.stdout, p.stderr
+    p = run(svc, "jobs")
+    assert p.returncode == 0 and job["id"] in p.stdout and "succeeded" in p.stdout
+    p = run(svc, "--json", "jobs")
+    assert json.loads(p.stdout)["jobs"][0]["id"] == job["id"]
+    p = run(svc, "logs", job["id"])
+    assert p.returncode == 0 and "val_accuracy" in p.stdout and "reviews v1" in p.stdout
+
+
+def test_refusals_and_exit_codes(svc, data_csv, tmp_path):
+    # a bad input the server refuses: one label only -> exit 1, the reason shown
+    one_label = tmp_path / "one.jsonl"
+    one_label.write_text("".join(json.dumps({"text": f"t{i}", "label": "a"}) + "\n"
+                                 for i in range(5)), encoding="utf-8")
+    p = run(svc, "train", "x", str(one_label))
+    assert p.returncode == 1 and "two labels" in p.stderr, (p.stdout, p.stderr)
+    p = run(svc, "train", "x", str(one_label), "--json")
+    assert p.returncode == 1 and json.loads(p.stdout)["error"]["code"] == "invalid_data"
+    p = run(svc, "train", "x", data_csv, "-p", "epochs=0")
+    assert p.returncode == 1 and "epochs" in p.stderr
+    p = run(svc, "apply", "nosuchmodel")
+    assert p.returncode == 1 and "404" in p.stderr
+    p = run(svc, "predict", "--model", "nosuchmodel", "hello")
+    assert p.returncode == 1 and p.stdout == ""
+    # local input problems and usage errors: exit 2, nothing sent
+    p = run(svc, "train", "x", str(tmp_path / "missing.csv"))
+    assert p.returncode == 2 and "cannot read" in p.stderr
+    bad_header = tmp_path / "bad.csv"
+    bad_header.write_text("words,tag\nhello,a\n", encoding="utf-8")
+    p = run(svc, "train", "x", str(bad_header))
+    assert p.returncode == 2 and "'text' and 'label'" in p.stderr
+    p = run(svc, "train", "x", data_csv, "-p", "noequals")
+    assert p.returncode == 2 and "KEY=VALUE" in p.stderr
+    p = run(svc, "apply", "reviews", "zero")
+    assert p.returncode == 2
+    p = run(svc, "predict", stdin="\n\n")
+    assert p.returncode == 2 and "no texts" in p.stderr
+    # no token: exit 4; nothing listening: exit 3
+    p = run(svc, "status", token=None)
+    assert p.returncode == 4 and "TEXTSWAP_MANAGEMENT_TOKEN" in p.stderr
+    p = run(svc, "--url", f"http://127.0.0.1:{free_port()}", "status")
+    assert p.returncode == 3 and "cannot reach" in p.stderr
+    # rollback of a model with nothing to roll back to, or a server without
+    # POST /rollback: refused either way, with the reason
+    p = run(svc, "rollback", "nosuchmodel")
+    assert p.returncode == 1 and p.stderr.strip()
+
+
+def test_progress_line_for_epochs_and_candidates(monkeypatch):
+    """The live bar and the tables read both progress shapes the trainer sends:
+    Keras epochs, and the model search's candidates (figures as frames carry them)."""
+    from rich.console import Console
+
+    from textswap_cli import render
+
+    epoch = {"epoch": 2, "epochs": 10, "loss": 0.5, "val_accuracy": 0.75}
+    search = {"phase": "search", "candidate": 3, "of": 17, "name": "word/svm C=1",
+              "score": 0.8, "best_score": 0.81}
+    assert render._where(epoch) == "epoch 2/10"
+    assert render._where(search) == "candidate 3/17"
+    assert "loss 0.5000" in render._figures(epoch) and "0.7500" in render._figures(epoch)
+    assert "word/svm C=1" in render._figures(search) and "0.8100" in render._figures(search)
+    for progress, done, total in ((epoch, 2, 10), (search, 3, 17)):
+        bar = render.JobProgress("j-1")
+        bar.update({"state": "running", "progress": progress, "history": [progress]})
+        task = bar.progress.tasks[0]
+        assert (task.completed, task.total) == (done, total)
+    monkeypatch.setattr(render, "out", Console(record=True, width=200))
+    render.job_log({"id": "j-1", "name": "m", "state": "succeeded", "history": [search],
+                    "data": {"examples": 40}})
+    text = render.out.export_text()
+    assert "candidate" in text and "word/svm C=1" in text and "best_score" in text

@@ -1,0 +1,131 @@
+"""HTTP to the two APIs, and the errors the commands turn into exit codes.
+
+Stdlib urllib only: the CLI must not need more than click and rich. Every
+failure becomes a `CliError` carrying the exit code scripts rely on (see
+EXIT_* below and README "Command line").
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+EXIT_OK = 0
+EXIT_REFUSED = 1      # the server answered with an error, or the job failed
+EXIT_USAGE = 2        # bad arguments or unreadable local input (click uses 2 too)
+EXIT_CONNECT = 3      # no answer: connection refused, DNS, timeout
+EXIT_AUTH = 4         # 401: missing or wrong TEXTSWAP_MANAGEMENT_TOKEN
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
+DEFAULT_URL = "http://127.0.0.1:8081"
+DEFAULT_PREDICT_URL = "http://127.0.0.1:8080"
+
+
+class CliError(Exception):
+    """A failure to report: a message, an exit code, and the server's error body."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_REFUSED,
+                 body: Any = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.body = body
+        self.status = status
+
+    @property
+    def code(self) -> str | None:
+        err = (self.body or {}).get("error") if isinstance(self.body, dict) else None
+        return err.get("code") if isinstance(err, dict) else None
+
+    @property
+    def missing_endpoint(self) -> bool:
+        """A 404 for the route itself (an older server), not for a model or job."""
+        err = (self.body or {}).get("error") if isinstance(self.body, dict) else None
+        message = err.get("message", "") if isinstance(err, dict) else ""
+        return self.status == 404 and message.startswith("no such endpoint")
+
+
+@dataclass
+class Api:
+    """One base URL; `token` goes into every request when set."""
+
+    base: str
+    token: str | None = None
+    timeout: float = 60.0
+
+    def url(self, path: str) -> str:
+        return self.base.rstrip("/") + path
+
+    def _request(self, method: str, path: str, body: Any = None,
+                 timeout: float | None = None) -> Any:
+        data = None if body is None else json.dumps(body, ensure_ascii=False).encode()
+        req = urllib.request.Request(self.url(path), data=data, method=method)
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            return urllib.request.urlopen(req, timeout=timeout or self.timeout)
+        except urllib.error.HTTPError as exc:
+            raise _http_error(method, path, exc) from None
+        except (urllib.error.URLError, OSError, socket.timeout) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise CliError(f"cannot reach {self.base} ({method} {path}): {reason}",
+                           EXIT_CONNECT) from None
+
+    def call(self, method: str, path: str, body: Any = None,
+             timeout: float | None = None) -> Any:
+        """The JSON answer of a request (an error answer raises CliError)."""
+        with self._request(method, path, body, timeout) as resp:
+            raw = resp.read()
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            raise CliError(f"{method} {path}: the answer is not JSON") from None
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.call("GET", path, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> Any:
+        return self.call("POST", path, body, **kw)
+
+    def delete(self, path: str, **kw: Any) -> Any:
+        return self.call("DELETE", path, **kw)
+
+    def download(self, path: str, out: BinaryIO, timeout: float | None = None) -> int:
+        """Stream a binary answer into `out`; returns the bytes written."""
+        with self._request("GET", path, timeout=timeout) as resp:
+            shutil.copyfileobj(resp, out, 1 << 20)
+        return out.tell()
+
+
+def _http_error(method: str, path: str, exc: urllib.error.HTTPError) -> CliError:
+    raw = exc.read()
+    try:
+        body = json.loads(raw) if raw else None
+    except ValueError:
+        body = None
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict):  # the service's {"error": {"code", "message"}}
+        detail = f"{err.get('message')} ({err.get('code')})"
+    elif isinstance(err, str):  # the Open Inference Protocol's {"error": "..."}
+        detail = err
+    else:
+        detail = raw[:300].decode("utf-8", "replace") or exc.reason
+    code = EXIT_AUTH if exc.code == 401 else EXIT_REFUSED
+    hint = " (set TEXTSWAP_MANAGEMENT_TOKEN)" if exc.code == 401 else ""
+    return CliError(f"{method} {path} -> {exc.code}: {detail}{hint}", code, body, exc.code)
+
+
+def quote(segment: str) -> str:
+    return urllib.parse.quote(segment, safe="")
+
+
+def env_token() -> str | None:
+    return os.environ.get("TEXTSWAP_MANAGEMENT_TOKEN") or None

@@ -1,0 +1,407 @@
+"""The `textswap` commands (click). Each one is a thin layer over one or two
+HTTP calls; output is a rich table for people, or the server's JSON with
+--json for scripts. Exit codes: see client.EXIT_* and README "Command line"."""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import tarfile
+import tempfile
+import time
+from typing import Any, Callable
+
+import click
+
+from textswap_cli import render
+from textswap_cli.client import (DEFAULT_PREDICT_URL, DEFAULT_URL, EXIT_INTERRUPTED, EXIT_OK,
+                                 EXIT_REFUSED, EXIT_USAGE, Api, CliError, env_token, quote)
+from textswap_cli.data import InputError, iter_texts, parse_params, read_examples
+
+TERMINAL = ("succeeded", "failed", "cancelled", "interrupted")
+
+
+class Ctx:
+    def __init__(self, url: str, predict_url: str, timeout: float, as_json: bool) -> None:
+        self.manage = Api(url, env_token(), timeout)
+        self.infer = Api(predict_url, None, timeout)
+        self.json = as_json
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, ensure_ascii=False))
+
+
+def json_option(fn: Callable) -> Callable:
+    """--json on every subcommand (also accepted before the subcommand)."""
+    def set_json(ctx: click.Context, _param: Any, value: bool) -> None:
+        if value:
+            ctx.find_object(Ctx).json = True
+    return click.option("--json", "as_json", is_flag=True, expose_value=False,
+                        callback=set_json, help="Print the server's JSON answer.")(fn)
+
+
+def _fail(exc: CliError, ctx: Ctx) -> None:
+    if ctx.json and exc.body is not None:
+        emit_json(exc.body)
+    render.err.print(f"[red]error:[/] {exc}", markup=True, highlight=False)
+    sys.exit(exc.exit_code)
+
+
+def command(fn: Callable) -> Callable:
+    """Shared wrapping: --json, and CliError/InputError -> message + exit code."""
+    @click.pass_obj
+    def wrapper(ctx: Ctx, *args: Any, **kwargs: Any) -> None:
+        try:
+            fn(ctx, *args, **kwargs)
+        except CliError as exc:
+            _fail(exc, ctx)
+        except InputError as exc:
+            render.err.print(f"[red]error:[/] {exc}", highlight=False)
+            sys.exit(EXIT_USAGE)
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return json_option(wrapper)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--url", envvar="TEXTSWAP_URL", default=DEFAULT_URL, show_default=True,
+              help="Management API (env TEXTSWAP_URL).")
+@click.option("--predict-url", envvar="TEXTSWAP_PREDICT_URL", default=DEFAULT_PREDICT_URL,
+              show_default=True, help="Inference API (env TEXTSWAP_PREDICT_URL).")
+@click.option("--timeout", default=120.0, show_default=True,
+              help="Seconds to wait for one HTTP answer.")
+@click.option("--json", "as_json", is_flag=True, help="JSON output (any subcommand).")
+@click.version_option("0.1.0", prog_name="textswap")
+@click.pass_context
+def cli(ctx: click.Context, url: str, predict_url: str, timeout: float, as_json: bool) -> None:
+    """Train, apply and query textswap models.
+
+    The management token comes from TEXTSWAP_MANAGEMENT_TOKEN. Exit codes: 0 ok,
+    1 the server refused or the job failed, 2 usage or unreadable input,
+    3 cannot connect, 4 token missing or wrong, 130 interrupted.
+    """
+    ctx.obj = Ctx(url, predict_url, timeout, as_json)
+
+
+# -- serving -----------------------------------------------------------------------
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="Config file (default: the project's config.yaml).")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@json_option
+def serve(config_path: str | None, args: tuple[str, ...]) -> None:
+    """Run the service in the foreground (what `make serve` runs).
+
+    Extra ARGS go to the service: --host, --port, --manage-host, --manage-port,
+    --models-dir.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    entry = os.path.join(root, "supervisor.py")
+    if not os.path.isfile(entry):
+        render.err.print(f"error: no service next to this CLI ({entry} is missing); "
+                         "`serve` needs the project checkout")
+        sys.exit(EXIT_USAGE)
+    config_path = os.path.abspath(config_path) if config_path else os.path.join(
+        root, "config.yaml")
+    # relative paths the caller gave stay relative to the caller's folder
+    fixed, it = [], iter(args)
+    for a in it:
+        if a == "--models-dir":
+            fixed += [a, os.path.abspath(next(it, "."))]
+        elif a.startswith("--models-dir="):
+            fixed.append("--models-dir=" + os.path.abspath(a.split("=", 1)[1]))
+        else:
+            fixed.append(a)
+    os.chdir(root)  # like make serve: ./models is the project's
+    argv = [sys.executable, entry, "--config", config_path, *fixed]
+    os.execv(sys.executable, argv)  # signals (Ctrl-C) go straight to the service
+
+
+# -- training ----------------------------------------------------------------------
+@cli.command()
+@click.argument("name")
+@click.argument("data")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE",
+              help="A training parameter, e.g. -p epochs=10 (repeatable).")
+@click.option("--apply", "apply_", is_flag=True, help="Apply the model once trained.")
+@click.option("--wait", is_flag=True, help="Follow the job until it ends (progress bar).")
+@click.option("--server-path", is_flag=True,
+              help="DATA is a path on the server (under its data roots), not a local file.")
+@command
+def train(ctx: Ctx, name: str, data: str, params: tuple[str, ...], apply_: bool, wait: bool,
+          server_path: bool) -> None:
+    """Train model NAME on DATA (a CSV with text,label columns, or JSONL).
+
+    DATA is read here and sent inline, so the service may be remote.
+    """
+    body: dict[str, Any] = {"name": name, "apply": apply_,
+                            "params": parse_params(params)}
+    body["data"] = {"path": data} if server_path else {"examples": read_examples(data)}
+    try:
+        job = ctx.manage.post("/train", body)["job"]
+    except CliError as exc:
+        if exc.status == 413:
+            exc.args = (f"{exc.args[0]}\nthe data is too large to send inline: put the file "
+                        "under the server's data roots and use --server-path",)
+        raise
+    if not wait:
+        if ctx.json:
+            emit_json({"job": job})
+        else:
+            render.out.print(f"job {job['id']} {job['state']}: train {name} on "
+                             f"{job['data'].get('examples')} examples; follow it with "
+                             f"`textswap logs {job['id']}`")
+        return
+    _follow(ctx, job, apply_)
+
+
+def _follow(ctx: Ctx, job: dict[str, Any], apply_: bool) -> None:
+    """Poll the job until it ends (and, with --apply, until its apply is done)."""
+    job_id = job["id"]
+    path = f"/train/{quote(job_id)}"
+
+    def ended(j: dict[str, Any]) -> bool:
+        if j["state"] not in TERMINAL:
+            return False
+        return not (apply_ and j["state"] == "succeeded" and j.get("applied") is None)
+
+    bar = None if ctx.json else render.JobProgress(job_id)
+    try:
+        if bar:
+            bar.__enter__()
+        while not ended(job):
+            time.sleep(0.5)  # polling an HTTP API: the server keeps no push channel
+            job = ctx.manage.get(path)["job"]
+            if bar:
+                bar.update(job)
+    except KeyboardInterrupt:
+        if bar:
+            bar.__exit__(None, None, None)
+            bar = None
+        _offer_cancel(ctx, job_id, path)
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        if bar:
+            bar.__exit__(None, None, None)
+    if ctx.json:
+        emit_json({"job": job})
+    else:
+        render.job_log({**job, "log_tail": None if job["state"] == "succeeded"
+                        else job.get("log_tail")})
+    applied_error = (job.get("applied") or {}).get("error")
+    if job["state"] != "succeeded" or applied_error:
+        sys.exit(EXIT_REFUSED)
+
+
+def _offer_cancel(ctx: Ctx, job_id: str, path: str) -> None:
+    if not sys.stdin.isatty():
+        render.err.print(f"interrupted; job {job_id} goes on (cancel: "
+                         f"`textswap jobs --cancel {job_id}`)")
+        return
+    try:
+        cancel = click.confirm(f"\nCancel job {job_id}?", default=False, err=True)
+    except (click.Abort, KeyboardInterrupt):
+        cancel = False
+    if not cancel:
+        render.err.print(f"job {job_id} goes on; follow it with `textswap logs {job_id}`")
+        return
+    try:
+        job = ctx.manage.delete(path)["job"]
+        render.err.print(f"job {job_id} {job['state']}")
+    except CliError as exc:
+        render.err.print(f"[red]error:[/] {exc}")
+
+
+@cli.command()
+@click.option("--cancel", "cancel_id", metavar="JOB", help="Cancel this queued or running job.")
+@command
+def jobs(ctx: Ctx, cancel_id: str | None) -> None:
+    """List training jobs, newest first (finished ones survive restarts)."""
+    if cancel_id:
+        answer = ctx.manage.delete(f"/train/{quote(cancel_id)}")
+        if ctx.json:
+            emit_json(answer)
+        else:
+            render.out.print(f"job {cancel_id} {answer['job']['state']}")
+        return
+    answer = ctx.manage.get("/train")
+    if ctx.json:
+        emit_json(answer)
+    else:
+        render.jobs(answer.get("jobs") or [])
+
+
+@cli.command()
+@click.argument("job_id", metavar="JOB")
+@command
+def logs(ctx: Ctx, job_id: str) -> None:
+    """A job's epochs (or candidates), result or error, and its log tail."""
+    answer = ctx.manage.get(f"/train/{quote(job_id)}")
+    if ctx.json:
+        emit_json(answer)
+    else:
+        render.job_log(answer["job"])
+
+
+# -- models ------------------------------------------------------------------------
+@cli.command()
+@click.argument("name")
+@click.argument("version", type=click.IntRange(min=1), required=False)
+@click.option("--replicas", type=click.IntRange(min=1), help="Worker processes for it.")
+@click.option("--no-default", is_flag=True, help="Serve it beside the default model.")
+@command
+def apply(ctx: Ctx, name: str, version: int | None, replicas: int | None,
+          no_default: bool) -> None:
+    """Serve model NAME (its latest version unless VERSION is given)."""
+    body: dict[str, Any] = {"name": name, "version": version}
+    if replicas is not None:  # sent only when given: older servers refuse unknown fields
+        body["replicas"] = replicas
+    if no_default:
+        body["default"] = False
+    answer = ctx.manage.post("/apply", body, timeout=max(ctx.manage.timeout, 300.0))
+    if ctx.json:
+        emit_json(answer)
+        return
+    phases = answer.get("phases_s") or {}
+    took = f" in {answer['total_s']:.2f} s" if isinstance(answer.get("total_s"), float) else ""
+    render.out.print(f"now serving {render._ref(answer.get('current'))}{took} "
+                     f"(previous: {render._ref(answer.get('previous'))})")
+    if phases:
+        render.out.print("phases: " + ", ".join(f"{k} {v:.3f} s" for k, v in phases.items()
+                                                if isinstance(v, (int, float))))
+
+
+def _needs_route(exc: CliError, what: str) -> CliError:
+    if exc.missing_endpoint:
+        return CliError(f"this server does not support {what} (it answered 404 for the "
+                        "endpoint itself); upgrade the service", EXIT_REFUSED, exc.body,
+                        exc.status)
+    return exc
+
+
+@cli.command()
+@click.argument("name")
+@command
+def unload(ctx: Ctx, name: str) -> None:
+    """Stop serving model NAME (its workers drain and exit)."""
+    try:
+        answer = ctx.manage.post("/unload", {"name": name})
+    except CliError as exc:
+        raise _needs_route(exc, "unload (POST /unload)") from None
+    emit_json(answer) if ctx.json else render.out.print(f"unloaded {name}")
+
+
+@cli.command()
+@click.argument("name")
+@command
+def rollback(ctx: Ctx, name: str) -> None:
+    """Serve the version of NAME that served before the current one."""
+    try:
+        answer = ctx.manage.post("/rollback", {"name": name},
+                                 timeout=max(ctx.manage.timeout, 300.0))
+    except CliError as exc:
+        raise _needs_route(exc, "rollback (POST /rollback)") from None
+    if ctx.json:
+        emit_json(answer)
+    else:
+        render.out.print(f"rolled back: now serving {render._ref(answer.get('current'))} "
+                         f"(was {render._ref(answer.get('previous'))})")
+
+
+@cli.command()
+@command
+def status(ctx: Ctx) -> None:
+    """Models, workers, restarts and active jobs of the running service."""
+    answer = ctx.manage.get("/status")
+    emit_json(answer) if ctx.json else render.status(answer)
+
+
+@cli.command()
+@command
+def models(ctx: Ctx) -> None:
+    """Every model and version in the store, with its metrics."""
+    answer = ctx.manage.get("/models")
+    emit_json(answer) if ctx.json else render.models(answer)
+
+
+@cli.command()
+@click.argument("name")
+@click.argument("version", type=click.IntRange(min=1))
+@click.argument("directory", type=click.Path(file_okay=False))
+@command
+def export(ctx: Ctx, name: str, version: int, directory: str) -> None:
+    """Download model NAME VERSION's portable artifact and unpack it into DIRECTORY."""
+    if os.path.isdir(directory) and os.listdir(directory):
+        raise InputError(f"{directory} exists and is not empty")
+    path = f"/models/{quote(name)}/{version}/artifact"
+    with tempfile.TemporaryFile() as tmp:
+        try:
+            size = ctx.manage.download(path, tmp, timeout=max(ctx.manage.timeout, 600.0))
+        except CliError as exc:
+            raise _needs_route(exc, "artifact export (GET /models/<name>/<version>/"
+                                    "artifact)") from None
+        tmp.seek(0)
+        try:
+            with tarfile.open(fileobj=tmp, mode="r:*") as tar:
+                members = tar.getmembers()
+                os.makedirs(directory, exist_ok=True)
+                # the "data" filter refuses absolute paths, '..', links out, devices
+                tar.extractall(directory, filter="data")
+        except tarfile.TarError as exc:
+            raise CliError(f"the artifact is not a valid .tar.gz archive: {exc}") from None
+    files = sorted(m.name for m in members if m.isfile())
+    if ctx.json:
+        emit_json({"name": name, "version": version, "directory": os.path.abspath(directory),
+                   "bytes": size, "files": files})
+    else:
+        render.out.print(f"{name} v{version}: {len(files)} files, {size} bytes -> {directory}")
+
+
+# -- predicting --------------------------------------------------------------------
+@cli.command()
+@click.argument("texts", nargs=-1)
+@click.option("--model", help="Model name (default: the default model).")
+@click.option("--top-k", type=click.IntRange(min=1), help="Ranked labels per text.")
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1, 1024),
+              help="Texts per request.")
+@command
+def predict(ctx: Ctx, texts: tuple[str, ...], model: str | None, top_k: int | None,
+            batch_size: int) -> None:
+    """Classify TEXTS (or stdin, one text per line); one JSON line out per text.
+
+    Output lines: {"text", "label", "score", "top", "model"}, in input order.
+    """
+    stream = iter_texts(texts, click.get_text_stream("stdin"))
+    count = 0
+    while True:
+        batch = list(itertools.islice(stream, batch_size))
+        if not batch:
+            break
+        body: dict[str, Any] = {"texts": batch}
+        if model:
+            body["model"] = model
+        if top_k:
+            body["top_k"] = top_k
+        answer = ctx.infer.post("/predict", body)
+        for text, p in zip(batch, answer["predictions"]):
+            click.echo(json.dumps({"text": text, **p, "model": answer.get("model")},
+                                  ensure_ascii=False))
+        count += len(batch)
+    if count == 0:
+        raise InputError("no texts: give them as arguments or one per line on stdin")
+
+
+def main() -> None:
+    """Console-script entry point: click's errors keep click's codes (usage: 2),
+    Ctrl-C anywhere exits 130."""
+    try:
+        rv = cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        render.err.print("interrupted")
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    sys.exit(rv if isinstance(rv, int) else EXIT_OK)
