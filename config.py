@@ -51,7 +51,8 @@ DEFAULTS: dict[str, Any] = {
         "stop_timeout": 5.0,    # clean exit before SIGTERM, then SIGKILL
         "request_timeout": 30.0,  # a client's predict, queueing included
         "hang_timeout": 20.0,   # a request this old means the worker hangs
-        "standby": True,        # keep a TensorFlow-ready process waiting
+        "standby": True,        # keep TensorFlow-ready processes waiting (the pool)
+        "standby_pool": 1,      # how many; any model's apply or replacement takes one
         "preload": True,        # ... with the likeliest next model already loaded
         # TensorFlow threads in a serving worker (0: TensorFlow's choice).
         # Measured on 2 cores: one each cut the worker's CPU per request under
@@ -60,7 +61,18 @@ DEFAULTS: dict[str, Any] = {
         "intra_op_threads": 1,
         "inter_op_threads": 1,
         "max_restarts": 5,      # crashes within restart_window -> FAILED
+        # Every worker process at once (serving, draining, standby, preloading,
+        # loading); 0 = no limit. Applies that would need more get 409.
+        "max_workers": 0,
+        # Recycle a serving worker (successor first, no gap) after this many
+        # requests or above this RSS; 0 = off.
+        "max_requests": 0,
+        "max_rss_mb": 0,
         "restart_window": 60.0,
+    },
+    "serving": {
+        # Replicas of a model when its apply does not say (each its own process).
+        "replicas": 1,
     },
     "watcher": {
         "enabled": True,

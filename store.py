@@ -5,8 +5,9 @@ Layout (under models_dir)::
     <name>/<version>/model.keras    the end-to-end Keras model (raw strings in)
     <name>/<version>/meta.json      labels (index = output unit), params,
                                     metrics, data hash, library versions...
-    .applied.json                   {"name", "version", "applied_at"}: what the
-                                    service serves; written atomically
+    .applied.json                   {"default", "models": {name: {version,
+                                    replicas}}, "revision"}: what the service
+                                    serves; written atomically
     .tmp/                           models being published; wiped at start
 
 A version is visible only once its folder holds both files: publishing writes
@@ -187,10 +188,12 @@ class ModelStore:
             version = max(existing, default=0) + 1
             meta = {**meta, "name": name, "version": version}
             write_json_atomic(os.path.join(staged, "meta.json"), meta)
-            for fname in os.listdir(staged):
-                with open(os.path.join(staged, fname), "rb") as fh:
-                    os.fsync(fh.fileno())
-            _fsync_dir(staged)
+            # every file, subfolders too (the SavedModel export is a folder)
+            for folder, _, files in os.walk(staged):
+                for fname in files:
+                    with open(os.path.join(folder, fname), "rb") as fh:
+                        os.fsync(fh.fileno())
+                _fsync_dir(folder)
             try:
                 os.rename(staged, os.path.join(mdir, str(version)))
             except OSError:  # another publisher took that number: try the next
@@ -205,6 +208,7 @@ class ModelStore:
         return os.path.join(self.root, RECORD)
 
     def read_record(self) -> dict[str, Any] | None:
+        """The applied-model record, in the current format (see `normalize_record`)."""
         try:
             with open(self.record_path, encoding="utf-8") as fh:
                 rec = json.load(fh)
@@ -212,15 +216,58 @@ class ModelStore:
             return None
         except (OSError, ValueError) as exc:
             raise StoreError(f"unreadable applied-model record: {exc}") from exc
-        if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
-            raise StoreError("applied-model record must be an object with a 'name'")
-        version = rec.get("version")
-        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
-            raise StoreError("applied-model record: 'version' must be an integer")
-        return rec
+        return normalize_record(rec)
 
-    def write_record(self, name: str, version: int) -> None:
+    def write_record(self, record: dict[str, Any]) -> None:
         os.makedirs(self.root, exist_ok=True)
         write_json_atomic(self.record_path, {
-            "name": name, "version": version,
+            **normalize_record(record),
             "applied_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+
+def _int_or_none(value: Any, what: str) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise StoreError(f"applied-model record: {what} must be a positive integer")
+    return value
+
+
+def normalize_record(rec: Any) -> dict[str, Any]:
+    """Check a record and bring it to the current format::
+
+        {"default": "news" | null,
+         "models": {"news": {"version": 3, "replicas": 2, "explicit": true}, ...},
+         "revision": 12}
+
+    The single-model format of earlier releases, {"name", "version"}, is
+    read as a map with that one model as the default (and written back in
+    the new format at the next change). A version of null means the latest.
+    """
+    if not isinstance(rec, dict):
+        raise StoreError("applied-model record must be a JSON object")
+    if "models" not in rec and "name" in rec:  # the single-model format: migrate
+        if not isinstance(rec["name"], str):
+            raise StoreError("applied-model record: 'name' must be a string")
+        rec = {"default": rec["name"], "revision": 0,
+               "models": {rec["name"]: {"version": rec.get("version"), "replicas": None}}}
+    models = rec.get("models")
+    if not isinstance(models, dict):
+        raise StoreError("applied-model record must have a 'models' object")
+    out: dict[str, Any] = {}
+    for name, entry in models.items():
+        try:
+            check_name(name)
+        except InvalidName as exc:
+            raise StoreError(f"applied-model record: {exc}") from None
+        if not isinstance(entry, dict):
+            raise StoreError(f"applied-model record: models.{name} must be an object")
+        out[name] = {"version": _int_or_none(entry.get("version"), f"models.{name}.version"),
+                     "replicas": _int_or_none(entry.get("replicas"), f"models.{name}.replicas"),
+                     "explicit": bool(entry.get("explicit", True))}
+    default = rec.get("default")
+    if default is not None and default not in out:
+        raise StoreError(f"applied-model record: default {default!r} is not in 'models'")
+    revision = rec.get("revision", 0)
+    if isinstance(revision, bool) or not isinstance(revision, int):
+        raise StoreError("applied-model record: 'revision' must be an integer")
+    return {"default": default, "models": out, "revision": revision}

@@ -1,4 +1,4 @@
-"""textswap supervisor: entry point, and the one owner of workers and jobs.
+"""textswap supervisor: entry point, and the one owner of slots, workers and jobs.
 
     python supervisor.py --config config.yaml
 
@@ -21,48 +21,49 @@ from typing import Any
 import psutil
 from tornado import gen
 from tornado.ioloop import IOLoop, PeriodicCallback
-from tornado.locks import Condition, Event, Lock
+from tornado.locks import Event
 
 from config import Config, ConfigError, load_config
-from errors import ApplyFailed, NoModel, Overloaded, ServiceError
+from errors import ApplyFailed, Conflict, NoModel, ServiceError, UnknownModel
+from events import Events
 from jobs import JobManager
 from statedb import FILENAME as STATE_DB, StateDB
-from store import InvalidArtifact, ModelStore, NotFound, StoreError, check_name
+from pool import WorkerPool
+from slots import Slot
+from store import InvalidArtifact, ModelStore, StoreError, check_name
 from watcher import RecordWatcher
 from workerhandle import (RequestFailed, RequestTimedOut, State, WorkerDied, WorkerError,
                           WorkerHandle)
 
 log = logging.getLogger("textswap.supervisor")
 
+DEMO_NAME = "demo"
 DEMO_DATA = "data/demo/sentiment_zh.jsonl"
 DEMO_PARAMS: dict[str, Any] = {}  # the measured defaults
 
 
 class Supervisor:
+    """Owns the model slots, the worker pool, the applied-model record and jobs."""
+
     def __init__(self, config: Config) -> None:
         self.cfg = config
         self.wcfg = config["worker"]
         self.store = ModelStore(config.models_dir)
         self.loop = IOLoop.current()
-        self.serving: WorkerHandle | None = None
-        self.standby: WorkerHandle | None = None
-        self.workers: dict[int, WorkerHandle] = {}  # every live process, by generation
-        self.apply_lock = Lock()
-        self._changed = Condition()  # serving worker swapped or capacity freed
-        self._waiters = 0
+        self.pool = WorkerPool(config, self.store, self._on_worker_exit, self._preload_guesses)
+        self.slots: dict[str, Slot] = {}
+        self.default_name: str | None = None
+        self.previous_default: str | None = None  # the default before the last change
+        self.record: dict[str, Any] = {"default": None, "models": {}, "revision": 0}
+        self.events = Events()
         self.started = time.time()
         self.stopping = False
         self.stopped = Event()
         self.restarts = 0
         self.exits: collections.deque = collections.deque(maxlen=20)
-        self._crashes: dict[tuple, collections.deque] = collections.defaultdict(collections.deque)
         self.failed_models: dict[str, dict[str, Any]] = {}
-        self.last_good: tuple[str, int] | None = None  # served before the current one
         self.last_apply: dict[str, Any] | None = None
-        self._recovering = False
-        self._applying = 0  # applies queued or running
-        self._standby_failures = 0
-        self._bad_guesses: set[tuple[str, int]] = set()
+        self._demo_training = False
         self.watcher: RecordWatcher | None = None
         self.state = StateDB(os.path.join(self.store.root, STATE_DB))  # jobs, history
         self.jobs = JobManager(self, self.state)
@@ -71,20 +72,25 @@ class Supervisor:
     # -- start and stop -----------------------------------------------------------
     async def start(self) -> None:
         self.store.ensure()
-        self.ensure_standby(nice=False)  # first worker: full speed
+        self.pool.ensure(nice=False)  # first worker: full speed
         try:
             record = self.store.read_record()
         except StoreError as exc:
             log.error("%s; starting without a model", exc)
             record = None
+        if record:
+            self.record = record
+            self.default_name = record["default"]
         if self.cfg["watcher"]["enabled"]:
             self.watcher = RecordWatcher(self.store, self.loop, self.cfg["watcher"]["interval"],
                                          self._on_record_change)
-            self.watcher.start((record["name"], record.get("version")) if record else None)
+            self.watcher.start(record)
         self._sweeper.start()
-        if record:
-            self.loop.spawn_callback(self._apply_logged, record["name"], record.get("version"),
-                                     "startup")
+        if record and record["models"]:
+            for name, entry in record["models"].items():
+                self.loop.spawn_callback(
+                    self._apply_logged, name, entry["version"], "startup",
+                    replicas=entry["replicas"], explicit=entry["explicit"])
         elif not self.store.names() and self.cfg["training"]["demo_on_empty_store"]:
             self.loop.spawn_callback(self._train_demo)
         else:
@@ -93,10 +99,12 @@ class Supervisor:
     async def _train_demo(self) -> None:
         """First start on an empty store: train and apply the bundled demo."""
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), DEMO_DATA)
+        self._demo_training = True
         try:
-            job = await self.jobs.submit("demo", {"path": path}, DEMO_PARAMS, True,
+            job = await self.jobs.submit(DEMO_NAME, {"path": path}, DEMO_PARAMS, True,
                                          trusted_path=True)
         except Exception as exc:
+            self._demo_training = False
             log.error("could not start the demo training: %s", exc)
             return
         log.info("empty model store: training the bundled demo model (job %s); "
@@ -107,348 +115,68 @@ class Supervisor:
             await self.stopped.wait()
             return
         self.stopping = True
+        self.pool.stopping = True
         log.info("shutting down")
         self._sweeper.stop()
         if self.watcher:
             self.watcher.stop()
         await self.jobs.shutdown()
         timeout = self.wcfg["stop_timeout"]
-        handles = list(self.workers.values())
-        for w in handles:
-            if w is self.serving:
-                w.set_state(State.DRAINING)
-                await w.wait_idle(min(self.wcfg["drain_timeout"], 5.0))
-        await gen.multi([w.stop(timeout) for w in handles])
-        self.serving = self.standby = None
+        serving = [w for s in self.slots.values() for w in s.replicas]
+        for w in serving:
+            w.set_state(State.DRAINING)
+        await gen.multi([w.wait_idle(min(self.wcfg["drain_timeout"], 5.0)) for w in serving])
+        await gen.multi([w.stop(timeout) for w in list(self.pool.workers.values())])
+        for s in self.slots.values():
+            s.replicas = []
         self.state.close()  # commits the pending job and history writes
         self.stopped.set()
         log.info("all workers stopped")
 
-    # -- workers --------------------------------------------------------------------
-    def _options(self, nice: bool) -> dict[str, Any]:
-        w = self.wcfg
-        return {"max_batch": w["max_batch"], "batch_wait_ms": w["batch_wait_ms"],
-                "intra_op_threads": w["intra_op_threads"],
-                "inter_op_threads": w["inter_op_threads"],
-                "boot_nice": 10 if nice else 0, "log_level": self.cfg["log_level"],
-                "parent_pid": os.getpid()}
+    # -- lookups used by the handlers -----------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """The default model serves (what /readyz reports)."""
+        slot = self.slots.get(self.default_name) if self.default_name else None
+        return slot is not None and bool(slot.replicas)
 
-    def _spawn(self, nice: bool = False) -> WorkerHandle:
-        w = WorkerHandle(self._options(nice), self._on_worker_exit, on_answer=self._on_answer)
-        self.workers[w.generation] = w
-        return w
+    def serving_names(self) -> list[str]:
+        return sorted(n for n, s in self.slots.items() if s.replicas)
 
-    def ensure_standby(self, nice: bool = True, delay: float = 0.0) -> None:
-        """Keep one TensorFlow-ready process waiting, so an apply only loads."""
-        if not self.wcfg["standby"] or self.stopping:
-            return
-        if self.standby is not None and self.standby.alive:
-            return
-        if any(w.state is State.STARTING for w in self.workers.values()):
-            return  # one TensorFlow import at a time; the next swap asks again
-        if delay:
-            self.loop.call_later(delay, self.ensure_standby, nice)
-            return
-        self.standby = self._spawn(nice=nice)
-        self.loop.spawn_callback(self._preload, self.standby)
-
-    # -- preloading a guess into the standby ---------------------------------------
-    def _preload_guess(self) -> tuple[str, int] | None:
-        """The model most likely applied next: a newer version of the serving
-        model (just trained), else the one served before it (a rollback)."""
-        if self.serving is None or self.serving.model is None:
+    def serving_model(self, name: str | None = None) -> dict[str, Any] | None:
+        """{"name", "version", "labels", "replicas"} of what serves `name`
+        (the default model when None), or None."""
+        slot = self.slots.get(name or self.default_name or "")
+        if slot is None or not slot.replicas:
             return None
-        name, version = self.serving.model["name"], self.serving.model["version"]
-        try:
-            newer = [v for v in self.store.versions(name) if v > version]
-        except StoreError:
-            newer = []
-        guess = (name, newer[-1]) if newer else self.last_good
-        if guess is None or guess == (name, version) or guess in self._bad_guesses:
-            return None
-        return guess
+        return {"name": slot.name, "version": slot.version, "labels": list(slot.labels),
+                "replicas": len(slot.replicas)}
 
-    async def _preload(self, w: WorkerHandle) -> None:
-        """Load the guess into the standby in the background, at its low priority,
-        so applying it is only the swap. Any other apply reloads the standby."""
-        if not self.wcfg["preload"]:
-            return
-        try:
-            await w.booted
-        except WorkerDied:
-            return
-        guess = self._preload_guess()
-        if (w is not self.standby or self.stopping or guess is None or w.loads >= 2
-                or w.state not in (State.STANDBY, State.READY)
-                or (w.model and (w.model["name"], w.model["version"]) == guess)):
-            return
-        try:
-            version, path = self.store.resolve(*guess)
-            self.store.check_artifact(*guess)
-        except StoreError:
-            self._bad_guesses.add(guess)
-            return
-        log.info("standby gen %d preloads %s v%s", w.generation, guess[0], version)
-        try:
-            await w.load(path, guess[0], version, preload=True)
-        except WorkerError:
-            self._bad_guesses.add(guess)  # it exits; the standby is replaced
-
-    def refresh_preload(self) -> None:
-        """A model was published: the standby may want a fresher guess."""
-        if self.standby is not None and self.standby.alive:
-            self.loop.spawn_callback(self._preload, self.standby)
-
-    async def _booted_worker(self, name: str, version: int) -> tuple[WorkerHandle, bool]:
-        """A worker that has imported TensorFlow (the standby, else a new one),
-        and whether it already holds (name, version)."""
-        w = self.standby if self.standby is not None and self.standby.alive else None
-        self.standby = None
-        if w is None:
-            w = self._spawn()
-        deadline = self.loop.time() + self.wcfg["boot_timeout"]
-        try:
-            await gen.with_timeout(deadline, w.booted, quiet_exceptions=(WorkerDied,))
-            if w.state is State.LOADING:  # a preload is under way: let it finish
-                try:
-                    await gen.with_timeout(deadline, w.ready,
-                                           quiet_exceptions=(WorkerDied, RequestFailed))
-                except (WorkerDied, RequestFailed):  # the guess was bad: a fresh one
-                    w = self._spawn()
-                    await gen.with_timeout(deadline, w.booted, quiet_exceptions=(WorkerDied,))
-        except (gen.TimeoutError, WorkerDied) as exc:
-            w.kill()
-            raise ApplyFailed(f"worker process did not start: {exc or 'timeout'}",
-                              status=503, code="worker_boot_failed") from exc
-        self._standby_failures = 0
-        return w, w.state is State.READY and w.model == {"name": name, "version": version}
-
-    def _on_answer(self) -> None:
-        if self._waiters:
-            self._changed.notify(1)
-
-    def _on_worker_exit(self, w: WorkerHandle) -> None:
-        self.workers.pop(w.generation, None)
-        self.exits.append({"generation": w.generation, "pid": w.pid, "exitcode": w.exitcode,
-                           "state": w.state.value, "model": w.model, "error": w.error,
-                           "at": time.time()})
-        if self.stopping:
-            return
-        if w is self.standby:
-            self.standby = None
-            self._standby_failures += 1
-            self.ensure_standby(delay=min(30.0, 0.5 * 2 ** self._standby_failures))
-        else:
-            self.ensure_standby(delay=1.0)  # e.g. a boot that an apply was waiting on failed
-        if w is self.serving:
-            self.serving = None
-            self.restarts += 1
-            log.error("serving worker gen %d (%s) died: exit code %s", w.generation,
-                      w.model_label, w.exitcode)
-            self._recovering = True  # set now: requests arriving meanwhile must wait
-            self._changed.notify_all()
-            self.loop.spawn_callback(self._recover, w)
-
-    async def _recover(self, dead: WorkerHandle) -> None:
-        """Restart the model of a dead serving worker, or give up on it.
-
-        Every crash (and every failed restart) of a model counts; more than
-        max_restarts within restart_window marks the model FAILED and the
-        last good model, if any, is applied instead.
-        """
-        assert dead.model is not None
-        key = (dead.model["name"], dead.model["version"])
-        window = self.wcfg["restart_window"]
-        crashes = self._crashes[key]
-        try:
-            while not self.stopping and self.serving is None:
-                now = time.monotonic()
-                crashes.append(now)
-                while crashes and now - crashes[0] > window:
-                    crashes.popleft()
-                if len(crashes) > self.wcfg["max_restarts"]:
-                    self._mark_failed(key, f"worker crashed {len(crashes)} times within "
-                                           f"{window:.0f}s (last: exit code {dead.exitcode}, "
-                                           f"{dead.error})")
-                    fallback = self.last_good
-                    if fallback and fallback != key:
-                        log.info("falling back to last good model %s v%s", *fallback)
-                        await self._apply_logged(*fallback, "fallback", persist=True)
-                    return
-                backoff = 0.0 if len(crashes) <= 1 else min(5.0, 0.25 * 2 ** (len(crashes) - 2))
-                if backoff:
-                    await gen.sleep(backoff)
-                try:
-                    await self.apply(*key, source="restart", persist=False)
-                    return
-                except (ServiceError, StoreError) as exc:
-                    log.error("restart of %s v%s failed: %s", *key, exc)
-                    if isinstance(exc, StoreError):  # gone from the store: nothing to restart
-                        self._mark_failed(key, f"cannot restart: {exc}")
-                        return
-        finally:
-            self._recovering = False
-            self._changed.notify_all()
-
-    def _mark_failed(self, key: tuple[str, int], reason: str) -> None:
-        log.error("model %s v%s marked FAILED: %s", *key, reason)
-        self.failed_models[f"{key[0]} v{key[1]}"] = {
-            "name": key[0], "version": key[1], "reason": reason, "at": time.time()}
-
-    def _sweep(self) -> None:
-        """Once a second: fail requests past their deadline, kill hung workers."""
-        limit = self.wcfg["hang_timeout"]
-        for w in list(self.workers.values()):
-            w.expire(self.wcfg["request_timeout"])
-            if w.state in (State.SERVING, State.DRAINING) and w.oldest_request_age() > limit:
-                log.error("worker gen %d has not answered for %.0fs: killing it as hung",
-                          w.generation, limit)
-                w.error = f"hung: no answer for {limit:.0f}s"
-                w.kill()
-
-    # -- apply --------------------------------------------------------------------
-    def _on_record_change(self, name: str, version: int | None) -> None:
-        self.loop.spawn_callback(self._apply_logged, name, version, "watcher", False)
-
-    async def _apply_logged(self, name: str, version: int | None, source: str,
-                            persist: bool = False) -> None:
-        try:
-            await self.apply(name, version, source=source, persist=persist)
-        except ServiceError as exc:
-            log.error("apply of %s v%s (%s) failed: %s", name, version, source, exc)
-        except StoreError as exc:
-            log.error("apply of %s v%s (%s) ignored: %s", name, version, source, exc)
-
-    async def apply(self, name: str, version: int | None = None, *, source: str = "api",
-                    persist: bool = True) -> dict[str, Any]:
-        """Blue/green swap to (name, version); see rule 3 of ARCHITECTURE.md."""
-        check_name(name)
-        self.store.resolve(name, version)  # fail fast: 404 before queueing
-        t_call = time.monotonic()
-        self._applying += 1
-        try:
-            async with self.apply_lock:
-                return await self._apply_locked(name, version, source, persist, t_call)
-        finally:
-            self._applying -= 1
-            self._changed.notify_all()
-
-    async def _apply_locked(self, name: str, version: int | None, source: str, persist: bool,
-                            t_call: float) -> dict[str, Any]:
-        if self.stopping:
-            raise ServiceError("service is shutting down", 503, "stopping")
-        version, path = self.store.resolve(name, version)
-        if source == "restart" and self.serving is not None:
-            return {"previous": None, "current": self.serving.model, "unchanged": True}
-        try:
-            self.store.check_artifact(name, version)
-        except InvalidArtifact as exc:
-            raise ServiceError(f"{exc}; still serving "
-                               f"{self.serving.model_label if self.serving else 'nothing'}",
-                               422, "invalid_model") from None
-        if source == "api":  # an operator's explicit choice gets a fresh start
-            self._crashes.pop((name, version), None)
-            self.failed_models.pop(f"{name} v{version}", None)
-        phases: dict[str, float] = {"queued": time.monotonic() - t_call}
-        old = self.serving
-        previous = dict(old.model) if old and old.model else None
-        if old is not None and old.model == {"name": name, "version": version} and (
-                source in ("watcher", "restart", "startup")):
-            return {"previous": previous, "current": previous, "unchanged": True}
-        t = time.monotonic()
-        w, preloaded = await self._booted_worker(name, version)
-        phases["spawn"] = time.monotonic() - t
-        t = time.monotonic()
-        try:
-            if preloaded:
-                ready = w.ready.result()
-            else:
-                ready = await gen.with_timeout(self.loop.time() + self.wcfg["load_timeout"],
-                                               w.load(path, name, version),
-                                               quiet_exceptions=(WorkerDied, RequestFailed))
-        except (gen.TimeoutError, WorkerError) as exc:
-            why = str(exc) or "load deadline passed"
-            status = None
-            if isinstance(exc, gen.TimeoutError):
-                why = f"model did not load and warm up within {self.wcfg['load_timeout']}s"
-                status = 504
-            w.error = why
-            self.loop.spawn_callback(w.stop, 1.0)
-            self.ensure_standby(delay=1.0)
-            raise ApplyFailed(f"{name} v{version} failed to load: {why}; "
-                              f"{'still serving ' + old.model_label if old else 'nothing serves'}",
-                              status=status) from exc
-        phases["load"] = time.monotonic() - t
-        t = time.monotonic()
-        # the swap: one assignment moves routing
-        w.set_state(State.SERVING)
-        self.serving = w
-        w.send({"t": "serve"})  # leaves the standby's low priority
-        self._changed.notify_all()
-        if previous and (previous["name"], previous["version"]) != (name, version):
-            self.last_good = (previous["name"], previous["version"])
-        if persist:
-            if self.watcher:
-                self.watcher.note_applied(name, version)
-            self.store.write_record(name, version)
-        phases["swap"] = time.monotonic() - t
-        log.info("now serving %s v%s (worker gen %d, pid %d; %s)", name, version,
-                 w.generation, w.pid, source)
-        self.ensure_standby(delay=2.0)
-        t = time.monotonic()
-        drained = True
-        if old is not None and old.alive:
-            old.set_state(State.DRAINING)
-            drained = await old.wait_idle(self.wcfg["drain_timeout"])
-        phases["drain"] = time.monotonic() - t
-        t = time.monotonic()
-        stopped = await old.stop(self.wcfg["stop_timeout"]) if old is not None else None
-        phases["stop"] = time.monotonic() - t
-        result = {
-            "previous": previous,
-            "current": {"name": name, "version": version},
-            "worker": {"generation": w.generation, "pid": w.pid},
-            "phases_s": {k: round(v, 4) for k, v in phases.items()},
-            "preloaded": preloaded,
-            "load_s": round(ready.get("load_s", 0.0), 4),
-            "warmup_s": round(ready.get("warm_s", 0.0), 4),
-            "old_worker": None if old is None else {
-                "generation": old.generation, "pid": old.pid, "drained": drained,
-                "ended": stopped},
-            "source": source,
-            "total_s": round(time.monotonic() - t_call, 4),
-        }
-        self.last_apply = result
-        return result
+    def _slot_for(self, name: str | None) -> Slot:
+        if name is None:
+            if self.default_name is None:
+                raise NoModel("no model is serving; apply one with POST /apply")
+            slot = self.slots.get(self.default_name)
+            if slot is None:
+                raise NoModel(f"the default model {self.default_name!r} is not loaded yet")
+            return slot
+        slot = self.slots.get(name)
+        if slot is None:
+            serving = ", ".join(self.serving_names()) or "none"
+            raise UnknownModel(f"model {name!r} is not serving here (serving: {serving})",
+                               details={"serving": self.serving_names()})
+        return slot
 
     # -- predict --------------------------------------------------------------------
-    async def _route(self, deadline: float) -> WorkerHandle:
-        """The serving worker, once it has room for one more request."""
-        cap = self.wcfg["max_inflight"]
-        while True:
-            w = self.serving
-            if w is not None and w.usable:
-                if w.inflight < cap:
-                    return w
-            elif w is None and not self._recovering and not self._applying:
-                raise NoModel("no model is serving; apply one with POST /apply")
-            # else: its process is going away; the exit callback starts recovery
-            self._waiters += 1
-            try:
-                woke = await self._changed.wait(timeout=deadline)
-            finally:
-                self._waiters -= 1
-            if not woke:
-                if w is None or not w.usable:
-                    raise NoModel("no model became available in time")
-                raise Overloaded(f"worker is at its limit of {cap} requests in flight; "
-                                 "retry later")
-
-    async def predict(self, texts: list[str]) -> tuple[dict[str, Any], list[str], list]:
-        """(model, labels, scores) for texts; one retry if the worker dies."""
+    async def predict(self, texts: list[str], model: str | None = None
+                      ) -> tuple[dict[str, Any], list[str], list]:
+        """(model, labels, scores) for texts; retried once on a sibling or a
+        replacement if the worker dies with the request in flight."""
+        slot = self._slot_for(model)
         deadline = self.loop.time() + self.wcfg["request_timeout"]
+        cap = self.wcfg["max_inflight"]
         for attempt in (1, 2):
-            w = await self._route(deadline)
+            w = await slot.route(cap, deadline)
             try:
                 return w.model, w.labels, await w.predict(texts)  # type: ignore[return-value]
             except WorkerDied:
@@ -462,29 +190,490 @@ class Supervisor:
                 raise ServiceError(str(exc), 504, "timeout") from None
         raise AssertionError("unreachable")
 
-    # -- status -----------------------------------------------------------------------
-    @property
-    def ready(self) -> bool:
-        return self.serving is not None
+    # -- workers for a slot ----------------------------------------------------------
+    def _preload_guesses(self) -> list[tuple[str, int]]:
+        """Models likely applied next, best first: a newer version of a serving
+        model (just trained), then the version each served before (a rollback).
+        The default model's guesses come first."""
+        order = sorted(self.slots.values(), key=lambda s: s.name != self.default_name)
+        newer, back = [], []
+        for slot in order:
+            if slot.version is None or not slot.replicas:
+                continue
+            try:
+                later = [v for v in self.store.versions(slot.name) if v > slot.version]
+            except StoreError:
+                later = []
+            if later:
+                newer.append((slot.name, later[-1]))
+            if slot.previous and slot.previous != slot.version:
+                back.append((slot.name, slot.previous))
+        return newer + back
 
+    def refresh_preload(self) -> None:
+        self.pool.refresh()
+
+    def _obtain(self, name: str, version: int, n: int, what: str) -> list[WorkerHandle]:
+        """n workers for (name, version): standbys first (best: one that
+        preloaded it), new processes for the rest. Checks the budget before
+        anything starts, with no await in between, so concurrent applies
+        cannot over-commit."""
+        taken: list[WorkerHandle] = []
+        while len(taken) < n:
+            w = self.pool.take(name, version)
+            if w is None:
+                break
+            taken.append(w)
+        need = n - len(taken)
+        if need and not self.pool.has_room(need):
+            self.pool.give_back(taken)
+            raise self.pool.budget_error(need, what)
+        return taken + [self.pool.spawn(nice=False) for _ in range(need)]
+
+    async def _make_ready(self, w: WorkerHandle, name: str, version: int, path: str
+                          ) -> tuple[WorkerHandle, dict[str, Any], bool]:
+        """Boot (if needed) and load (unless preloaded) one worker.
+        Returns (worker, ready frame, preloaded)."""
+        deadline = self.loop.time() + self.wcfg["boot_timeout"]
+        try:
+            await gen.with_timeout(deadline, w.booted, quiet_exceptions=(WorkerDied,))
+            if w.state is State.LOADING:  # a preload is under way: let it finish
+                try:
+                    await gen.with_timeout(deadline, w.ready,
+                                           quiet_exceptions=(WorkerDied, RequestFailed))
+                except (WorkerDied, RequestFailed):  # the guess was bad: a fresh one
+                    w = self.pool.spawn()
+                    await gen.with_timeout(deadline, w.booted, quiet_exceptions=(WorkerDied,))
+        except (gen.TimeoutError, WorkerDied) as exc:
+            w.kill()
+            raise ApplyFailed(f"worker process did not start: {exc or 'timeout'}",
+                              status=503, code="worker_boot_failed") from exc
+        if w.state is State.READY and w.model == {"name": name, "version": version}:
+            return w, w.ready.result(), True
+        try:
+            ready = await gen.with_timeout(self.loop.time() + self.wcfg["load_timeout"],
+                                           w.load(path, name, version),
+                                           quiet_exceptions=(WorkerDied, RequestFailed))
+        except (gen.TimeoutError, WorkerError) as exc:
+            status = None
+            why = str(exc) or "load deadline passed"
+            if isinstance(exc, gen.TimeoutError):
+                why = f"model did not load and warm up within {self.wcfg['load_timeout']}s"
+                status = 504
+            w.error = why
+            self.loop.spawn_callback(w.stop, 1.0)
+            raise ApplyFailed(f"{name} v{version} failed to load: {why}",
+                              status=status) from exc
+        return w, ready, False
+
+    async def _retire(self, ws: list[WorkerHandle]) -> list[dict[str, Any]]:
+        """Drain then stop workers that no longer receive requests."""
+        async def one(w: WorkerHandle) -> dict[str, Any]:
+            drained = True
+            if w.alive:
+                if w.state is State.SERVING:
+                    w.set_state(State.DRAINING)
+                drained = await w.wait_idle(self.wcfg["drain_timeout"])
+            ended = await w.stop(self.wcfg["stop_timeout"])
+            return {"generation": w.generation, "pid": w.pid, "drained": drained, "ended": ended}
+        return list(await gen.multi([one(w) for w in ws]))
+
+    # -- apply --------------------------------------------------------------------
+    def _on_record_change(self, record: dict[str, Any]) -> None:
+        """The record was edited from outside: converge on it, name by name.
+        A record naming a model or version the store lacks is logged and
+        ignored as a whole: half-following it could unload what serves."""
+        wanted = record["models"]
+        for name, entry in wanted.items():
+            try:
+                self.store.resolve(name, entry["version"])
+            except StoreError as exc:
+                log.error("ignoring the applied-model record: %s", exc)
+                return
+        self.record = record
+        for name, entry in wanted.items():
+            slot = self.slots.get(name)
+            replicas = entry["replicas"] or (slot.wanted if slot else None)
+            if (slot is None or not slot.replicas or slot.version != entry["version"]
+                    or (replicas and replicas != slot.wanted)):
+                if slot is not None and entry["version"] is None and slot.replicas and (
+                        not replicas or replicas == slot.wanted):
+                    continue  # "latest" of a serving model: no change asked
+                self.loop.spawn_callback(self._apply_logged, name, entry["version"], "watcher",
+                                         replicas=entry["replicas"], explicit=entry["explicit"])
+        for name in list(self.slots):
+            if name not in wanted:
+                self.loop.spawn_callback(self._unload_logged, name, "watcher")
+        if record["default"] != self.default_name:
+            log.info("default model is now %s (record changed)", record["default"])
+            self.default_name = record["default"]
+
+    async def _apply_logged(self, name: str, version: int | None, source: str,
+                            **kw: Any) -> None:
+        try:
+            await self.apply(name, version, source=source, persist=source == "fallback", **kw)
+        except ServiceError as exc:
+            log.error("apply of %s v%s (%s) failed: %s", name, version, source, exc)
+        except StoreError as exc:
+            log.error("apply of %s v%s (%s) ignored: %s", name, version, source, exc)
+
+    async def _unload_logged(self, name: str, source: str) -> None:
+        try:
+            await self.unload(name, source=source, persist=source != "watcher")
+        except (ServiceError, StoreError) as exc:
+            log.info("unload of %s (%s): %s", name, source, exc)
+
+    async def apply(self, name: str, version: int | None = None, *, replicas: int | None = None,
+                    default: bool | None = None, explicit: bool | None = None,
+                    source: str = "api", persist: bool = True) -> dict[str, Any]:
+        """Blue/green swap of one slot to (name, version) with `replicas` workers.
+
+        replicas: the apply's, else the slot's current count, else config
+        serving.replicas. default: whether `name` becomes the default model;
+        None means yes for an operator's or a training job's apply, no for the
+        watcher's and restarts (which follow the record's default)."""
+        check_name(name)
+        self.store.resolve(name, version)  # fail fast: 404 before queueing
+        t_call = time.monotonic()
+        slot = self.slots.get(name)
+        created = slot is None
+        if slot is None:
+            slot = self.slots[name] = Slot(name)
+        if replicas is None:
+            replicas = slot.wanted if not created else self.cfg["serving"]["replicas"]
+        slot.applying += 1
+        try:
+            async with slot.lock:
+                return await self._apply_locked(slot, version, replicas, default, explicit,
+                                                source, persist, t_call)
+        finally:
+            slot.applying -= 1
+            if (not slot.replicas and not slot.busy and slot.version is None
+                    and self.slots.get(name) is slot):
+                del self.slots[name]  # a first apply that failed leaves no slot behind
+                slot.unloaded = True
+            slot.wake_all()
+
+    async def _apply_locked(self, slot: Slot, version: int | None, replicas: int,
+                            default: bool | None, explicit: bool | None, source: str,
+                            persist: bool, t_call: float) -> dict[str, Any]:
+        name = slot.name
+        if self.stopping:
+            raise ServiceError("service is shutting down", 503, "stopping")
+        if slot.unloaded:
+            raise ServiceError(f"model {name!r} was unloaded while this apply waited", 409,
+                               "unloaded")
+        version, path = self.store.resolve(name, version)
+        serving_now = slot.model_label() if slot.replicas else "nothing"
+        try:
+            self.store.check_artifact(name, version)
+        except InvalidArtifact as exc:
+            raise ServiceError(f"{exc}; {name} still serves {serving_now}", 422,
+                               "invalid_model") from None
+        if source == "api":  # an operator's explicit choice gets a fresh start
+            slot.crashes.pop(version, None)
+            self.failed_models.pop(f"{name} v{version}", None)
+        phases: dict[str, float] = {"queued": time.monotonic() - t_call}
+        old = list(slot.replicas)
+        previous = {"name": name, "version": slot.version} if old else None
+        if (old and slot.version == version and len(old) == replicas
+                and source in ("watcher", "startup")):
+            return {"previous": previous, "current": previous, "unchanged": True}
+        t = time.monotonic()
+        new = self._obtain(name, version, replicas, f"applying {name} v{version} with "
+                           f"{replicas} replica{'s' if replicas != 1 else ''}")
+        try:
+            ready = list(await gen.multi([self._make_ready(w, name, version, path)
+                                          for w in new]))
+        except ApplyFailed as exc:
+            for w in new:
+                if w.alive and w.state is not State.SERVING:
+                    self.loop.spawn_callback(w.stop, 1.0)
+            self.pool.ensure(delay=1.0)
+            self.events.emit("apply_failed", name=name, version=version, source=source,
+                             reason=str(exc))
+            exc.args = (f"{exc}; {name} still serves {serving_now}",)
+            raise
+        phases["spawn"] = time.monotonic() - t  # boot + load, all replicas at once
+        t = time.monotonic()
+        workers = [w for w, _, _ in ready]
+        for w in workers:
+            w.slot, w.on_answer = slot, slot.on_answer
+            w.set_state(State.SERVING)
+        # the swap: one assignment moves routing
+        slot.replicas = workers
+        for w in workers:
+            w.send({"t": "serve"})  # leaves the standby's low priority
+        if slot.version is not None and slot.version != version:
+            slot.previous = slot.version
+        slot.version, slot.labels, slot.wanted = version, list(workers[0].labels), replicas
+        slot.failed = None
+        if explicit is not None:
+            slot.explicit = explicit
+        elif source == "api" or (source == "train" and not self._demo_training):
+            slot.explicit = True
+        elif source == "train":
+            slot.explicit, self._demo_training = False, False
+        slot.wake_all()
+        make_default = default if default is not None else source in ("api", "train")
+        old_default = self.default_name
+        if make_default or self.default_name is None and source not in ("startup", "watcher"):
+            self.default_name = name
+            if old_default != name:
+                self.previous_default = old_default
+        if persist:
+            self._save_record()
+        phases["swap"] = time.monotonic() - t
+        log.info("%s now serves v%s on %d replica(s) (pids %s; %s)", name, version,
+                 len(workers), ", ".join(str(w.pid) for w in workers), source)
+        self.pool.ensure(delay=2.0)
+        self.pool.refresh()
+        if self.default_name != old_default and old_default:
+            self._retire_demo(old_default)
+        t = time.monotonic()
+        ended = await self._retire(old)
+        phases["drain_stop"] = time.monotonic() - t
+        preloaded = all(p for _, _, p in ready)
+        first = ready[0][1]
+        result = {
+            "previous": previous,
+            "current": {"name": name, "version": version},
+            "replicas": len(workers),
+            "default": self.default_name == name,
+            "worker": {"generation": workers[0].generation, "pid": workers[0].pid},
+            "workers": [{"generation": w.generation, "pid": w.pid} for w in workers],
+            "phases_s": {k: round(v, 4) for k, v in phases.items()},
+            "preloaded": preloaded,
+            "load_s": round(first.get("load_s", 0.0), 4),
+            "warmup_s": round(first.get("warm_s", 0.0), 4),
+            "old_worker": ended[0] if ended else None,
+            "old_workers": ended,
+            "source": source,
+            "total_s": round(time.monotonic() - t_call, 4),
+        }
+        # the old single-worker phase names, for existing clients
+        result["phases_s"].update({"drain": result["phases_s"]["drain_stop"], "stop": 0.0,
+                                   "load": 0.0})
+        slot.last_apply = self.last_apply = result
+        self.events.emit("apply", name=name, version=version, source=source,
+                         from_version=previous["version"] if previous else None,
+                         phases=result["phases_s"], replicas=len(workers))
+        return result
+
+    def _retire_demo(self, name: str) -> None:
+        """The first-start demo is a convenience, not a tenant: once another
+        model is the default, its slot goes (unless someone applied it)."""
+        slot = self.slots.get(name)
+        if slot is not None and not slot.explicit:
+            log.info("the first-start demo model %r is no longer the default: unloading it "
+                     "(apply it explicitly to keep it)", name)
+            self.loop.spawn_callback(self._unload_logged, name, "demo_retired")
+
+    def _save_record(self) -> None:
+        models = {n: {"version": s.version, "replicas": s.wanted, "explicit": s.explicit}
+                  for n, s in sorted(self.slots.items()) if s.version is not None}
+        self.record = {"default": self.default_name if self.default_name in models else None,
+                       "models": models, "revision": self.record.get("revision", 0) + 1}
+        if self.watcher:
+            self.watcher.note_record(self.record)
+        self.store.write_record(self.record)
+
+    # -- unload -------------------------------------------------------------------
+    async def unload(self, name: str, *, source: str = "api", persist: bool = True
+                     ) -> dict[str, Any]:
+        """Stop serving a model: out of routing at once, then drain and stop.
+        The store keeps every version."""
+        check_name(name)
+        slot = self._slot_for(name)
+        async with slot.lock:
+            if self.slots.get(name) is not slot:
+                raise UnknownModel(f"model {name!r} is not serving here")
+            del self.slots[name]
+            slot.unloaded = True
+            old, slot.replicas = slot.replicas, []
+            slot.wake_all()
+            was_default = self.default_name == name
+            if was_default:
+                self.default_name = None
+            if persist:
+                self._save_record()
+            log.info("unloaded %s v%s (%s)", name, slot.version, source)
+            self.events.emit("unload", name=name, version=slot.version, source=source)
+            ended = await self._retire(old)
+        self.pool.ensure()
+        return {"unloaded": {"name": name, "version": slot.version}, "workers": ended,
+                "default": self.default_name, "was_default": was_default}
+
+    # -- failures -------------------------------------------------------------------
+    def _on_worker_exit(self, w: WorkerHandle) -> None:
+        self.exits.append({"generation": w.generation, "pid": w.pid, "exitcode": w.exitcode,
+                           "state": w.state.value, "model": w.model, "error": w.error,
+                           "at": time.time()})
+        if self.stopping:
+            return
+        slot: Slot | None = getattr(w, "slot", None)
+        if slot is None or not slot.remove_replica(w):
+            return
+        self.restarts += 1
+        log.error("%s replica gen %d (pid %d) died: exit code %s; %d replica(s) left",
+                  w.model_label, w.generation, w.pid, w.exitcode, len(slot.replicas))
+        self.events.emit("crash", name=slot.name, version=slot.version, pid=w.pid,
+                         exitcode=w.exitcode, reason=w.error)
+        slot.replacing += 1  # now: requests arriving meanwhile must wait, not fail
+        self.loop.spawn_callback(self._recover, slot, w)
+
+    async def _recover(self, slot: Slot, dead: WorkerHandle) -> None:
+        """Replace one dead replica, or give up on its version.
+
+        Every crash (and every failed restart) of a version counts; more than
+        max_restarts within restart_window, or a load failure (exit code 4,
+        not worth retrying), marks it FAILED and the version served before,
+        if any, is applied instead."""
+        assert dead.model is not None
+        version = dead.model["version"]
+        window = self.wcfg["restart_window"]
+        try:
+            while not self.stopping and not slot.unloaded and slot.version == version:
+                n = slot.count_crash(version, window)
+                if n > self.wcfg["max_restarts"]:
+                    await self._give_up(slot, version, f"worker crashed {n} times within "
+                                        f"{window:.0f}s (last: exit code {dead.exitcode}, "
+                                        f"{dead.error})")
+                    return
+                backoff = 0.0 if n <= 1 else min(5.0, 0.25 * 2 ** (n - 2))
+                if backoff:
+                    await gen.sleep(backoff)
+                try:
+                    await self._add_replica(slot, version, "restart")
+                    return
+                except ApplyFailed as exc:
+                    log.error("restart of %s v%s failed: %s", slot.name, version, exc)
+                    if exc.code == "model_load_failed":
+                        await self._give_up(slot, version, f"cannot load: {exc}")
+                        return
+                except StoreError as exc:
+                    await self._give_up(slot, version, f"cannot restart: {exc}")
+                    return
+                except Conflict as exc:
+                    log.error("restart of %s v%s waits for room: %s", slot.name, version, exc)
+                    await gen.sleep(1.0)
+        finally:
+            slot.replacing -= 1
+            slot.wake_all()
+
+    async def _add_replica(self, slot: Slot, version: int, why: str) -> WorkerHandle | None:
+        """One more serving replica of `version` (a crash replacement or a
+        recycling successor); None if the slot moved on meanwhile."""
+        version, path = self.store.resolve(slot.name, version)
+        (w,) = self._obtain(slot.name, version, 1, f"a {why} of {slot.name} v{version}")
+        w, _, _ = await self._make_ready(w, slot.name, version, path)
+        if slot.unloaded or slot.version != version or self.stopping:
+            self.loop.spawn_callback(w.stop, self.wcfg["stop_timeout"])
+            return None
+        slot.add_replica(w)
+        w.send({"t": "serve"})
+        log.info("%s v%s: replica gen %d (pid %d) serves (%s)", slot.name, version,
+                 w.generation, w.pid, why)
+        self.events.emit(why, name=slot.name, version=version, pid=w.pid)
+        self.pool.ensure(delay=2.0)
+        return w
+
+    async def _give_up(self, slot: Slot, version: int, reason: str) -> None:
+        log.error("model %s v%s marked FAILED: %s", slot.name, version, reason)
+        info = {"name": slot.name, "version": version, "reason": reason, "at": time.time()}
+        self.failed_models[f"{slot.name} v{version}"] = info
+        self.events.emit("failed", name=slot.name, version=version, reason=reason)
+        if slot.replicas:
+            return  # other replicas of it still answer; an operator decides
+        slot.failed = info
+        fallback = slot.previous
+        if fallback and fallback != version:
+            log.info("falling back to %s v%s, served before", slot.name, fallback)
+            await self._apply_logged(slot.name, fallback, "fallback", default=False)
+        elif self.default_name == slot.name and self.previous_default in self.slots and (
+                self.slots[self.previous_default].replicas):
+            # no earlier version to go back to: the model that was the default
+            # before it (still serving in its own slot) answers again
+            log.info("default model %s FAILED: %s is the default again", slot.name,
+                     self.previous_default)
+            self.default_name, self.previous_default = self.previous_default, None
+            self._save_record()
+
+    def _sweep(self) -> None:
+        """Once a second: fail requests past their deadline, kill hung workers,
+        recycle workers past their request or memory limit."""
+        limit = self.wcfg["hang_timeout"]
+        for w in list(self.pool.workers.values()):
+            w.expire(self.wcfg["request_timeout"])
+            if w.state in (State.SERVING, State.DRAINING) and w.oldest_request_age() > limit:
+                log.error("worker gen %d has not answered for %.0fs: killing it as hung",
+                          w.generation, limit)
+                w.error = f"hung: no answer for {limit:.0f}s"
+                w.kill()
+        max_requests, max_rss = self.wcfg["max_requests"], self.wcfg["max_rss_mb"]
+        if not (max_requests or max_rss):
+            return
+        now = time.monotonic()
+        for slot in self.slots.values():
+            for w in slot.replicas:
+                if getattr(w, "recycle_after", 0.0) > now:
+                    continue
+                why = None
+                if max_requests and w.served >= max_requests:
+                    why = f"served {w.served} requests (worker.max_requests {max_requests})"
+                elif max_rss and (w.rss() or 0) > max_rss * 2 ** 20:
+                    why = f"RSS above worker.max_rss_mb {max_rss}"
+                if why:
+                    w.recycle_after = now + 3600.0  # one recycle at a time per worker
+                    self.loop.spawn_callback(self._recycle, slot, w, why)
+
+    async def _recycle(self, slot: Slot, w: WorkerHandle, why: str) -> None:
+        """Retire a worker after its successor serves: requests see no gap."""
+        log.info("recycling %s replica gen %d (pid %d): %s", w.model_label, w.generation,
+                 w.pid, why)
+        try:
+            new = await self._add_replica(slot, slot.version or 0, "recycle")
+        except (ServiceError, StoreError) as exc:
+            log.warning("recycling gen %d postponed: %s", w.generation, exc)
+            w.recycle_after = time.monotonic() + 30.0
+            return
+        if new is not None and slot.remove_replica(w):
+            await self._retire([w])
+
+    # -- status -----------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         me = psutil.Process()
-        workers = [w.describe() for w in sorted(self.workers.values(),
-                                               key=lambda w: w.generation)]
+        described = {g: w.describe() for g, w in sorted(self.pool.workers.items())}
+        models = {n: s.describe([described[w.generation] for w in s.replicas
+                                 if w.generation in described])
+                  for n, s in sorted(self.slots.items())}
+        default = self.slots.get(self.default_name or "")
+        serving = None
+        if default is not None and default.replicas:
+            first = default.replicas[0]
+            serving = {"name": default.name, "version": default.version,
+                       "generation": first.generation, "pid": first.pid,
+                       "labels": default.labels, "replicas": len(default.replicas)}
+        pool = self.pool.describe()
+        workers = list(described.values())
         return {
             "supervisor": {"pid": os.getpid(), "uptime_s": round(time.time() - self.started, 3),
                            "rss_bytes": me.memory_info().rss,
                            "models_dir": self.store.root, "stopping": self.stopping},
-            "serving": None if self.serving is None else {
-                **(self.serving.model or {}), "generation": self.serving.generation,
-                "pid": self.serving.pid, "labels": self.serving.labels},
+            "default": self.default_name,
+            "models": models,
+            "serving": serving,
             "workers": workers,
             "draining": [w["generation"] for w in workers if w["state"] == "DRAINING"],
-            "standby": None if self.standby is None else self.standby.describe(),
+            "standby": pool[0] if pool else None,
+            "pool": pool,
+            "budget": {"max_workers": self.pool.max_workers or None, "workers": len(workers),
+                       "standby_pool": self.pool.size},
             "restarts": self.restarts,
             "recent_exits": list(self.exits),
             "failed_models": list(self.failed_models.values()),
             "last_apply": self.last_apply,
+            "record_revision": self.record.get("revision", 0),
             "jobs": self.jobs.list(),
         }
 
@@ -528,9 +717,6 @@ def main(argv: list[str] | None = None) -> int:
     sup = Supervisor(config)
     exit_code = 0
 
-    def on_signal(signum: int, frame: Any) -> None:
-        loop.add_callback_from_signal(stop)
-
     servers: list = []
 
     async def stop() -> None:
@@ -558,8 +744,10 @@ def main(argv: list[str] | None = None) -> int:
     # collections: the request path allocates many short-lived objects.
     gc.freeze()
     gc.set_threshold(20000, 20, 20)
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    # the event loop's own signal handling: the handler runs on the loop
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.asyncio_loop.add_signal_handler(  # type: ignore[attr-defined]
+            signum, lambda: loop.spawn_callback(stop))
     loop.add_callback(boot)
     loop.start()
     return exit_code

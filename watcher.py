@@ -3,8 +3,9 @@
 When another process or an operator rewrites ``<models_dir>/.applied.json``,
 the service must swap to it exactly as ``POST /apply`` does. The thread only
 looks at the file (stat, and a read when it changed) and posts
-``on_change(name, version)`` to the IOLoop; it touches no other state
-(rule 2: one owner). Polling a stat every ``interval`` seconds is cheap,
+``on_change(record)`` to the IOLoop when the slot map or the default
+changed; the supervisor then applies, resizes or unloads name by name. It
+touches no other state (rule 2: one owner). Polling a stat every ``interval`` seconds is cheap,
 portable, and works on network filesystems where inotify does not.
 """
 from __future__ import annotations
@@ -23,19 +24,19 @@ log = logging.getLogger("textswap.watcher")
 
 class RecordWatcher:
     def __init__(self, store: ModelStore, loop: IOLoop, interval: float,
-                 on_change: Callable[[str, int | None], object]) -> None:
+                 on_change: Callable[[dict], object]) -> None:
         self.store = store
         self.loop = loop
         self.interval = interval
         self.on_change = on_change
         self._stop = threading.Event()
         self._last_stat: tuple | None = None
-        self._last_seen: tuple[str, int | None] | None = None
+        self._last_seen: dict | None = None
         self._thread = threading.Thread(target=self._run, name="record-watcher", daemon=True)
 
-    def start(self, current: tuple[str, int | None] | None) -> None:
+    def start(self, current: dict | None) -> None:
         """Start watching; ``current`` is what the service serves already."""
-        self._last_seen = current
+        self._last_seen = _content(current)
         self._last_stat = self._stat()
         self._thread.start()
 
@@ -72,13 +73,21 @@ class RecordWatcher:
             return
         if rec is None:
             return
-        wanted = (rec["name"], rec.get("version"))
+        wanted = _content(rec)
         if wanted == self._last_seen:
             return
         self._last_seen = wanted
-        log.info("applied-model record changed on disk: %s v%s", *wanted)
-        self.loop.add_callback(self.on_change, *wanted)
+        log.info("applied-model record changed on disk: default %s, models %s",
+                 rec["default"], {n: e["version"] for n, e in rec["models"].items()})
+        self.loop.add_callback(self.on_change, rec)
 
-    def note_applied(self, name: str, version: int) -> None:
+    def note_record(self, record: dict) -> None:
         """The service wrote the record itself: not a change to act on."""
-        self._last_seen = (name, version)
+        self._last_seen = _content(record)
+
+
+def _content(record: dict | None) -> dict | None:
+    """What a change is judged on: the slot map and the default, not the revision."""
+    if record is None:
+        return None
+    return {"default": record.get("default"), "models": record.get("models")}

@@ -135,7 +135,13 @@ class ChildProcess:
             while True:
                 data = await self.stream.read_bytes(1 << 16, partial=True)
                 for msg in self._decoder.feed(data):
-                    self.on_frame(msg)
+                    try:
+                        self.on_frame(msg)
+                    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+                        # a missing key, a wrong type, an illegal state change:
+                        # the child can no longer be trusted; it counts as a crash
+                        raise protocol.ProtocolError(
+                            f"malformed {msg.get('t')!r} frame: {exc!r}") from exc
         except StreamClosedError:
             if self._decoder.pending:
                 log.error("%s gen %d: connection closed inside a frame (%d bytes)",
@@ -196,6 +202,18 @@ class ChildProcess:
                 continue
         return "unkillable"
 
+    def uss(self, max_age: float = 5.0) -> int | None:
+        """Private memory (unique set size), refreshed at most every max_age s:
+        reading it walks the process's page maps, too slow for every call."""
+        now = time.monotonic()
+        if now - getattr(self, "_uss", (0.0, None))[0] > max_age:
+            try:
+                value = psutil.Process(self.pid).memory_full_info().uss if self.alive else None
+            except psutil.Error:
+                value = None
+            self._uss = (now, value)
+        return self._uss[1]
+
     def rss(self) -> int | None:
         try:
             return psutil.Process(self.pid).memory_info().rss if self.alive else None
@@ -214,6 +232,9 @@ class WorkerHandle(ChildProcess):
         self.labels: list[str] = []
         self.pending: dict[int, tuple[Future, float]] = {}
         self.served = 0
+        self.slot: Any = None  # the Slot it serves in, once it does
+        self.recycle_after = 0.0
+        self._uss: tuple[float, int | None] = (0.0, None)
         self.loads = 0  # models loaded by this process (a standby may preload a guess)
         self.booted: Future = Future()
         self.ready: Future = Future()
@@ -378,6 +399,7 @@ class WorkerHandle(ChildProcess):
             "served": self.served,
             "inflight": self.inflight,
             "rss_bytes": self.rss(),
+            "uss_bytes": self.uss(),
             "started_at": self.created,
             "exitcode": self.exitcode,
             "error": self.error,

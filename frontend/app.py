@@ -8,8 +8,8 @@ from tornado.httpserver import HTTPServer
 from tornado.web import Application
 
 from frontend import handlers as h
-from frontend import oip, openapi
-from frontend.base import NotFoundHandler
+from frontend import artifact, oip, openapi
+from frontend.base import NotFoundHandler, log_level
 
 log = logging.getLogger("textswap.http")
 
@@ -40,6 +40,7 @@ def management_app(sup: Any, config: Any) -> Application:
         (r"/models", h.ModelsHandler, kw),
         (r"/models/([^/]+)", h.ModelHandler, kw),
         (r"/models/([^/]+)/([0-9]{1,9})", h.ModelHandler, kw),
+        *artifact.routes(kw),  # GET /models/<name>/<version>/artifact (.tar.gz)
         (r"/healthz", h.HealthHandler, kw),
         (r"/openapi.json", openapi.ManagementSpecHandler, kw),
     ]
@@ -48,17 +49,17 @@ def management_app(sup: Any, config: Any) -> Application:
         routes += training.routes(kw)
     except ImportError:
         pass
+    from frontend import dashboard  # GET / and /ui/*: the web page (no data, no token)
+    routes += dashboard.routes(kw)
     return Application(routes, default_handler_class=NotFoundHandler, default_handler_args=kw,
                         log_function=_log)
 
 
 def _log(handler: Any) -> None:
     status = handler.get_status()
-    if status >= 500:
-        log.error("%d %s %.1fms", status, handler._request_summary(),
-                  1000.0 * handler.request.request_time())
-    elif status >= 400:
-        log.info("%d %s", status, handler._request_summary())
+    if status >= 400:  # expected refusals (503 while no model serves) are not errors
+        log.log(log_level(status, handler.request.path), "%d %s %.1fms", status,
+                handler._request_summary(), 1000.0 * handler.request.request_time())
 
 
 def start_servers(sup: Any, config: Any) -> list[HTTPServer]:

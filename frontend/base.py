@@ -23,11 +23,22 @@ _REASONS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not
             500: "internal", 502: "bad_gateway", 503: "unavailable", 504: "timeout"}
 
 
+def log_level(status: int, path: str = "") -> int:
+    """How loud an answer is logged. A 503 is an expected refusal (no model yet
+    while the first one trains, overloaded, shutting down): WARNING, or INFO for
+    readiness probes that ask every few seconds; other 5xx are ERROR; 4xx INFO."""
+    if status == 503:
+        return logging.INFO if path in ("/readyz", "/v2/health/ready") else logging.WARNING
+    return logging.ERROR if status >= 500 else logging.INFO
+
+
 class ApiError(HTTPError):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str,
+                 details: dict[str, Any] | None = None) -> None:
         super().__init__(status, reason=httputil.responses.get(status, "Error"))
         self.code = code
         self.message = message
+        self.details = details or {}
 
 
 @stream_request_body
@@ -110,8 +121,9 @@ class JsonHandler(RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        details: dict[str, Any] = {}
         if isinstance(exc, ApiError):
-            code, message = exc.code, exc.message
+            code, message, details = exc.code, exc.message, exc.details
         elif isinstance(exc, HTTPError):
             code = _REASONS.get(status_code, "error")
             message = exc.log_message or httputil.responses.get(status_code, "error")
@@ -121,8 +133,8 @@ class JsonHandler(RequestHandler):
         self.set_header("Content-Type", "application/json; charset=utf-8")
         if status_code == 405:  # RFC 9110: a 405 names the methods the resource has
             self.set_header("Allow", ", ".join(self.allowed_methods()))
-        self.finish(json.dumps({"error": {"code": code, "message": message}},
-                               ensure_ascii=False))
+        self.finish(json.dumps({"error": {**details, "code": code, "message": message}},
+                               ensure_ascii=False, default=str))
 
 
 def parse_json(raw: bytes, content_type: str | None, required: bool = True) -> Any:

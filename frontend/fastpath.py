@@ -22,7 +22,7 @@ from tornado.ioloop import IOLoop
 from tornado.iostream import StreamClosedError
 from tornado.web import Application
 
-from frontend.base import ApiError, check_object, parse_json
+from frontend.base import ApiError, check_object, log_level, parse_json
 from frontend.handlers import PREDICT_FIELDS, predict, predict_request
 
 log = logging.getLogger("textswap.http")
@@ -104,19 +104,19 @@ class _Predict(httputil.HTTPMessageDelegate):
             body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
             data = check_object(parse_json(body, self.headers.get("Content-Type")),
                                 PREDICT_FIELDS)
-            texts, top_k = predict_request(data, self.router.limits)
-            payload: Any = await predict(self.router.sup, texts, top_k)
+            texts, top_k, model = predict_request(data, self.router.limits)
+            payload: Any = await predict(self.router.sup, texts, top_k, model)
         except ApiError as exc:
             status = exc.status_code
-            payload = {"error": {"code": exc.code, "message": exc.message}}
+            payload = {"error": {**exc.details, "code": exc.code, "message": exc.message}}
         except Exception:  # never an HTML page or a dropped connection
             log.exception("POST /predict failed")
             status = 500
             payload = {"error": {"code": "internal", "message": "internal error"}}
         out = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode()
-        if status >= 400:
-            (log.error if status >= 500 else log.info)(
-                "%d POST /predict %.1fms", status, 1000 * (time.monotonic() - self.started))
+        if status >= 400:  # a 503 while no model serves yet is expected: not ERROR
+            log.log(log_level(status), "%d POST /predict %.1fms", status,
+                    1000 * (time.monotonic() - self.started))
         if self.closed:
             return
         headers = httputil.HTTPHeaders({"Content-Type": _JSON, "Content-Length": str(len(out))})

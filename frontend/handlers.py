@@ -13,18 +13,20 @@ def _service_error(exc: Exception) -> ApiError:
     if isinstance(exc, NotFound):
         return ApiError(404, "not_found", str(exc))
     if isinstance(exc, ServiceError):
-        return ApiError(exc.status, exc.code, str(exc))
+        return ApiError(exc.status, exc.code, str(exc), exc.details)
     if isinstance(exc, StoreError):
         return ApiError(500, "store_error", str(exc))
     raise exc
 
 
 # -- inference port ----------------------------------------------------------------
-PREDICT_FIELDS = {"text", "texts", "top_k"}
+PREDICT_FIELDS = {"text", "texts", "top_k", "model"}
 
 
-def predict_request(data: dict[str, Any], lim: dict[str, Any]) -> tuple[list[str], int]:
-    """(texts, top_k) of a checked /predict body, or an ApiError naming the problem."""
+def predict_request(data: dict[str, Any], lim: dict[str, Any]
+                    ) -> tuple[list[str], int, str | None]:
+    """(texts, top_k, model) of a checked /predict body, or an ApiError naming
+    the problem. model None means the default model."""
     if ("text" in data) == ("texts" in data):
         raise ApiError(400, "bad_request", "give exactly one of 'text' (a string) or "
                                            "'texts' (a list of strings)")
@@ -51,7 +53,8 @@ def predict_request(data: dict[str, Any], lim: dict[str, Any]) -> tuple[list[str
         if not t or t.isspace():
             raise ApiError(400, "empty_text", f"{where} is empty")
         if len(t) > cap:
-            raise ApiError(413, "text_too_long",
+            # a validation error, not 413: that status is about the body's size
+            raise ApiError(422, "text_too_long",
                            f"{where} has {len(t)} characters; the limit is {cap}")
         if not t.isascii():
             try:
@@ -61,13 +64,17 @@ def predict_request(data: dict[str, Any], lim: dict[str, Any]) -> tuple[list[str
                                                 "escape, which is not valid Unicode") from None
     top_k = int_field(data, "top_k", minimum=1, maximum=lim["max_top_k"],
                       default=lim["default_top_k"])
-    return texts, top_k
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "invalid_field", "'model' must be a model name (a string)")
+    return texts, top_k, model
 
 
-async def predict(sup: Any, texts: list[str], top_k: int) -> dict[str, Any]:
+async def predict(sup: Any, texts: list[str], top_k: int, name: str | None = None
+                  ) -> dict[str, Any]:
     """The /predict answer: one prediction per text, in order."""
     try:
-        model, labels, scores = await sup.predict(texts)
+        model, labels, scores = await sup.predict(texts, name)
     except Exception as exc:
         raise _service_error(exc) from None
     k = min(top_k, len(labels))
@@ -85,8 +92,8 @@ class PredictHandler(JsonHandler):
     for the lean path that normally answers it)."""
 
     async def post(self) -> None:
-        texts, top_k = predict_request(self.json_object(PREDICT_FIELDS), self.limits)
-        self.send_json(await predict(self.sup, texts, top_k))
+        texts, top_k, model = predict_request(self.json_object(PREDICT_FIELDS), self.limits)
+        self.send_json(await predict(self.sup, texts, top_k, model))
 
 
 class HealthHandler(JsonHandler):
@@ -95,24 +102,60 @@ class HealthHandler(JsonHandler):
 
 
 class ReadyHandler(JsonHandler):
+    """Ready when the default model serves."""
+
     def get(self) -> None:
-        serving = self.sup.serving
+        serving = self.sup.serving_model()
         if serving is None:
-            raise ApiError(503, "not_ready", "no model is serving yet")
-        self.send_json({"status": "ready", "model": serving.model})
+            raise ApiError(503, "not_ready", "the default model is not serving yet")
+        self.send_json({"status": "ready",
+                        "model": {"name": serving["name"], "version": serving["version"]},
+                        "models": self.sup.serving_names()})
 
 
 # -- management port ---------------------------------------------------------------
+MAX_REPLICAS = 64
+
+
+def _name_field(data: dict[str, Any]) -> str:
+    if "name" not in data:
+        raise ApiError(400, "missing_field", "'name' is required")
+    if not isinstance(data["name"], str):
+        raise ApiError(400, "invalid_name", "'name' must be a string")
+    return data["name"]
+
+
 class ApplyHandler(JsonHandler):
+    """POST /apply {"name", "version"?, "replicas"?, "default"?}: swap that slot."""
+
     async def post(self) -> None:
-        data = self.json_object({"name", "version"})
-        if "name" not in data:
-            raise ApiError(400, "missing_field", "'name' is required")
+        data = self.json_object({"name", "version", "replicas", "default"})
+        name = _name_field(data)
         version = None  # null or absent: the latest version
         if data.get("version") is not None:
             version = int_field(data, "version", minimum=1)
+        replicas = None
+        if data.get("replicas") is not None:
+            replicas = int_field(data, "replicas", minimum=1, maximum=MAX_REPLICAS)
+        default = data.get("default")
+        if default is not None and not isinstance(default, bool):
+            raise ApiError(400, "invalid_field", "'default' must be true or false")
         try:
-            result = await self.sup.apply(data["name"], version)
+            result = await self.sup.apply(name, version, replicas=replicas, default=default)
+        except Exception as exc:
+            raise _service_error(exc) from None
+        self.send_json(result)
+
+
+class UnloadHandler(JsonHandler):
+    """POST /unload {"name"}: stop serving a model (the store keeps it)."""
+
+    async def post(self) -> None:
+        name = _name_field(self.json_object({"name"}))
+        try:
+            result = await self.sup.unload(name)
+        except InvalidName:
+            raise ApiError(404, "model_not_serving", f"model {name!r} is not serving") from None
         except Exception as exc:
             raise _service_error(exc) from None
         self.send_json(result)
@@ -125,8 +168,12 @@ class StatusHandler(JsonHandler):
 
 class ModelsHandler(JsonHandler):
     def get(self) -> None:
-        serving = self.sup.serving.model if self.sup.serving else None
-        self.send_json({"models": self.sup.store.listing(), "serving": serving})
+        serving = {n: self.sup.serving_model(n)["version"] for n in self.sup.serving_names()}
+        default = self.sup.serving_model()
+        self.send_json({"models": self.sup.store.listing(),
+                        "serving": default and {"name": default["name"],
+                                                "version": default["version"]},
+                        "default": self.sup.default_name, "serving_versions": serving})
 
 
 class ModelHandler(JsonHandler):

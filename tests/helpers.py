@@ -23,7 +23,11 @@ def free_port() -> int:
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll pred() until it returns something truthy, or fail after timeout."""
+    """Poll pred() until it returns something truthy, or fail after timeout.
+
+    Only connection errors (a service still starting) are retried: an
+    AssertionError or any other error in pred() fails at once, so a wrong
+    answer is reported as itself, not as a timeout minutes later."""
     deadline = time.monotonic() + timeout
     last_exc: Exception | None = None
     while time.monotonic() < deadline:
@@ -31,7 +35,7 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float
             value = pred()
             if value:
                 return value
-        except Exception as exc:  # e.g. connection refused while starting
+        except (OSError, http.client.HTTPException) as exc:  # e.g. connection refused
             last_exc = exc
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")

@@ -143,19 +143,20 @@ def _trainer_pid(svc):
 
 
 def test_kill_9_service_mid_publish_and_mid_apply(store_copy):
-    svc = Service(store_copy)
+    # topic's load hangs (test fault), so its apply is really in flight at the kill
+    svc = Service(store_copy, env={"TEXTSWAP_TEST_FAULT": "load:hang:topic"})
     try:
         assert svc.mpost("/apply", {"name": "sent", "version": 1})[0] == 200
         rows = [json.loads(line) for _, line in zip(range(3000), open(
             os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "demo",
                          "sentiment_zh.jsonl"), encoding="utf-8"))]
         code, body = svc.mpost("/train", {"name": "fresh", "data": {"examples": rows},
-                                          "params": {"epochs": 100}})
+                                          "params": {"architecture": "bow", "epochs": 100}})
         assert code == 202
         jid = body["job"]["id"]
         wait_for(lambda: svc.mget(f"/train/{jid}")[1]["job"]["progress"].get("epoch", 0) >= 1,
                  120, "training to run")
-        # start an apply and kill the whole service while it runs
+
         def apply_topic():
             try:
                 svc.mpost("/apply", {"name": "topic"})
@@ -163,14 +164,25 @@ def test_kill_9_service_mid_publish_and_mid_apply(store_copy):
                 pass  # the service is killed under it: that is the point
 
         threading.Thread(target=apply_topic, daemon=True).start()
+
+        def topic_loading():
+            st = svc.status()
+            return (st["models"].get("topic", {}).get("state") == "APPLYING" and
+                    any(w["state"] == "LOADING" and (w["model"] or {}).get("name") == "topic"
+                        for w in st["workers"]))
+        wait_for(topic_loading, 60, "the apply of topic to be loading")
         kids = svc.children()
     finally:
         svc.stop(signal.SIGKILL)
     for k in kids:  # children die with their supervisor (no orphans, no late publish)
         wait_for(lambda: pid_gone(k.pid), 15, f"child {k.pid} to die with the supervisor")
     assert not os.path.exists(os.path.join(store_copy, "fresh"))
-    record = json.load(open(os.path.join(store_copy, ".applied.json")))
-    assert (record["name"], record["version"]) in (("sent", 1), ("topic", 1))
+    with open(os.path.join(store_copy, ".applied.json")) as fh:
+        record = json.load(fh)
+    # the interrupted apply never swapped: the record still names what served
+    assert record["default"] == "sent" and list(record["models"]) == ["sent"]
+    record = {"name": "sent", "version": record["models"]["sent"]["version"]}
+    assert record["version"] == 1
 
     svc2 = Service(store_copy)
     try:
@@ -201,7 +213,7 @@ def test_full_disk_fails_the_job_and_serving_is_untouched(tiny_store, tmp_path):
             rows = [{"text": f"样本{i} {'好' if i % 2 else '差'} {i * 7919 % 1000}",
                      "label": "pos" if i % 2 else "neg"} for i in range(400)]
             code, body = svc.mpost("/train", {"name": "big", "data": {"examples": rows},
-                                              "params": {"epochs": 30}})
+                                              "params": {"architecture": "bow", "epochs": 30}})
             assert code == 202, body
             jid = body["job"]["id"]
             wait_for(lambda: svc.mget(f"/train/{jid}")[1]["job"]["progress"].get("epoch", 0)

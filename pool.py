@@ -1,0 +1,172 @@
+"""Every worker process of the service, the shared standby pool, and the budget.
+
+A worker is generic until told what to load: once it has imported
+TensorFlow it says `booted` and waits. The pool keeps `worker.standby_pool`
+such booted workers for any slot that needs one (an apply, a crash
+replacement, a recycle), so none of those pays the 7-8 s TensorFlow import.
+A standby boots at nice +10 and may preload the model most likely applied
+next (`worker.preload`): applying exactly that model is then only the swap.
+
+`worker.max_workers` (0: no limit) counts every live process: serving,
+draining, standby, preloading, loading. Every spawn goes through
+`has_room`, so the service never holds more; callers that would need more
+are refused with a 409 that names the count and the limit.
+Imports no TensorFlow.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+from tornado.ioloop import IOLoop
+
+from errors import Conflict, StoreError
+from store import ModelStore
+from workerhandle import State, WorkerError, WorkerDied, WorkerHandle
+
+log = logging.getLogger("textswap.pool")
+
+
+class WorkerPool:
+    def __init__(self, config: Any, store: ModelStore, on_exit: Callable[[WorkerHandle], None],
+                 guesses: Callable[[], list[tuple[str, int]]]) -> None:
+        self.cfg = config
+        self.wcfg = config["worker"]
+        self.store = store
+        self.loop = IOLoop.current()
+        self.on_exit = on_exit
+        self.guesses = guesses
+        self.workers: dict[int, WorkerHandle] = {}  # every live process, by generation
+        self.standby: list[WorkerHandle] = []
+        self.size = self.wcfg["standby_pool"] if self.wcfg["standby"] else 0
+        self.max_workers = self.wcfg["max_workers"]
+        self.failures = 0
+        self.bad_guesses: set[tuple[str, int]] = set()
+        self.stopping = False
+
+    # -- processes and the budget ----------------------------------------------
+    def options(self, nice: bool) -> dict[str, Any]:
+        w = self.wcfg
+        return {"max_batch": w["max_batch"], "batch_wait_ms": w["batch_wait_ms"],
+                "intra_op_threads": w["intra_op_threads"],
+                "inter_op_threads": w["inter_op_threads"],
+                "boot_nice": 10 if nice else 0, "log_level": self.cfg["log_level"],
+                "parent_pid": os.getpid()}
+
+    def has_room(self, n: int = 1) -> bool:
+        return not self.max_workers or len(self.workers) + n <= self.max_workers
+
+    def budget_error(self, need: int, what: str) -> Conflict:
+        by_state: dict[str, int] = {}
+        for w in self.workers.values():
+            by_state[w.state.value] = by_state.get(w.state.value, 0) + 1
+        return Conflict(
+            f"{what} needs {need} more worker process{'es' if need != 1 else ''}, but "
+            f"{len(self.workers)} of the limit of {self.max_workers} (worker.max_workers) are "
+            f"in use ({', '.join(f'{n} {s}' for s, n in sorted(by_state.items()))})",
+            code="memory_budget",
+            details={"workers": len(self.workers), "max_workers": self.max_workers,
+                     "needed": need})
+
+    def spawn(self, nice: bool = False) -> WorkerHandle:
+        """A new worker process; callers check has_room first."""
+        w = WorkerHandle(self.options(nice), self._exited)
+        self.workers[w.generation] = w
+        return w
+
+    def _exited(self, w: WorkerHandle) -> None:
+        self.workers.pop(w.generation, None)
+        if w in self.standby:
+            self.standby.remove(w)
+            if not self.stopping:
+                self.failures += 1
+                self.ensure(delay=min(30.0, 0.5 * 2 ** self.failures))
+        elif not self.stopping:
+            self.ensure(delay=1.0)
+        self.on_exit(w)
+
+    # -- the standby pool ---------------------------------------------------------
+    def ensure(self, nice: bool = True, delay: float = 0.0) -> None:
+        """Top the pool up to its size, one TensorFlow import at a time."""
+        if not self.size or self.stopping:
+            return
+        self.standby = [w for w in self.standby if w.alive]
+        if len(self.standby) >= self.size:
+            return
+        if any(w.state is State.STARTING for w in self.standby):
+            return  # the booted callback asks again
+        if not self.has_room(1):
+            return  # the budget is full; an exit asks again
+        if delay:
+            self.loop.call_later(delay, self.ensure, nice)
+            return
+        w = self.spawn(nice=nice)
+        self.standby.append(w)
+        self.loop.spawn_callback(self._after_boot, w)
+
+    def take(self, name: str, version: int) -> WorkerHandle | None:
+        """The best standby for (name, version): one that preloaded it, else a
+        booted one, else one still loading a guess or booting."""
+        live = [w for w in self.standby if w.alive]
+        want = {"name": name, "version": version}
+        order = (
+            lambda w: w.model == want and w.state in (State.READY, State.LOADING),
+            lambda w: w.state is State.STANDBY,
+            lambda w: w.state is State.READY,
+            lambda w: w.state is State.LOADING,
+            lambda w: w.state is State.STARTING,
+        )
+        for good in order:
+            for w in live:
+                if good(w):
+                    self.standby.remove(w)
+                    return w
+        return None
+
+    def give_back(self, ws: list[WorkerHandle]) -> None:
+        for w in ws:
+            if w.alive and w.state in (State.STARTING, State.STANDBY, State.LOADING, State.READY):
+                self.standby.append(w)
+
+    def refresh(self) -> None:
+        """A model was published or applied: standbys may want a fresher guess."""
+        for w in list(self.standby):
+            self.loop.spawn_callback(self._preload, w)
+
+    async def _after_boot(self, w: WorkerHandle) -> None:
+        try:
+            await w.booted
+        except WorkerDied:
+            return
+        self.failures = 0
+        self.ensure()  # the next one of a pool bigger than one
+        await self._preload(w)
+
+    async def _preload(self, w: WorkerHandle) -> None:
+        """Load the likeliest next model into a standby, at its low priority."""
+        if not self.wcfg["preload"] or not w.booted.done() or w.booted.exception():
+            return
+        if (w not in self.standby or self.stopping or w.loads >= 1
+                or w.state is not State.STANDBY):
+            return
+        held = {(s.model["name"], s.model["version"]) for s in self.standby
+                if s is not w and s.model}
+        guess = next((g for g in self.guesses()
+                      if g not in held and g not in self.bad_guesses), None)
+        if guess is None:
+            return
+        try:
+            version, path = self.store.resolve(*guess)
+            self.store.check_artifact(*guess)
+        except StoreError:
+            self.bad_guesses.add(guess)
+            return
+        log.info("standby gen %d preloads %s v%s", w.generation, guess[0], version)
+        try:
+            await w.load(path, guess[0], version, preload=True)
+        except WorkerError:
+            self.bad_guesses.add(guess)  # it exits; the pool replaces it
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [w.describe() for w in self.standby if w.alive]
