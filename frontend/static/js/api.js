@@ -1,0 +1,90 @@
+// Calls to the management API (same origin). The bearer token, when the
+// service needs one, lives in this tab's sessionStorage only: asked once,
+// sent on every call, dropped when the service refuses it.
+
+const KEY = "textswap.token";
+let token = sessionStorage.getItem(KEY) || "";
+let authListener = () => {};
+export const stats = {requests: 0, since: performance.now()};
+
+// Routes that answered "no such endpoint" (not built yet on this service):
+// skipped until `retryAt`, then probed again, so a newer service lights them up.
+const missing = new Map();
+const RETRY_MS = 30000;
+
+export class ApiError extends Error {
+  constructor(status, code, message, body) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.body = body;
+  }
+}
+
+export function onAuthNeeded(fn) { authListener = fn; }
+export function hasToken() { return token !== ""; }
+
+export function setToken(value) {
+  token = (value || "").trim();
+  if (token) sessionStorage.setItem(KEY, token);
+  else sessionStorage.removeItem(KEY);
+}
+
+export function routeMissing(path) {
+  const until = missing.get(path);
+  return until !== undefined && performance.now() < until;
+}
+
+export async function call(method, path, body) {
+  const route = path.split("?")[0];
+  if (routeMissing(route)) throw new ApiError(404, "no_route", route + " is not available on this service");
+  const headers = {Accept: "application/json"};
+  if (token) headers.Authorization = "Bearer " + token;
+  const init = {method, headers, cache: "no-store", credentials: "omit"};
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  stats.requests++;
+  let resp;
+  try {
+    resp = await fetch(path, init);
+  } catch (e) {
+    throw new ApiError(0, "network", "the service cannot be reached (" + (e && e.message || e) + ")");
+  }
+  const type = resp.headers.get("Content-Type") || "";
+  let data = null;
+  if (type.includes("json")) {
+    try { data = await resp.json(); } catch { data = null; }
+  } else {
+    data = await resp.text();
+  }
+  if (resp.status === 401) {
+    const had = token !== "";
+    authListener(had ? "wrong" : "missing");
+    throw new ApiError(401, "unauthorized", had ? "the token was refused" : "a token is needed");
+  }
+  if (!resp.ok) {
+    const err = data && typeof data === "object" && data.error ? data.error : {};
+    const message = typeof err.message === "string" ? err.message : resp.status + " " + resp.statusText;
+    if (resp.status === 404 && /^no such endpoint/.test(message)) missing.set(route, performance.now() + RETRY_MS);
+    if (resp.status === 405) missing.set(route, performance.now() + RETRY_MS);
+    throw new ApiError(resp.status, typeof err.code === "string" ? err.code : "error", message, data);
+  }
+  missing.delete(route);
+  return data;
+}
+
+export const get = (path) => call("GET", path);
+export const post = (path, body) => call("POST", path, body === undefined ? {} : body);
+export const del = (path) => call("DELETE", path);
+
+// A GET that answers null when the route does not exist (yet) on this service
+export async function optional(path) {
+  try {
+    return await get(path);
+  } catch (e) {
+    if (e instanceof ApiError && (e.code === "no_route" || e.status === 404 || e.status === 405)) return null;
+    throw e;
+  }
+}

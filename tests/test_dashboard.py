@@ -1,0 +1,298 @@
+"""The web dashboard (GET / on the management port) in a real headless Chromium.
+
+Playwright's Python API drives the system browser (/usr/bin/chromium from the
+Debian package; .ci/run installs it when missing; Playwright's own browser
+downloads are never used). Against the real service with real workers and a
+real trainer process, the page must: show the serving tiny model; start a
+training job from its form and chart the job's epochs live; apply the new
+version with its button and show the serving version change and a new
+history row; render labels containing markup as text; ask for the management
+token, say clearly when it is wrong, and send it on every call. No JavaScript
+error may reach the console, and no request of the page may fail.
+
+Screenshots (desktop 1280x800 and phone 390x844) and the measured page cost go
+to tests/artifacts/ (not committed): look at them after a change to the page.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import pytest
+
+from helpers import ROOT, Service, wait_for
+
+ARTIFACTS = os.path.join(ROOT, "tests", "artifacts")
+DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
+TOKEN = "dash-board-token"
+XSS_LABEL = "<script>window.__xss=1</script>"
+CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--disable-dev-shm-usage"]
+
+
+def _chromium() -> str | None:
+    for path in ("/usr/bin/chromium", shutil.which("chromium") or "",
+                 shutil.which("chromium-browser") or ""):
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+CHROMIUM = _chromium()
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium found (/usr/bin/chromium): apt-get install chromium")
+
+
+class Browser:
+    """One Chromium with a fresh profile, collecting what would show a bug:
+    JavaScript errors, console errors, requests that failed or answered >= 400."""
+
+    def __init__(self, pw, width: int = 1280, height: int = 800) -> None:
+        self.profile = tempfile.mkdtemp(prefix="textswap-chromium-")
+        self.ctx = pw.chromium.launch_persistent_context(
+            self.profile, executable_path=CHROMIUM, headless=True, args=CHROME_ARGS,
+            viewport={"width": width, "height": height}, service_workers="block")
+        self.page = self.ctx.pages[0] if self.ctx.pages else self.ctx.new_page()
+        self.page.set_default_timeout(30000)
+        self.js_errors: list[str] = []
+        self.console_errors: list[str] = []
+        self.bad_responses: list[str] = []
+        self.requests: list[tuple[float, str, dict]] = []
+        self.page.on("pageerror", lambda e: self.js_errors.append(str(e)))
+        self.page.on("console", lambda m: m.type == "error" and self.console_errors.append(m.text))
+        self.page.on("requestfailed", lambda r: self.bad_responses.append(f"failed {r.url}"))
+        self.page.on("response", lambda r: r.status >= 400 and self.bad_responses.append(
+            f"{r.status} {r.request.method} {r.url}"))
+        self.page.on("request", lambda r: self.requests.append(
+            (time.monotonic(), r.url, r.headers)))
+
+    def close(self) -> None:
+        self.ctx.close()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pw():
+    with sync_api.sync_playwright() as p:
+        yield p
+
+
+def _demo_csv(n: int) -> str:
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow(["text", "label"])
+    with open(DEMO, encoding="utf-8") as fh:
+        for _, line in zip(range(n), fh):
+            row = json.loads(line)
+            w.writerow([row["text"], row["label"]])
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def svc(tiny_store, tmp_path_factory):
+    base = tmp_path_factory.mktemp("dashboard")
+    models = str(base / "models")
+    shutil.copytree(tiny_store, models)
+    for broken in os.listdir(models):  # the fault-test fixtures would only crowd the page
+        if broken not in ("sent", "topic") and not broken.startswith("."):
+            shutil.rmtree(os.path.join(models, broken))
+    # a version whose report has a confusion matrix (what automatic selection
+    # writes) and whose labels hold markup: it must show as text
+    src = os.path.join(models, "sent", "1")
+    dst = os.path.join(models, "matrix", "1")
+    shutil.copytree(src, dst)
+    meta_path = os.path.join(dst, "meta.json")
+    with open(meta_path, encoding="utf-8") as fh:
+        meta = json.load(fh)
+    meta.update(name="matrix", version=1, labels=["neg", XSS_LABEL], metrics={
+        "accuracy": 0.8, "macro_f1": 0.7917, "measured_on": "cross_validation",
+        "per_label": {"neg": {"precision": 0.7143, "recall": 0.8333, "f1": 0.7692, "support": 6},
+                      XSS_LABEL: {"precision": 0.875, "recall": 0.7778, "f1": 0.8235,
+                                  "support": 9}},
+        "confusion_matrix": [[5, 1], [2, 7]]},
+        report={"chosen": {"name": "words+chars logreg C=4", "cv_macro_f1": 0.7917},
+                "candidates": [{"name": "words logreg C=1", "cv_macro_f1": 0.71, "cv_std": 0.02,
+                                "seconds": 0.4},
+                               {"name": "words+chars logreg C=4", "cv_macro_f1": 0.7917,
+                                "cv_std": 0.03, "seconds": 0.9}]})
+    with open(meta_path, "w", encoding="utf-8") as fh:
+        json.dump(meta, fh)
+    cfg = base / "config.yaml"
+    cfg.write_text("training:\n  demo_on_empty_store: false\n  max_concurrent: 1\n")
+    s = Service(models, args=["--config", str(cfg)])
+    code, body = s.mpost("/apply", {"name": "sent", "version": 1})
+    assert code == 200, body
+    yield s
+    s.stop()
+
+
+def _points(page, job_id: str) -> int:
+    got = page.evaluate("(id) => document.querySelector(`.chart[data-job=\"${id}\"]`)"
+                        "?.dataset.points ?? null", job_id)
+    return int(got) if got else 0
+
+
+def _page_cost(b: Browser) -> dict:
+    """Bytes the first load transferred (encoded), and its request count."""
+    sizes = b.page.evaluate("""() => performance.getEntriesByType('resource')
+        .concat(performance.getEntriesByType('navigation'))
+        .filter(e => !/\\/(status|models|train|metrics|history|openapi\\.json)/.test(e.name))
+        .map(e => [e.name, e.transferSize, e.decodedBodySize])""")
+    return {"files": len(sizes), "transfer_bytes": sum(s[1] for s in sizes),
+            "decoded_bytes": sum(s[2] for s in sizes)}
+
+
+@pytest.mark.timeout(600)
+def test_dashboard_serving_training_apply_history(svc, pw):
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    b = Browser(pw)
+    try:
+        page = b.page
+        page.goto(f"http://127.0.0.1:{svc.mport}/")
+        slot = page.locator('#slots .slot[data-model="sent"]')
+        slot.locator(".slot-version", has_text="v1").wait_for()
+        assert "SERVING" in slot.inner_text()
+        # the workers table shows the serving worker's pid and memory
+        status = svc.status()
+        pid = str(status["models"]["sent"]["workers"][0]["pid"] if "models" in status
+                  else status["serving"]["pid"])
+        page.locator("#workers td", has_text=pid).first.wait_for()
+        cost = _page_cost(b)
+
+        # start a job from the form with pasted CSV; its chart gains points live
+        form = page.locator("#train-form")
+        form.locator('input[name="name"]').fill("sent")
+        form.locator('input[name="source"][value="csv"]').check()
+        form.locator('textarea[name="csv"]').fill(_demo_csv(500))
+        form.locator('select[name="architecture"]').select_option("bow")  # per-epoch curves
+        form.locator('input[name="epochs"]').fill("12")
+        form.locator('input[name="params"]').fill(
+            '{"early_stopping_patience": 12, "refit": false}')
+        form.locator('button[type="submit"]').click()
+        msg = form.locator(".form-msg")
+        msg.filter(has_text="Started job").wait_for()
+        job_id = msg.inner_text().split("Started job ")[1].split(" ")[0]
+
+        seen: list[int] = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            n = _points(page, job_id)
+            if not seen or n != seen[-1]:
+                seen.append(n)
+            job = svc.mget(f"/train/{job_id}")[1]["job"]
+            if job["state"] not in ("queued", "running"):
+                break
+            page.wait_for_timeout(200)
+        assert job["state"] == "succeeded", job
+        wait_for(lambda: _points(page, job_id) == len(job["history"]), 10,
+                 "the chart to hold every epoch")
+        growing = [n for n in seen if n > 0]
+        assert len(growing) >= 3 and growing == sorted(growing), seen  # gained points, live
+        chart = page.locator(f'.chart[data-job="{job_id}"]')
+        assert chart.locator("canvas").count() >= 1
+        legend = chart.locator(".u-legend").inner_text()
+        assert "loss" in legend and "val_loss" in legend and "val_accuracy" in legend, legend
+        new_version = job["result"]["version"]
+
+        # apply the new version with its button: the slot and the history change
+        history = page.locator("#history .timeline > li")
+        rows_before = history.count()
+        row = page.locator(f'#models .model[data-model="sent"] tr[data-version="{new_version}"]')
+        row.locator("button.apply").click()
+        slot.locator(".slot-version", has_text=f"v{new_version}").wait_for(timeout=120000)
+        assert svc.serving()["version"] == new_version
+        wait_for(lambda: history.count() > rows_before, 30, "a new history row")
+        assert f"v{new_version}" in history.first.inner_text()
+        row.locator(".dot").wait_for()  # the models list marks the serving version
+
+        # labels with markup are text: the heat map and per-label table show them
+        page.locator('#models .model[data-model="matrix"] button.matrix').click()
+        heat = page.locator("#confusion .heat")
+        heat.wait_for()
+        assert [c.inner_text() for c in heat.locator(".cell").all()] == ["5", "1", "2", "7"]
+        assert heat.locator(".head", has_text=XSS_LABEL).count() == 2
+        assert page.locator("#confusion td", has_text=XSS_LABEL).count() == 1
+        assert page.evaluate("window.__xss") is None
+        assert page.evaluate("document.querySelectorAll('script').length") == 2
+        assert "words+chars logreg C=4" in page.locator(
+            '#models .model[data-model="matrix"]').inner_text()
+
+        # what the open page costs: requests per second while idle (the
+        # page counts its own calls; wait_for_timeout keeps events flowing)
+        before = page.evaluate("window.textswapDashboard.stats.requests")
+        page.wait_for_timeout(10000)
+        rate = (page.evaluate("window.textswapDashboard.stats.requests") - before) / 10
+        cost["requests_per_s_idle"] = rate
+        assert 0.5 <= rate <= 4.0, rate  # live (about one a second), never a flood
+
+        page.evaluate("window.scrollTo(0, 0)")  # the sticky header belongs at the top
+        page.screenshot(path=os.path.join(ARTIFACTS, "dashboard-desktop.png"), full_page=True)
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.wait_for_function("document.documentElement.scrollWidth <= 391")
+        page.evaluate("window.scrollTo(0, 0)")
+        page.screenshot(path=os.path.join(ARTIFACTS, "dashboard-phone.png"), full_page=True)
+        with open(os.path.join(ARTIFACTS, "dashboard-cost.json"), "w") as fh:
+            json.dump(cost, fh, indent=1)
+
+        assert not b.js_errors, b.js_errors
+        assert not b.console_errors, b.console_errors
+        assert not b.bad_responses, b.bad_responses
+    finally:
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def locked(tmp_path_factory):
+    base = tmp_path_factory.mktemp("dashlock")
+    cfg = base / "config.yaml"
+    cfg.write_text("worker:\n  standby: false\ntraining:\n  demo_on_empty_store: false\n")
+    s = Service(str(base / "models"), args=["--config", str(cfg)],
+                env={"TEXTSWAP_MANAGEMENT_TOKEN": TOKEN})
+    yield s
+    s.stop()
+
+
+def test_dashboard_asks_for_the_token_and_says_when_it_is_wrong(locked, pw):
+    b = Browser(pw, 390, 844)
+    try:
+        page = b.page
+        page.goto(f"http://127.0.0.1:{locked.mport}/")
+        auth = page.locator("#auth")
+        auth.wait_for(state="visible")
+        assert "needs its management token" in page.locator("#auth-msg").inner_text()
+        assert page.locator("#slots").inner_text() == ""  # nothing shown without it
+
+        page.locator("#auth-token").fill("not-the-token")
+        page.locator("#auth-form button").click()
+        refused = page.locator("#auth-msg.error", has_text="refused this token")
+        refused.wait_for()
+        assert auth.is_visible()
+
+        page.locator("#auth-token").fill(TOKEN)
+        page.locator("#auth-form button").click()
+        auth.wait_for(state="hidden")
+        page.locator("#conn.ok").wait_for()
+        page.locator("#slots .empty", has_text="No model serves").wait_for()
+        assert page.evaluate("sessionStorage.getItem('textswap.token')") == TOKEN
+        # asked once: a reload keeps it for this tab, and every API call sends it
+        mark = len(b.requests)
+        page.reload()
+        page.locator("#conn.ok").wait_for()
+        assert not auth.is_visible()
+        api = [(u, hd) for _, u, hd in b.requests[mark:] if "/ui/" not in u and not
+               u.endswith(f":{locked.mport}/")]
+        assert api and all(hd.get("authorization") == f"Bearer {TOKEN}" for _, hd in api), api
+
+        assert not b.js_errors, b.js_errors
+        # the only failed requests are the 401s that made the page ask
+        assert all(r.startswith("401 ") for r in b.bad_responses), b.bad_responses
+        assert all("401" in e for e in b.console_errors), b.console_errors
+    finally:
+        b.close()
