@@ -222,6 +222,10 @@ class ChildProcess:
 
 
 class WorkerHandle(ChildProcess):
+    # (model, texts, seconds) of each model call a worker reports in its result
+    # frames; set once by metrics.py (one supervisor per process), else None
+    on_batch: Callable[[dict[str, Any] | None, int, float], None] | None = None
+
     def __init__(self, options: dict[str, Any], on_exit: Callable[["WorkerHandle"], None],
                  on_answer: Callable[[], None] | None = None) -> None:
         from model_worker.worker import main as target
@@ -266,6 +270,8 @@ class WorkerHandle(ChildProcess):
     def on_frame(self, msg: dict[str, Any]) -> None:
         kind = msg["t"]
         if kind == "result" or (kind == "error" and msg.get("id") is not None):
+            if "bs" in msg and self.on_batch is not None:
+                self.on_batch(self.model, msg["bn"], msg["bs"])
             entry = self.pending.pop(msg.get("id"), None)
             if entry is None:
                 log.warning("worker gen %d answered unknown id %r", self.generation, msg.get("id"))

@@ -180,12 +180,23 @@ def _decode_bytes(raw: memoryview, count: int) -> list[str]:
     return out
 
 
-def _flatten(data: Any) -> list[Any]:
+def _flatten(data: Any, shape: list[int]) -> list[Any]:
+    """The elements of `data`: flat, or nested rows of one for a [n, 1] shape."""
     if not isinstance(data, list):
         raise OipError(400, f"input '{INPUT}': 'data' must be an array of strings")
-    if data and all(isinstance(x, list) for x in data):  # nested row-major form
-        return [y for x in data for y in x]
+    if len(shape) == 2 and data and all(isinstance(x, list) for x in data):
+        if any(len(x) != 1 for x in data):
+            raise OipError(400, f"input '{INPUT}': nested rows must hold one element each "
+                                "for shape [n, 1]")
+        return [x[0] for x in data]
     return data
+
+
+def _params(obj: dict[str, Any], where: str) -> dict[str, Any]:
+    params = obj.get("parameters", {})
+    if not isinstance(params, dict):
+        raise OipError(400, f"{where}: 'parameters' must be an object")
+    return params
 
 
 def _texts(inp: Any, binary: memoryview, limits: dict[str, Any]) -> list[str]:
@@ -208,9 +219,7 @@ def _texts(inp: Any, binary: memoryview, limits: dict[str, Any]) -> list[str]:
     if count > limits["max_texts"]:
         raise OipError(400, f"input '{INPUT}' has {count} elements; the limit is "
                             f"{limits['max_texts']}")
-    params = inp.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise OipError(400, f"input '{INPUT}': 'parameters' must be an object")
+    params = _params(inp, f"input '{INPUT}'")
     size = params.get("binary_data_size")
     if size is not None:
         if "data" in inp:
@@ -225,7 +234,7 @@ def _texts(inp: Any, binary: memoryview, limits: dict[str, Any]) -> list[str]:
                                 "declares binary_data_size")
         if "data" not in inp:
             raise OipError(400, f"input '{INPUT}' has neither 'data' nor binary_data_size")
-        texts = _flatten(inp["data"])
+        texts = _flatten(inp["data"], shape)
         if len(texts) != count:
             raise OipError(400, f"input '{INPUT}' has {len(texts)} elements but its shape "
                                 f"says {count}")
@@ -256,9 +265,9 @@ def _flag(params: dict[str, Any], key: str, default: bool) -> bool:
 
 def _outputs(req: dict[str, Any], binary_default: bool) -> list[tuple[str, bool, int]]:
     """(name, binary, classification k or 0) of each output to answer."""
-    wanted = req.get("outputs")
-    if wanted is None:
+    if "outputs" not in req:
         return [(name, binary_default, 0) for name in OUTPUTS]
+    wanted = req["outputs"]
     if not isinstance(wanted, list) or not wanted:
         raise OipError(400, "'outputs' must be a non-empty array")
     out = []
@@ -266,9 +275,7 @@ def _outputs(req: dict[str, Any], binary_default: bool) -> list[tuple[str, bool,
         if not isinstance(o, dict) or o.get("name") not in OUTPUTS:
             name = o.get("name") if isinstance(o, dict) else o
             raise OipError(400, f"unknown output {name!r}; outputs: {', '.join(OUTPUTS)}")
-        params = o.get("parameters") or {}
-        if not isinstance(params, dict):
-            raise OipError(400, f"output '{o['name']}': 'parameters' must be an object")
+        params = _params(o, f"output '{o['name']}'")
         k = params.get("classification", 0)
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise OipError(400, "'classification' must be a non-negative integer")
@@ -287,12 +294,10 @@ def parse_infer(body: bytes, headers: Any, limits: dict[str, Any]
     if not isinstance(inputs, list) or len(inputs) != 1:
         raise OipError(400, f"'inputs' must be an array with one input, '{INPUT}' (BYTES)")
     texts = _texts(inputs[0], binary, limits)
-    params = req.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise OipError(400, "'parameters' must be an object")
+    params = _params(req, "the request")
     outputs = _outputs(req, _flag(params, "binary_data_output", False))
     rid = req.get("id")
-    if rid is not None and not isinstance(rid, str):
+    if "id" in req and not isinstance(rid, str):
         raise OipError(400, "'id' must be a string")
     return texts, outputs, rid
 

@@ -1,0 +1,55 @@
+"""GET /metrics (Prometheus text format) and request counting for the apps.
+
+/metrics is served on the management port, behind its token when one is set,
+and, when `metrics.port` is set, on a port of its own without a token (for
+scrapers that cannot send one; bind it where only they can reach it).
+Requests answered through Tornado's RequestHandler (everything on the
+inference port except the lean POST /predict path, which counts itself) are
+counted from the application's log function, once per answer.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tornado.web import Application
+
+from frontend.base import ApiError, JsonHandler, NotFoundHandler
+from metrics import CONTENT_TYPE
+
+
+class MetricsHandler(JsonHandler):
+    def get(self) -> None:
+        m = getattr(self.sup, "metrics", None)
+        if m is None or not m.enabled:
+            raise ApiError(404, "not_found", "metrics are off (metrics.enabled: false)")
+        body = m.exposition()
+        self.set_header("Content-Type", CONTENT_TYPE)
+        self.finish(body)
+
+
+def routes(kw: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
+    return [(r"/metrics", MetricsHandler, kw)]
+
+
+def metrics_app(sup: Any, config: Any) -> Application:
+    """The app of the optional metrics-only port: GET /metrics, no token."""
+    kw = {"supervisor": sup, "config": config}
+    return Application(routes(kw), default_handler_class=NotFoundHandler,
+                       default_handler_args=kw)
+
+
+def counting(sup: Any, log_function: Callable[[Any], None]) -> Callable[[Any], None]:
+    """log_function, plus one count per answer of the app it logs for."""
+    m = getattr(sup, "metrics", None)
+    if m is None or not m.enabled:
+        return log_function
+
+    def log_and_count(handler: Any) -> None:
+        log_function(handler)
+        request = handler.request
+        api = getattr(handler, "metric_api", None) or (
+            "predict" if request.path == "/predict" else "other")
+        model = getattr(handler, "metric_model", None) or {}
+        m.observe_request(api, model.get("name", ""), model.get("version"),
+                          handler.get_status(), request.request_time())
+    return log_and_count
