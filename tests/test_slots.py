@@ -1,0 +1,216 @@
+"""Model slots with real processes: several models at once, replicas, unload,
+the default model across a restart, the record migration, the worker budget
+and recycling. Every service here is the real one (python supervisor.py)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+
+from helpers import Service, pid_gone, wait_for
+
+
+class Load:
+    """Client threads predicting for given models; records every outcome and
+    how long each request took."""
+
+    def __init__(self, svc: Service, models: list[str | None], text: str = "很好") -> None:
+        self.svc, self.text = svc, text
+        self.results: list[tuple[str | None, int, dict, float]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(m,)) for m in models]
+
+    def _run(self, model: str | None) -> None:
+        body = {"text": self.text} if model is None else {"text": self.text, "model": model}
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            code, answer = self.svc.predict(body, timeout=30)
+            self.results.append((model, code, answer, time.monotonic() - t0))
+
+    def __enter__(self) -> "Load":
+        for t in self._threads:
+            t.start()
+        wait_for(lambda: len(self.results) > 20, 60, "load to flow")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+    def count(self) -> int:
+        return len(self.results)
+
+    @property
+    def failed(self) -> list:
+        return [r for r in self.results if r[1] != 200]
+
+
+@pytest.fixture(scope="module")
+def svc(tiny_store, tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("slots") / "models")
+    shutil.copytree(tiny_store, root)
+    s = Service(root)
+    yield s
+    s.stop()
+
+
+def _slot(svc: Service, name: str) -> dict:
+    return svc.status()["models"].get(name) or {}
+
+
+def test_two_models_serve_at_once_and_swap_independently(svc):
+    svc.wait_standby()
+    assert svc.mpost("/apply", {"name": "sent", "version": 1})[0] == 200
+    code, body = svc.mpost("/apply", {"name": "topic", "default": False})
+    assert code == 200 and body["default"] is False, body
+    st = svc.status()
+    assert st["default"] == "sent" and set(st["models"]) == {"sent", "topic"}
+    topic_pids = {w["pid"] for w in st["models"]["topic"]["workers"]}
+
+    with Load(svc, ["sent", "topic", None, "topic"]) as load:
+        for version in (2, 1):
+            n = load.count()
+            code, body = svc.mpost("/apply", {"name": "sent", "version": version})
+            assert code == 200 and body["current"]["version"] == version, body
+            wait_for(lambda: load.count() > n + 20, 60, "load on the new version")
+    assert load.failed == []
+    for model, _, answer, _ in load.results:
+        served = answer["model"]
+        if model == "topic":
+            assert served == {"name": "topic", "version": 1}
+        else:  # named or the default: sent, on a version that was serving
+            assert served["name"] == "sent" and served["version"] in (1, 2)
+    assert {a["model"]["version"] for m, _, a, _ in load.results if m == "sent"} == {1, 2}
+    # topic's slot was never touched by sent's swaps
+    assert {w["pid"] for w in _slot(svc, "topic")["workers"]} == topic_pids
+
+
+def test_unknown_model_is_404_naming_what_serves(svc):
+    for name in ("nope", "../x", "sent2"):
+        code, body = svc.predict({"text": "x", "model": name})
+        assert code == 404 and body["error"]["code"] == "model_not_serving", body
+        assert "sent" in body["error"]["message"] and "topic" in body["error"]["message"]
+    code, body = svc.predict({"text": "x", "model": 3})
+    assert code == 400 and body["error"]["code"] == "invalid_field"
+    code, body = svc.mpost("/apply", {"name": "sent", "replicas": 0})
+    assert code == 400 and body["error"]["code"] == "invalid_field"
+    code, body = svc.mpost("/apply", {"name": "sent", "default": "yes"})
+    assert code == 400 and body["error"]["code"] == "invalid_field"
+    code, body = svc.mpost("/unload", {"name": "nope"})
+    assert code == 404, body
+
+
+def test_replica_killed_under_load_right_after_applies(svc):
+    """Two replicas; a burst of applies; then kill -9 of one replica under
+    load: no request fails and none waits more than 2 s."""
+    for version in (2, 1, 2):
+        code, body = svc.mpost("/apply", {"name": "sent", "version": version, "replicas": 2})
+        assert code == 200 and body["replicas"] == 2, body
+    with Load(svc, ["sent"] * 4) as load:
+        victim = _slot(svc, "sent")["workers"][0]["pid"]
+        n = load.count()
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: load.count() > n + 100, 60, "load after the kill")
+        wait_for(lambda: len(_slot(svc, "sent").get("workers", [])) == 2 and victim not in
+                 {w["pid"] for w in _slot(svc, "sent")["workers"]}, 120,
+                 "a replacement replica")
+        n = load.count()
+        wait_for(lambda: load.count() > n + 20, 60, "load on both replicas")
+    assert load.failed == []
+    slow = [r[3] for r in load.results if r[3] > 2.0]
+    assert slow == [], f"{len(slow)} requests over 2 s: {sorted(slow)[-5:]}"
+    assert all(r[2]["model"] == {"name": "sent", "version": 2} for r in load.results)
+    wait_for(lambda: pid_gone(victim), 10, "the killed replica to be reaped")
+
+
+def test_unload_stops_a_model_and_keeps_it_in_the_store(svc):
+    pids = {w["pid"] for w in _slot(svc, "topic")["workers"]}
+    code, body = svc.mpost("/unload", {"name": "topic"})
+    assert code == 200 and body["unloaded"]["name"] == "topic", body
+    assert body["default"] == "sent"
+    code, body = svc.predict({"text": "x", "model": "topic"})
+    assert code == 404 and "sent" in body["error"]["message"]
+    assert "topic" not in svc.status()["models"]
+    for pid in pids:
+        wait_for(lambda: pid_gone(pid), 30, f"topic's worker {pid} to stop")
+    assert "topic" in [m["name"] for m in svc.mget("/models")[1]["models"]]
+    with open(os.path.join(svc.models_dir, ".applied.json")) as fh:
+        assert list(json.load(fh)["models"]) == ["sent"]
+    assert svc.predict({"text": "很好"})[0] == 200  # the default is untouched
+
+
+def test_default_model_survives_a_restart(svc):
+    assert svc.mpost("/apply", {"name": "topic", "default": False})[0] == 200
+    assert svc.mpost("/apply", {"name": "sent", "version": 1, "replicas": 1})[0] == 200
+    assert svc.stop() == 0
+    again = Service(svc.models_dir)
+    try:
+        wait_for(lambda: again.get("/readyz")[0] == 200, 120, "the restarted service")
+        wait_for(lambda: set(again.status()["models"]) == {"sent", "topic"} and all(
+            m["state"] == "SERVING" for m in again.status()["models"].values()), 120,
+            "both models after the restart")
+        st = again.status()
+        assert st["default"] == "sent" and st["models"]["sent"]["version"] == 1
+        assert again.predict({"text": "很好"})[1]["model"] == {"name": "sent", "version": 1}
+        code, body = again.predict({"text": "今天下雨", "model": "topic"})
+        assert code == 200 and body["model"]["name"] == "topic"
+    finally:
+        assert again.stop() == 0
+
+
+# -- budget, migration, recycling: a service with a small worker budget ---------
+@pytest.fixture(scope="module")
+def budget(tiny_store, tmp_path_factory):
+    base = tmp_path_factory.mktemp("budget")
+    root = str(base / "models")
+    shutil.copytree(tiny_store, root)
+    with open(os.path.join(root, ".applied.json"), "w") as fh:  # an old-format record
+        json.dump({"name": "sent", "version": 1, "applied_at": "2026-01-01T00:00:00Z"}, fh)
+    cfg = base / "config.yaml"
+    cfg.write_text("worker:\n  max_workers: 3\n  standby_pool: 1\n  max_requests: 150\n")
+    s = Service(root, args=["--config", str(cfg)])
+    yield s
+    s.stop()
+
+
+def test_old_record_is_migrated(budget):
+    wait_for(lambda: budget.get("/readyz")[0] == 200, 120, "the migrated record's model")
+    st = budget.status()
+    assert st["default"] == "sent" and st["models"]["sent"]["version"] == 1
+    assert budget.predict({"text": "很好"})[1]["model"] == {"name": "sent", "version": 1}
+
+
+def test_budget_refuses_what_would_exceed_it(budget):
+    budget.wait_standby()
+    before = {w["pid"] for w in budget.status()["workers"]}
+    code, body = budget.mpost("/apply", {"name": "topic", "replicas": 3})
+    assert code == 409 and body["error"]["code"] == "memory_budget", body
+    message = body["error"]["message"]
+    assert "limit of 3" in message and "needs 2 more" in message, message
+    assert body["error"]["max_workers"] == 3
+    st = budget.status()
+    assert len(st["workers"]) <= 3 and {w["pid"] for w in st["workers"]} == before
+    assert "topic" not in st["models"] and st["default"] == "sent"
+
+
+def test_recycling_replaces_workers_without_a_failed_request(budget):
+    first = _slot(budget, "sent")["workers"][0]["pid"]
+    seen: set[int] = set()
+
+    def pids() -> set[int]:
+        ws = _slot(budget, "sent").get("workers", [])
+        seen.update(w["pid"] for w in ws)
+        return seen - {first}
+    with Load(budget, ["sent", None]) as load:
+        wait_for(pids, 180, "a recycled successor", interval=0.2)
+        n = load.count()
+        wait_for(lambda: load.count() > n + 20, 60, "load on the successor")
+    assert load.failed == []
+    wait_for(lambda: pid_gone(first), 30, "the recycled worker to exit")
+    assert all(len(budget.status()["workers"]) <= 3 for _ in range(3))
