@@ -78,6 +78,17 @@ DEFAULTS: dict[str, Any] = {
         "enabled": True,
         "interval": 0.25,
     },
+    # Cluster mode (README "Running several nodes"): several nodes on one
+    # shared model store follow one applied-model record in Redis.
+    "cluster": {
+        "redis_url": "",        # e.g. redis://10.0.0.5:6379/0; empty: off (one node)
+        "node_id": "",          # empty: hostname:port (the inference port)
+        "key_prefix": "textswap",  # Redis keys; one prefix per cluster
+        "poll_interval": 1.0,   # heartbeat and record re-read, seconds
+        "heartbeat_ttl": 5.0,   # a node missing beats this long is gone
+        "job_lease": 10.0,      # a training job's lease; a dead node's job is
+                                # `interrupted` this long after its last renewal
+    },
     "training": {
         "max_concurrent": 1,
         "nice": 10,

@@ -71,9 +71,12 @@ class ModelStore:
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
 
-    def ensure(self) -> None:
+    def ensure(self, wipe_tmp: bool = True) -> None:
+        """wipe_tmp False: a store shared by cluster nodes, where staging under
+        .tmp/ may be another node's publish in progress."""
         os.makedirs(self.root, exist_ok=True)
-        shutil.rmtree(os.path.join(self.root, TMP), ignore_errors=True)
+        if wipe_tmp:
+            shutil.rmtree(os.path.join(self.root, TMP), ignore_errors=True)
         for entry in os.listdir(self.root):  # stray temp records from a crash
             if entry.startswith(".tmp-"):
                 os.unlink(os.path.join(self.root, entry))

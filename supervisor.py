@@ -65,23 +65,38 @@ class Supervisor:
         self.last_apply: dict[str, Any] | None = None
         self._demo_training = False
         self.watcher: RecordWatcher | None = None
-        self.state = StateDB(os.path.join(self.store.root, STATE_DB))  # jobs, history
+        # cluster mode (cluster.redis_url; clusternode.py): the record lives in
+        # Redis and stands in for the file watcher; jobs queue in Redis; each
+        # node keeps its own state db (the store is shared)
+        self.cluster: Any = None
+        state_path = os.path.join(self.store.root, STATE_DB)
+        if config["cluster"]["redis_url"]:
+            from clusternode import ClusterNode, node_state_path
+            self.cluster = ClusterNode(self)
+            state_path = node_state_path(self.store.root, self.cluster.node_id)
+        self.state = StateDB(state_path)  # jobs, history
         self.jobs = JobManager(self, self.state)
+        if self.cluster is not None:
+            self.jobs.cluster = self.cluster.training
         self._sweeper = PeriodicCallback(self._sweep, 1000)
 
     # -- start and stop -----------------------------------------------------------
     async def start(self) -> None:
-        self.store.ensure()
+        self.store.ensure(wipe_tmp=self.cluster is None)  # other nodes' staging is theirs
         self.pool.ensure(nice=False)  # first worker: full speed
         try:
-            record = self.store.read_record()
+            record = (self.store.read_record() if self.cluster is None
+                      else await self.cluster.load())  # Redis, else this node's cache
         except StoreError as exc:
             log.error("%s; starting without a model", exc)
             record = None
         if record:
             self.record = record
             self.default_name = record["default"]
-        if self.cfg["watcher"]["enabled"]:
+        if self.cluster is not None:  # follows the Redis record instead of the file
+            self.watcher = self.cluster
+            self.cluster.start(record)
+        elif self.cfg["watcher"]["enabled"]:
             self.watcher = RecordWatcher(self.store, self.loop, self.cfg["watcher"]["interval"],
                                          self._on_record_change)
             self.watcher.start(record)
@@ -99,6 +114,9 @@ class Supervisor:
     async def _train_demo(self) -> None:
         """First start on an empty store: train and apply the bundled demo."""
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), DEMO_DATA)
+        if self.cluster is not None and not await self.cluster.claim_demo():
+            log.info("cluster: the first-start demo is trained once, by another node")
+            return
         self._demo_training = True
         try:
             job = await self.jobs.submit(DEMO_NAME, {"path": path}, DEMO_PARAMS, True,
@@ -121,6 +139,8 @@ class Supervisor:
         if self.watcher:
             self.watcher.stop()
         await self.jobs.shutdown()
+        if self.cluster is not None:
+            await self.cluster.close()
         timeout = self.wcfg["stop_timeout"]
         serving = [w for s in self.slots.values() for w in s.replicas]
         for w in serving:
@@ -341,11 +361,16 @@ class Supervisor:
             slot = self.slots[name] = Slot(name)
         if replicas is None:
             replicas = slot.wanted if not created else self.cfg["serving"]["replicas"]
+        if self.cluster is not None and persist and source == "api":
+            await self.cluster.check()  # 503 while the cluster store is unreachable
         slot.applying += 1
         try:
             async with slot.lock:
-                return await self._apply_locked(slot, version, replicas, default, explicit,
-                                                source, persist, t_call)
+                result = await self._apply_locked(slot, version, replicas, default, explicit,
+                                                  source, persist, t_call)
+            if self.cluster is not None and persist and not result.get("unchanged"):
+                result["cluster"] = await self.cluster.after_change()  # revision, nodes
+            return result
         finally:
             slot.applying -= 1
             if (not slot.replicas and not slot.busy and slot.version is None
@@ -422,7 +447,7 @@ class Supervisor:
             if old_default != name:
                 self.previous_default = old_default
         if persist:
-            self._save_record()
+            self._save_record(name)
         phases["swap"] = time.monotonic() - t
         log.info("%s now serves v%s on %d replica(s) (pids %s; %s)", name, version,
                  len(workers), ", ".join(str(w.pid) for w in workers), source)
@@ -469,11 +494,15 @@ class Supervisor:
                      "(apply it explicitly to keep it)", name)
             self.loop.spawn_callback(self._unload_logged, name, "demo_retired")
 
-    def _save_record(self) -> None:
+    def _save_record(self, changed: str | None = None) -> None:
+        """Persist what serves; `changed`: the one slot this change was about."""
         models = {n: {"version": s.version, "replicas": s.wanted, "explicit": s.explicit}
                   for n, s in sorted(self.slots.items()) if s.version is not None}
         self.record = {"default": self.default_name if self.default_name in models else None,
                        "models": models, "revision": self.record.get("revision", 0) + 1}
+        if self.cluster is not None:  # merged into the Redis record (that slot only)
+            self.cluster.note_record(self.record, changed)
+            return
         if self.watcher:
             self.watcher.note_record(self.record)
         self.store.write_record(self.record)
@@ -485,6 +514,8 @@ class Supervisor:
         The store keeps every version."""
         check_name(name)
         slot = self._slot_for(name)
+        if self.cluster is not None and persist and source == "api":
+            await self.cluster.check()  # 503 while the cluster store is unreachable
         async with slot.lock:
             if self.slots.get(name) is not slot:
                 raise UnknownModel(f"model {name!r} is not serving here")
@@ -496,13 +527,16 @@ class Supervisor:
             if was_default:
                 self.default_name = None
             if persist:
-                self._save_record()
+                self._save_record(name)
             log.info("unloaded %s v%s (%s)", name, slot.version, source)
             self.events.emit("unload", name=name, version=slot.version, source=source)
             ended = await self._retire(old)
         self.pool.ensure()
-        return {"unloaded": {"name": name, "version": slot.version}, "workers": ended,
-                "default": self.default_name, "was_default": was_default}
+        out = {"unloaded": {"name": name, "version": slot.version}, "workers": ended,
+               "default": self.default_name, "was_default": was_default}
+        if self.cluster is not None and persist:
+            out["cluster"] = await self.cluster.after_change()
+        return out
 
     # -- failures -------------------------------------------------------------------
     def _on_worker_exit(self, w: WorkerHandle) -> None:
@@ -675,6 +709,7 @@ class Supervisor:
             "last_apply": self.last_apply,
             "record_revision": self.record.get("revision", 0),
             "jobs": self.jobs.list(),
+            "cluster": None if self.cluster is None else self.cluster.cluster.status(),
         }
 
 
@@ -689,6 +724,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--manage-host", help="management API bind address (default 127.0.0.1)")
     p.add_argument("--manage-port", type=int, help="management API port (default 8081)")
     p.add_argument("--models-dir", help="model store folder (default ./models)")
+    p.add_argument("--redis-url", help="cluster mode: the cluster store, e.g. "
+                                       "redis://host:6379/0 (default: off)")
+    p.add_argument("--node-id", help="cluster mode: this node's name (default hostname:port)")
     return p.parse_args(argv)
 
 
@@ -699,6 +737,10 @@ def build_config(args: argparse.Namespace) -> Config:
     overrides: dict[str, Any] = {"server": server} if server else {}
     if args.models_dir:
         overrides["models_dir"] = args.models_dir
+    cluster = {k: v for k, v in (("redis_url", args.redis_url), ("node_id", args.node_id))
+               if v is not None}
+    if cluster:
+        overrides["cluster"] = cluster
     return load_config(args.config, overrides)
 
 
@@ -711,6 +753,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=config["log_level"],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config["cluster"]["redis_url"]:  # nodes share the store: it must be writable
+        from clusternode import check_store_writable
+        try:
+            check_store_writable(config.models_dir)
+        except RuntimeError as exc:
+            print(f"cannot start: {exc}", file=sys.stderr)
+            return 2
     from frontend.app import start_servers  # Tornado apps; no TensorFlow anywhere
 
     loop = IOLoop.current()

@@ -8,7 +8,7 @@ from tornado.httpserver import HTTPServer
 from tornado.web import Application
 
 from frontend import handlers as h
-from frontend import artifact, oip, openapi
+from frontend import artifact, clusterapi, oip, openapi
 from frontend.base import NotFoundHandler, log_level
 
 log = logging.getLogger("textswap.http")
@@ -43,6 +43,7 @@ def management_app(sup: Any, config: Any) -> Application:
         *artifact.routes(kw),  # GET /models/<name>/<version>/artifact (.tar.gz)
         (r"/healthz", h.HealthHandler, kw),
         (r"/openapi.json", openapi.ManagementSpecHandler, kw),
+        *clusterapi.routes(kw),  # GET /cluster (cluster mode; 404 otherwise)
     ]
     try:
         from frontend import training

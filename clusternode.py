@@ -1,0 +1,354 @@
+"""Cluster mode, the supervisor's side: the record backend and the job queue glue.
+
+`ClusterNode` is what the Supervisor holds as ``sup.cluster`` when
+``cluster.redis_url`` is set. It stands in for the file record and its
+watcher (same calls: ``start(record)``, ``note_record(record, changed)``,
+``stop()``), so the supervisor keeps one code path:
+
+- load(): the record at start: from Redis, else (Redis down) from this
+  node's cache file of the last record it saw;
+- the follower (cluster.py) hands every newer revision to the supervisor's
+  ``_on_record_change``, exactly what the file watcher does for an edited
+  ``.applied.json``: each node applies locally, ready-gated and drained;
+- note_record(): after a local apply/unload, the one slot that changed (and
+  the default) is written into the Redis record atomically, merged with
+  whatever other nodes wrote meanwhile; the writes go out in order from one
+  task, and ``after_change`` waits for them (the /apply answer names the
+  revision and which nodes serve it already);
+- a node says in its heartbeat the revision it fully serves: the newest
+  record whose every slot (version, replicas) and default match what it
+  serves; GET /cluster compares those.
+
+Training (`ClusterTraining`): jobs are queued in Redis (clusterjobs.py);
+each node claims one when it has a free training slot and runs it with the
+ordinary JobManager machinery, mirroring the job's state into Redis.
+Imports no TensorFlow.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+from typing import Any
+
+from cluster import Cluster, ClusterUnreachable
+from clusterjobs import ClusterJobs
+from jobs import JobError
+
+log = logging.getLogger("textswap.cluster")
+
+
+def default_node_id(port: int) -> str:
+    return f"{socket.gethostname()}:{port}"
+
+
+def check_store_writable(root: str) -> None:
+    """Nodes share the store (publish = stage + rename on it): refuse a store
+    this node cannot write, at start rather than at the first training."""
+    os.makedirs(root, exist_ok=True)
+    probe = os.path.join(root, f".write-probe-{os.getpid()}")
+    try:
+        with open(probe, "w") as fh:
+            fh.write("ok")
+        os.unlink(probe)
+    except OSError as exc:
+        raise RuntimeError(f"the model store {root} is not writable by this node ({exc}); "
+                           "cluster nodes must share a writable store") from None
+
+
+class ClusterNode:
+    def __init__(self, sup: Any, node_id: str | None = None) -> None:
+        cfg = sup.cfg["cluster"]
+        self.sup = sup
+        self.node_id = node_id or cfg["node_id"] or default_node_id(sup.cfg["server"]["port"])
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.node_id)
+        self.cluster = Cluster(
+            cfg["redis_url"], self.node_id, prefix=cfg["key_prefix"],
+            cache_path=os.path.join(sup.store.root, ".cluster", f"{safe}.record.json"),
+            poll_interval=cfg["poll_interval"], heartbeat_interval=cfg["poll_interval"],
+            heartbeat_ttl=cfg["heartbeat_ttl"])
+        self.training = ClusterTraining(self, ClusterJobs(self.cluster, cfg["job_lease"],
+                                                          sup.cfg["training"]["keep_jobs"]))
+        self._writes: asyncio.Queue = asyncio.Queue()
+        self._writer: asyncio.Task | None = None
+        self._write_error: BaseException | None = None
+        self._delivered = 0
+        self._delivered_at = 0.0
+        self._on_change: Any = None
+
+    # -- the record backend (what the file watcher is in single-node mode) ---------
+    async def load(self) -> dict[str, Any] | None:
+        try:
+            rec = await self.cluster.read_record()
+        except ClusterUnreachable as exc:
+            rec = self.cluster.record
+            log.error("%s; starting from this node's cached record (revision %s)", exc,
+                      rec["revision"] if rec else "none")
+        if rec is None:
+            rec = self.cluster.record
+        if rec is not None:
+            self._delivered = rec["revision"]  # start() applies it; no second delivery
+        return rec
+
+    def start(self, record: dict[str, Any] | None, on_change: Any = None) -> None:
+        self._on_change = on_change or self.sup._on_record_change
+        self._writer = asyncio.ensure_future(self._write_loop())
+        self.sup.events.subscribe(self._on_event)
+        self.cluster.start(self._deliver, self._describe, self.training.tick)
+
+    def stop(self) -> None:
+        """Stop following the record (the watcher's stop); close() finishes."""
+        self.cluster.halt()
+
+    async def close(self) -> None:
+        """After the jobs stopped: flush their last states, leave the cluster."""
+        try:
+            await asyncio.wait_for(self._writes.join(), 2.0)
+        except asyncio.TimeoutError:
+            pass
+        await self.training.flush()
+        if self._writer is not None:
+            self._writer.cancel()
+        await self.cluster.stop()
+
+    def note_record(self, record: dict[str, Any], changed: str | None = None) -> None:
+        """The node changed the slot `changed` (None: everything, e.g. a
+        fallback): merge that into the cluster's record."""
+        entry = record["models"].get(changed) if changed else None
+        default = record["default"]
+
+        def mutate(rec: dict[str, Any]) -> dict[str, Any]:
+            if changed is None:
+                return {"default": default, "models": dict(record["models"])}
+            if entry is None:
+                rec["models"].pop(changed, None)
+                if rec["default"] == changed:
+                    rec["default"] = None
+            else:
+                rec["models"][changed] = entry
+                if default == changed or rec["default"] not in rec["models"]:
+                    rec["default"] = default if default in rec["models"] else changed
+            return rec
+        self._writes.put_nowait(mutate)
+
+    async def _write_loop(self) -> None:
+        while True:
+            mutate = await self._writes.get()
+            try:
+                rec = await self.cluster.update_record(mutate)
+                self._write_error = None
+                self.sup.record = rec
+                self._delivered = max(self._delivered, rec["revision"])
+                self._check_applied()
+            except ClusterUnreachable as exc:
+                # our change never reached the cluster: follow the cluster's
+                # record again once it is back (it stays the truth)
+                self._write_error = exc
+                self._delivered = 0
+                self.cluster.applied_revision = 0
+            except Exception as exc:
+                log.exception("cluster record update failed")
+                self._write_error = exc
+            finally:
+                self._writes.task_done()
+
+    # -- following ---------------------------------------------------------------------
+    def _deliver(self, rec: dict[str, Any]) -> None:
+        """A record from Redis (every tick and on notifications): act on a new
+        revision, or retry a stale one now and then (a load that failed)."""
+        self._check_applied()
+        now = time.monotonic()
+        if rec["revision"] > self._delivered or (
+                self.cluster.applied_revision < rec["revision"] and
+                now - self._delivered_at > 2.0 and not self._busy()):
+            self._delivered, self._delivered_at = rec["revision"], now
+            log.info("cluster record revision %d: converging on it", rec["revision"])
+            self._on_change(rec)
+
+    def _busy(self) -> bool:
+        return any(s.busy or s.applying for s in self.sup.slots.values())
+
+    def matches(self, rec: dict[str, Any]) -> bool:
+        """This node serves exactly what rec asks for."""
+        slots = {n: s for n, s in self.sup.slots.items() if s.replicas}
+        if set(slots) != set(rec["models"]):
+            return False
+        for name, entry in rec["models"].items():
+            s = slots[name]
+            if entry["version"] is not None and s.version != entry["version"]:
+                return False
+            if entry["replicas"] and len(s.replicas) != entry["replicas"]:
+                return False
+        return rec["default"] == self.sup.default_name
+
+    def _check_applied(self) -> None:
+        rec = self.cluster.record
+        if rec is not None and rec["revision"] > self.cluster.applied_revision and \
+                self.matches(rec):
+            self.cluster.note_applied(rec["revision"])
+
+    def _on_event(self, kind: str, fields: dict[str, Any]) -> None:
+        if kind in ("apply", "unload", "rollback", "restart"):
+            self._check_applied()
+
+    def _describe(self) -> dict[str, Any]:
+        s = self.sup.cfg["server"]
+        return {"inference": f"{s['host']}:{s['port']}", "pid": os.getpid(),
+                "default": self.sup.default_name,
+                "serving": {n: {"version": sl.version, "replicas": len(sl.replicas)}
+                            for n, sl in sorted(self.sup.slots.items()) if sl.replicas},
+                "training": [j.id for j in self.sup.jobs.jobs.values()
+                             if j.state == "running"]}
+
+    # -- hooks for /apply ------------------------------------------------------------------
+    async def check(self) -> None:
+        """Before an operator's change: refuse (503) while Redis is down."""
+        await self.cluster.call(self.cluster.redis.ping)
+
+    async def after_change(self) -> dict[str, Any]:
+        """After a local apply/unload: wait for its record write, then say
+        which nodes serve that revision already."""
+        await self._writes.join()
+        if self._write_error is not None:
+            raise ClusterUnreachable(
+                f"applied on this node, but the cluster record could not be written "
+                f"({self._write_error}); this node returns to the cluster's record once "
+                "the store is back") from None
+        rev = self.sup.record.get("revision", 0)
+        self._check_applied()
+        if self.cluster.applied_revision >= rev:
+            await self.cluster._beat_quietly()
+        try:
+            done, pending = await self.cluster.serving_revision(rev)
+        except ClusterUnreachable:
+            done, pending = [self.node_id], []
+        return {"revision": rev, "node": self.node_id, "nodes_serving": done,
+                "nodes_pending": pending}
+
+    async def overview(self) -> dict[str, Any]:
+        out = await self.cluster.overview()
+        out["this_node"] = self.cluster.status()
+        return out
+
+    async def claim_demo(self) -> bool:
+        """The first-start demo trains once per cluster."""
+        try:
+            return await self.cluster.once("demo")
+        except ClusterUnreachable:
+            return False
+
+
+class ClusterTraining:
+    """Jobs through Redis: submit anywhere, one node runs each, every node reads it."""
+
+    def __init__(self, node: ClusterNode, queue: ClusterJobs) -> None:
+        self.node = node
+        self.q = queue
+        self._ticking = False
+        self._pushes: set[asyncio.Future] = set()
+
+    @property
+    def jobs(self) -> Any:
+        return self.node.sup.jobs
+
+    def tick(self) -> None:
+        if not self._ticking:
+            self._ticking = True
+            asyncio.ensure_future(self._tick())
+
+    async def _tick(self) -> None:
+        """Renew our leases, stop what was cancelled or lost, reap dead nodes'
+        jobs, claim queued jobs while we have room."""
+        try:
+            mgr = self.jobs
+            for job in [j for j in mgr.jobs.values() if j.state == "running"]:
+                verdict = await self.q.renew(job.id)
+                if verdict == "cancel":
+                    log.info("job %s cancelled through the cluster", job.id)
+                    await mgr.cancel(job.id)
+                elif verdict == "lost":
+                    log.error("job %s: lease lost (this node was cut off too long): "
+                              "stopping its trainer", job.id)
+                    job.state = "interrupted"
+                    job.error = "this node lost the job's lease"
+                    if job.process is not None:
+                        await job.process.stop(2.0)
+            await self.q.reap()
+            if self.node.sup.stopping:
+                return
+            while sum(1 for j in mgr.jobs.values() if j.state == "running") < \
+                    mgr.cfg["max_concurrent"]:
+                doc = await self.q.claim()
+                if doc is None:
+                    break
+                log.info("job %s (%s) claimed by this node", doc["id"], doc["name"])
+                mgr.run_claimed(doc)
+        except ClusterUnreachable:
+            pass
+        except Exception:
+            log.exception("cluster training tick failed")
+        finally:
+            self._ticking = False
+
+    async def new_id(self) -> str:
+        try:
+            return await self.q.new_id()
+        except ClusterUnreachable as exc:
+            raise JobError(503, exc.code, str(exc)) from None
+
+    async def enqueue(self, job: Any) -> None:
+        try:
+            await self.q.enqueue(job.describe())
+        except ClusterUnreachable as exc:
+            shutil.rmtree(job.dir, ignore_errors=True)
+            raise JobError(503, exc.code, str(exc)) from None
+        self.tick()  # this node may have room: claim at once
+
+    def changed(self, job: Any) -> None:
+        """A job this node runs (or just queued) changed: mirror it."""
+        final = job.state if job.state in ("succeeded", "failed", "cancelled",
+                                           "interrupted") else ""
+        task = asyncio.ensure_future(self._push(job.describe(), final))
+        self._pushes.add(task)
+        task.add_done_callback(self._pushes.discard)
+
+    async def flush(self) -> None:
+        if self._pushes:
+            await asyncio.wait(list(self._pushes), timeout=2.0)
+
+    async def _push(self, doc: dict[str, Any], final: str) -> None:
+        try:
+            if not await self.q.save(doc, final):
+                log.warning("job %s: not written to the cluster (lease not ours)", doc["id"])
+        except ClusterUnreachable:
+            pass  # the next change writes the whole job again
+
+    async def get(self, job_id: str) -> dict[str, Any] | None:
+        local = self.jobs.jobs.get(job_id)
+        if local is not None and local.state == "running":
+            return {**local.describe(), "node": self.node.node_id}
+        return await self.q.get(job_id)
+
+    async def list(self) -> list[dict[str, Any]]:
+        return [{k: v for k, v in d.items() if k not in ("history", "params")}
+                for d in await self.q.list()]
+
+    async def cancel(self, job_id: str) -> tuple[str, dict[str, Any] | None]:
+        local = self.jobs.jobs.get(job_id)
+        if local is not None and local.state == "running":
+            await self.jobs.cancel(job_id)
+            return "cancelled", {**local.describe(), "node": self.node.node_id}
+        verdict = await self.q.cancel(job_id)
+        return verdict, await self.q.get(job_id)
+
+
+def node_state_path(store_root: str, node_id: str) -> str:
+    """Each node's own state db (jobs it ran, its rollout history) in the
+    shared store: one SQLite file per node, never shared between hosts."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", node_id)
+    os.makedirs(os.path.join(store_root, ".cluster"), exist_ok=True)
+    return os.path.join(store_root, ".cluster", f"{safe}.state.db")

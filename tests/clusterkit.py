@@ -1,0 +1,155 @@
+"""Cluster test kit: service nodes on fixed ports and a load generator.
+
+Redis and nginx themselves come from deploy/localcluster.py (real binaries
+from the Debian packages; `.ci/run` installs them).
+"""
+from __future__ import annotations
+
+import collections
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import psutil
+
+from helpers import ROOT, free_port, request, wait_for
+
+sys.path.insert(0, os.path.join(ROOT, "deploy"))
+from localcluster import Nginx, RedisServer, have_redis_and_nginx  # noqa: E402,F401
+
+
+class Node:
+    """One service node (python supervisor.py) in cluster mode, on fixed
+    ports so that it can be restarted behind the same nginx upstream."""
+
+    def __init__(self, models_dir: str, redis_url: str, node_id: str, logdir: str,
+                 port: int | None = None, mport: int | None = None,
+                 extra: list[str] | None = None) -> None:
+        self.models_dir, self.redis_url, self.node_id = models_dir, redis_url, node_id
+        self.port = port or free_port()
+        self.mport = mport or free_port()
+        self.log_path = os.path.join(logdir, f"{node_id}.log")
+        self.extra = extra or []
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait: bool = True) -> "Node":
+        cmd = [sys.executable, os.path.join(ROOT, "supervisor.py"), "--models-dir",
+               self.models_dir, "--host", "127.0.0.1", "--port", str(self.port),
+               "--manage-port", str(self.mport), "--redis-url", self.redis_url,
+               "--node-id", self.node_id, *self.extra]
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        if wait:
+            wait_for(lambda: self.get("/healthz")[0] == 200, 60, f"{self.node_id} /healthz")
+        return self
+
+    def get(self, path: str, **kw: Any) -> tuple[int, Any]:
+        return request(self.port, "GET", path, **kw)
+
+    def mget(self, path: str, **kw: Any) -> tuple[int, Any]:
+        return request(self.mport, "GET", path, **kw)
+
+    def mpost(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+        return request(self.mport, "POST", path, body, **kw)
+
+    def status(self) -> dict[str, Any]:
+        code, body = self.mget("/status")
+        assert code == 200, body
+        return body
+
+    def serving(self, name: str) -> int | None:
+        """The version this node serves of `name`, or None."""
+        m = (self.status().get("models") or {}).get(name) or {}
+        return m.get("version") if m.get("workers") or m.get("replicas") else None
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+
+    def kill(self) -> None:
+        """kill -9 of the supervisor; its workers follow (parent-death signal)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            kids = []
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        for k in kids:
+            try:
+                k.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+class Load:
+    """Steady POST /predict traffic through one port from a few threads,
+    counting every answer that is not 200 (and transport errors)."""
+
+    def __init__(self, port: int, threads: int = 2, texts: list[str] | None = None) -> None:
+        self.port = port
+        self.texts = texts or ["很好", "terrible", "love it", "差评"]
+        self.ok = 0
+        self.failed: list[Any] = []
+        self.versions: collections.Counter = collections.Counter()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
+                         for i in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, i: int) -> None:
+        conn = None
+        n = 0
+        while not self._stop.is_set():
+            body = json.dumps({"text": self.texts[(i + n) % len(self.texts)]}).encode()
+            n += 1
+            try:
+                if conn is None:
+                    conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                conn.request("POST", "/predict", body=body,
+                             headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                payload = resp.read()
+                if resp.status == 200:
+                    model = json.loads(payload)["model"]
+                    with self._lock:
+                        self.ok += 1
+                        self.versions[(model["name"], model["version"])] += 1
+                else:
+                    with self._lock:
+                        self.failed.append((resp.status, payload[:300]))
+            except (OSError, http.client.HTTPException) as exc:
+                with self._lock:
+                    self.failed.append(("transport", repr(exc)))
+                if conn is not None:
+                    conn.close()
+                conn = None
+
+    def count(self) -> int:
+        with self._lock:
+            return self.ok
+
+    def stop(self) -> "Load":
+        self._stop.set()
+        for t in self._threads:
+            t.join(40)
+        return self

@@ -1,0 +1,354 @@
+"""Cluster mode with real Redis and real nginx (Debian packages; .ci/run
+installs them): three nodes on one shared model store, nginx in front.
+
+Runtime: the Redis-only tests take a second or two. The three-node module
+cluster is started once (three supervisors, each with a serving worker and
+a preloading standby: about 1-2 minutes on a loaded 2-core machine) and the
+tests below run in order on it; about 3-5 minutes in all.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import threading
+import time
+
+import pytest
+
+from clusterkit import Load, Nginx, Node, RedisServer, have_redis_and_nginx
+from helpers import request, wait_for
+
+pytestmark = pytest.mark.skipif(not have_redis_and_nginx(),
+                                reason="redis-server and nginx are not installed "
+                                       "(.ci/run installs them)")
+
+
+# -- the Redis side alone (no service, no TensorFlow) ------------------------------------
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    server = RedisServer(str(tmp_path_factory.mktemp("redis")))
+    yield server
+    server.stop()
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_record_updates_are_atomic_and_followed(redis_server, tmp_path):
+    from cluster import Cluster
+
+    async def main():
+        prefix = "t1"
+        a = Cluster(redis_server.url, "a", prefix=prefix, cache_path=str(tmp_path / "a.json"),
+                    poll_interval=0.2)
+        b = Cluster(redis_server.url, "b", prefix=prefix, cache_path=str(tmp_path / "b.json"),
+                    poll_interval=0.2)
+        got = asyncio.Event()
+        seen: list[int] = []
+
+        def on_b(rec):
+            seen.append(rec["revision"])
+            if rec["revision"] >= 20:
+                got.set()
+        b.start(on_b, lambda: {"serving": {}})
+        a.start(lambda rec: None, lambda: {"serving": {}})
+
+        def put(name):
+            def mutate(rec):
+                rec["models"][name] = {"version": 1, "replicas": 1}
+                rec["default"] = rec["default"] or name
+                return rec
+            return mutate
+        # 20 concurrent read-modify-writes from two clients: none may be lost
+        await asyncio.gather(*[(a if i % 2 else b).update_record(put(f"m{i}"))
+                               for i in range(20)])
+        rec = await a.read_record()
+        assert rec["revision"] == 20
+        assert sorted(rec["models"]) == sorted(f"m{i}" for i in range(20))
+        await asyncio.wait_for(got.wait(), 10)
+        # the cache holds the newest record, for a start while Redis is down
+        cached = json.load(open(tmp_path / "b.json"))
+        assert cached["revision"] == 20
+        nodes = await a.nodes()
+        assert {n["node"] for n in nodes} == {"a", "b"}
+        await a.stop()
+        await b.stop()
+    _run(main())
+
+
+def test_job_queue_leases(redis_server):
+    from cluster import Cluster
+    from clusterjobs import ClusterJobs
+
+    async def main():
+        a = Cluster(redis_server.url, "a", prefix="t2")
+        b = Cluster(redis_server.url, "b", prefix="t2")
+        qa, qb = ClusterJobs(a, lease_s=0.5), ClusterJobs(b, lease_s=0.5)
+        ids = [await qa.new_id() for _ in range(2)]
+        assert len(set(ids)) == 2
+        for job_id in ids:
+            await qa.enqueue({"id": job_id, "name": "x", "state": "queued"})
+        # each job is claimed by exactly one of many racing claims
+        claims = await asyncio.gather(*[q.claim() for q in (qa, qb) * 4])
+        claimed = [c["id"] for c in claims if c]
+        assert sorted(claimed) == sorted(ids)
+        owner = {c["id"]: c["node"] for c in claims if c}
+        mine = [i for i in ids if owner[i] == "a"]
+        theirs = [i for i in ids if owner[i] == "b"]
+        for job_id in mine:
+            assert await qa.renew(job_id) == "ok"
+            assert await qb.renew(job_id) == "lost"  # not b's lease
+        # a cancel asked on another node reaches the runner through its renewal
+        if mine:
+            assert await qb.cancel(mine[0]) == "requested"
+            assert await qa.renew(mine[0]) == "cancel"
+        # b "dies": its leases expire and the jobs become interrupted, once
+        deadline = time.monotonic() + 10
+        reaped: list[str] = []
+        while time.monotonic() < deadline and len(reaped) < len(theirs):
+            for job_id in mine:
+                await qa.renew(job_id)
+            reaped += await qa.reap()
+            await asyncio.sleep(0.1)
+        assert sorted(reaped) == sorted(theirs)
+        for job_id in theirs:
+            assert (await qa.get(job_id))["state"] == "interrupted"
+            assert await qb.save({"id": job_id, "state": "succeeded"}, "succeeded") is False
+        for job_id in mine:
+            assert await qa.save({"id": job_id, "name": "x", "state": "succeeded"}, "succeeded")
+            assert (await qb.get(job_id))["state"] == "succeeded"
+        await a.stop()
+        await b.stop()
+    _run(main())
+
+
+def test_redis_down_answers_unreachable(tmp_path):
+    from cluster import Cluster, ClusterUnreachable
+
+    server = RedisServer(str(tmp_path))
+
+    async def main():
+        c = Cluster(server.url, "a", prefix="t3", cache_path=str(tmp_path / "c.json"))
+        await c.update_record(lambda rec: {**rec, "models": {"x": {"version": 2}},
+                                           "default": "x"})
+        server.kill()
+        t = time.monotonic()
+        with pytest.raises(ClusterUnreachable) as err:
+            await c.update_record(lambda rec: rec)
+        assert err.value.status == 503 and "unreachable" in str(err.value)
+        assert time.monotonic() - t < 3  # fast: no retries inside the client
+        # a node started now has the cached record
+        d = Cluster(server.url, "d", prefix="t3", cache_path=str(tmp_path / "c.json"))
+        assert d.record["models"]["x"]["version"] == 2 and d.record["revision"] == 1
+        await c.stop()
+        await d.stop()
+    _run(main())
+
+
+# -- three nodes, one shared store, Redis, nginx in front -------------------------------
+@pytest.fixture(scope="module")
+def cl(tiny_store, tmp_path_factory):
+    work = str(tmp_path_factory.mktemp("cluster"))
+    models = os.path.join(work, "models")
+    shutil.copytree(tiny_store, models)
+    redis = RedisServer(work)
+    nodes = [Node(models, redis.url, f"node{i}", work) for i in (1, 2, 3)]
+    for n in nodes:
+        n.start(wait=False)
+    for n in nodes:
+        wait_for(lambda: n.get("/healthz")[0] == 200, 90, f"{n.node_id} /healthz")
+    nginx = Nginx(work, [n.port for n in nodes])
+
+    class Cl:
+        pass
+    c = Cl()
+    c.work, c.models, c.redis, c.nodes, c.nginx = work, models, redis, nodes, nginx
+    yield c
+    nginx.stop()
+    for n in nodes:
+        n.stop()
+    redis.stop()
+
+
+def _cluster(node: Node) -> dict:
+    code, body = node.mget("/cluster")
+    assert code == 200, body
+    return body
+
+
+def _all_on(c, version: int, revision: int, nodes: list[Node] | None = None) -> bool:
+    """Every given node's heartbeat says it serves sent `version` at `revision` or later."""
+    want = {n.node_id for n in (nodes or c.nodes)}
+    view = _cluster((nodes or c.nodes)[0])
+    beats = {b["node"]: b for b in view["nodes"]}
+    return want <= set(beats) and all(
+        beats[n]["revision"] >= revision
+        and beats[n]["serving"].get("sent", {}).get("version") == version for n in want)
+
+
+def _standbys_hold(c, version: int) -> bool:
+    """Every node's standby has preloaded sent `version` (so an apply is only a swap)."""
+    for n in c.nodes:
+        pool = n.status().get("pool") or []
+        if not any(w["state"] == "READY" and w["model"] == {"name": "sent", "version": version}
+                   for w in pool):
+            return False
+    return True
+
+
+def _load_until(load: Load, extra: int, timeout: float = 60) -> None:
+    """Let `extra` more requests succeed (proves traffic flowed through the event)."""
+    target = load.count() + extra
+    wait_for(lambda: load.count() >= target, timeout, f"{extra} more answered requests")
+
+
+def test_an_apply_on_node2_reaches_all_nodes_under_load(cl):
+    n1, n2, n3 = cl.nodes
+    code, body = n1.mpost("/apply", {"name": "sent", "version": 1}, timeout=180)
+    assert code == 200, body
+    assert body["cluster"]["node"] == "node1" and "node1" in body["cluster"]["nodes_serving"]
+    wait_for(lambda: _all_on(cl, 1, body["cluster"]["revision"]), 180, "all nodes on sent v1")
+    view = _cluster(n3)
+    assert {b["node"] for b in view["nodes"]} == {"node1", "node2", "node3"}
+    assert view["stragglers"] == [] and view["converged"]
+    assert view["record"]["models"]["sent"]["version"] == 1
+    # each standby preloads the newer version: the apply below is a swap everywhere
+    wait_for(lambda: _standbys_hold(cl, 2), 240, "standbys preloaded with sent v2",
+             interval=0.5)
+    load = Load(cl.nginx.port)
+    try:
+        _load_until(load, 50)
+        t0 = time.monotonic()
+        code, body = n2.mpost("/apply", {"name": "sent", "version": 2}, timeout=60)
+        assert code == 200, body
+        rev = body["cluster"]["revision"]
+        wait_for(lambda: _all_on(cl, 2, rev), 30, "all nodes on sent v2", interval=0.02)
+        took = time.monotonic() - t0
+        _load_until(load, 50)
+    finally:
+        load.stop()
+    assert took < 2.0, f"an apply took {took:.2f}s to reach all three nodes"
+    for n in cl.nodes:  # each node's own view agrees with its heartbeat
+        assert n.serving("sent") == 2
+    assert load.failed == []
+    assert load.versions[("sent", 2)] > 0 and load.versions[("sent", 1)] > 0
+
+
+def test_racing_applies_end_on_one_revision(cl):
+    n1, n2, _ = cl.nodes
+    answers: dict[str, tuple] = {}
+
+    def apply(node: Node, version: int) -> None:
+        answers[node.node_id] = node.mpost("/apply", {"name": "sent", "version": version},
+                                           timeout=180)
+    threads = [threading.Thread(target=apply, args=(n1, 1)),
+               threading.Thread(target=apply, args=(n2, 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(200)
+    assert all(code == 200 for code, _ in answers.values()), answers
+    revs = sorted(body["cluster"]["revision"] for _, body in answers.values())
+    assert revs[0] != revs[1]  # two atomic updates, neither lost
+
+    def settled():
+        views = [_cluster(n) for n in cl.nodes]
+        rec = views[0]["record"]
+        if rec["revision"] < revs[1]:
+            return False
+        version = rec["models"]["sent"]["version"]
+        return all(v["record"] == rec and not v["stragglers"] for v in views) and \
+            _all_on(cl, version, rec["revision"]) and rec
+    rec = wait_for(settled, 120, "every node on the record's revision", interval=0.2)
+    for n in cl.nodes:
+        assert n.serving("sent") == rec["models"]["sent"]["version"]
+        assert n.status()["record_revision"] == rec["revision"]
+
+
+def test_a_job_submitted_on_node1_runs_once_and_every_node_shows_it(cl):
+    n1 = cl.nodes[0]
+    examples = [{"text": t, "label": lab} for lab, ts in (
+        ("pos", ["很好", "非常好用", "喜欢", "great", "love it", "好评"]),
+        ("neg", ["很差", "太差了", "讨厌", "terrible", "hate it", "差评"])) for t in ts]
+    code, body = n1.mpost("/train", {"name": "clusterjob", "data": {"examples": examples},
+                                     "params": {"architecture": "bow", "epochs": 2,
+                                                "refit": False}})
+    assert code == 202, body
+    job_id = body["job"]["id"]
+
+    def done():
+        views = [n.mget(f"/train/{job_id}") for n in cl.nodes]
+        assert all(code == 200 for code, _ in views), views
+        states = {v["job"]["state"] for _, v in views}
+        return states <= {"succeeded", "failed"} and len(states) == 1 and views
+    views = wait_for(done, 300, "the job finished, seen from every node", interval=0.5)
+    jobs = [v["job"] for _, v in views]
+    assert jobs[0]["state"] == "succeeded", jobs[0]
+    runner = jobs[0]["node"]
+    assert runner in {"node1", "node2", "node3"}
+    assert all(j["node"] == runner and j["result"] == {"name": "clusterjob", "version": 1}
+               for j in jobs)
+    # exactly once: one node claimed it, one version was published
+    claimed = [n.node_id for n in cl.nodes if f"job {job_id} (clusterjob) claimed" in n.log()]
+    assert claimed == [runner]
+    assert sorted(os.listdir(os.path.join(cl.models, "clusterjob"))) == ["1"]
+    for n in cl.nodes:  # listed on every node
+        code, body = n.mget("/train")
+        assert code == 200 and job_id in [j["id"] for j in body["jobs"]]
+
+
+def test_kill_9_of_a_node_under_load_fails_no_request(cl):
+    n3 = cl.nodes[2]
+    load = Load(cl.nginx.port)
+    try:
+        _load_until(load, 100)
+        n3.kill()
+        _load_until(load, 300)
+    finally:
+        load.stop()
+    assert load.failed == []
+    # its heartbeat expires: the other nodes stop listing it
+    wait_for(lambda: "node3" not in {b["node"] for b in _cluster(cl.nodes[0])["nodes"]}, 30,
+             "node3's heartbeat to expire")
+
+
+def test_redis_outage_keeps_serving_refuses_changes_then_converges(cl):
+    n1, n2, n3 = cl.nodes
+    before = _cluster(n1)["record"]
+    serving = before["models"]["sent"]["version"]
+    other = 1 if serving == 2 else 2
+    load = Load(cl.nginx.port)
+    try:
+        _load_until(load, 50)
+        cl.redis.kill()
+        code, body = n1.mpost("/apply", {"name": "sent", "version": other}, timeout=30)
+        assert code == 503 and body["error"]["code"] == "cluster_unreachable", body
+        assert "unreachable" in body["error"]["message"]
+        code, body = n2.mpost("/train", {"name": "x", "data": {"examples": [
+            {"text": "a", "label": "p"}, {"text": "b", "label": "p"},
+            {"text": "c", "label": "n"}, {"text": "d", "label": "n"}]}})
+        assert code == 503 and body["error"]["code"] == "cluster_unreachable", body
+        assert n1.mget("/cluster")[0] == 503
+        # a node started while Redis is down serves its last known record
+        n3.start()
+        wait_for(lambda: n3.get("/readyz")[0] == 200, 180, "node3 ready from its cache")
+        code, body = request(n3.port, "POST", "/predict", {"text": "很好"})
+        assert code == 200 and body["model"] == {"name": "sent", "version": serving}
+        _load_until(load, 100)
+        cl.redis.start()
+        # once Redis is back, an apply goes through and reaches every node
+        def applied():
+            code, body = n1.mpost("/apply", {"name": "sent", "version": other}, timeout=60)
+            assert code in (200, 503), body
+            return code == 200 and body
+        body = wait_for(applied, 60, "an apply after Redis came back", interval=0.5)
+        rev = body["cluster"]["revision"]
+        assert rev > before["revision"]
+        wait_for(lambda: _all_on(cl, other, rev), 120, "all nodes on the new version")
+        _load_until(load, 50)
+    finally:
+        load.stop()
+    assert load.failed == []
