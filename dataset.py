@@ -159,8 +159,12 @@ def check_examples(rows: list[tuple[int, Any]], source: str,
         labels.append(label)
     counts = dict(sorted(collections.Counter(labels).items()))
     if declared is not None:
-        if (not isinstance(declared, list) or not all(isinstance(x, str) for x in declared)
-                or len(set(declared)) != len(declared)):
+        if not isinstance(declared, list) or not all(isinstance(x, str) for x in declared):
+            raise DataError("'data.labels' must be a list of distinct strings")
+        declared = [x.strip() for x in declared]  # compared with stripped example labels
+        if not all(declared):
+            raise DataError("'data.labels' has an empty label")
+        if len(set(declared)) != len(declared):
             raise DataError("'data.labels' must be a list of distinct strings")
         missing = [x for x in declared if x not in counts]
         if missing:

@@ -25,8 +25,11 @@ JSON = "application/json"
 S = dict[str, Any]
 
 # -- building blocks -------------------------------------------------------------------
-# store.check_name: NAME_RE, and no "..". Same pattern in the path and in bodies.
-NAME: S = {"type": "string", "pattern": NAME_RE.pattern, "not": {"pattern": r"\.\."},
+# store.check_name: NAME_RE (fullmatch, so anchored here: JSON Schema patterns
+# search), no "..", and no newline (Python's "$" also matches before a final one).
+# Same schema in the path and in bodies.
+NAME: S = {"type": "string", "pattern": f"^{NAME_RE.pattern}$", "maxLength": 64,
+           "not": {"pattern": r"\.\.|\n"},
            "description": "letters, digits, '_', '-', '.'; starts with a letter or digit; "
                           "no '..'", "example": "sent"}
 VERSION: S = {"type": "integer", "minimum": 1, "example": 1}
@@ -137,8 +140,10 @@ def inference_spec(cfg: Any) -> S:
                 "400": _err("not JSON, not an object, unknown field, both or neither of "
                             "text/texts, a blank or non-string text, bad top_k"),
                 **_body_errors(cfg),
-                "413": _err(f"body over limits.max_body_bytes, more than {lim['max_texts']} "
-                            f"texts, or a text over {lim['max_text_chars']} characters"),
+                "413": _err(f"body over limits.max_body_bytes, or more than "
+                            f"{lim['max_texts']} texts"),
+                "422": _err(f"a text over limits.max_text_chars ({lim['max_text_chars']} "
+                            "characters; code text_too_long)"),
                 "500": _err("the model failed on this request (the worker lives on)"),
                 "503": _err("no model serving, the worker is overloaded, or it died twice"),
                 "504": _err("no answer within worker.request_timeout"),
@@ -192,9 +197,13 @@ def _train_request() -> S:
             "path": {"type": "string", "minLength": 1, "pattern": r"\S"},
             "examples": {"type": "array", "minItems": 2 * dataset.MIN_PER_LABEL,
                          "maxItems": dataset.MAX_EXAMPLES, "items": example},
-            "labels": {"type": "array", "uniqueItems": True, "items": {"type": "string"},
-                       "nullable": True, "description": "the declared label set "
-                                                       "(null or absent: not declared)"},
+            "labels": {"type": "array", "uniqueItems": True, "minItems": 2,
+                       "items": {"type": "string", "pattern": r"\S"},
+                       "nullable": True,
+                       "description": "the declared label set (null or absent: not "
+                                      "declared); compared after trimming spaces; every "
+                                      "declared label needs examples, and every example's "
+                                      "label must be declared"},
         },
     }
     # a valid request: fuzzing's examples phase trains one tiny model with it
@@ -326,6 +335,11 @@ def management_spec(cfg: Any) -> S:
                     "responses": {"200": one_job, "400": bad_path,
                                   "404": _err("no such job")}},
             "delete": {"summary": "Cancel a queued or running job.",
+                       "description": "The trainer process (if any) is stopped and nothing "
+                                      "is published. The job is not deleted: it stays "
+                                      "readable at GET /train/{id} and in GET /train with "
+                                      "state `cancelled` (the answer already shows it), "
+                                      "until training.keep_jobs newer jobs have finished.",
                        "responses": {"200": one_job, "400": bad_path,
                                      "404": _err("no such job"),
                                      "409": _err("the job has already finished")}},

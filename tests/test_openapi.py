@@ -65,8 +65,8 @@ training:
 """
 
 # Every built-in check runs on every answer; the exceptions, and why:
-# - negative_data_rejection: a too-long text, too many texts or a too-large
-#   body is refused with 413 (not in schemathesis's default list of 4xx).
+# - negative_data_rejection: too many texts or a too-large body is refused
+#   with 413, a too-long text with 422 (not in schemathesis's default list).
 # - positive_data_acceptance on POST /train: schema-valid data can still be
 #   refused with 400 for what a schema cannot say (each label needs two
 #   examples; a data file must exist under the data roots).
@@ -83,7 +83,7 @@ def _per_phase(setting: str) -> str:
 
 SCHEMATHESIS_CONFIG = f"""\
 [checks.negative_data_rejection]
-expected-statuses = ["400", "401", "404", "405", "409", "413", "415"]
+expected-statuses = ["400", "401", "404", "405", "409", "413", "415", "422"]
 
 [[operations]]
 include-path = "/train"
