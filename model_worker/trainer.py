@@ -6,8 +6,11 @@ publishes the model: save into a staging folder, load it back in safe mode
 and compare outputs (an artifact that does not reload is never published),
 then ModelStore.publish renames it into <name>/<version>/ atomically.
 
-Frames sent: progress {epoch, epochs, loss, val_loss, val_accuracy, ...},
-done {version, metrics, labels}, failed {message}. It runs at a lower CPU
+Frames sent: progress {epoch, epochs, loss, val_loss, val_accuracy, ...}
+(bow, cnn) or {phase: "search", candidate, of, name, score, best, best_score}
+(auto), done {version, metrics, labels}, failed {message}. Each version also
+gets `saved_model/`, a TensorFlow SavedModel export that loads without this
+project (textmodel.export_saved_model). It runs at a lower CPU
 priority with capped threads so that serving keeps its share of the CPU.
 Exit codes: 0 done, 1 failed (reason sent first), 3 TensorFlow import failed.
 """
@@ -77,8 +80,12 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
 
     texts, labels = _read_jsonl(spec["data_file"])
     log.info("job %s: training %s on %d examples", spec["job_id"], spec["name"], len(texts))
-    protocol.write_frame(sock, {"t": "progress", "phase": "training", "epoch": 0,
-                                "epochs": spec["params"]["epochs"]})
+    if spec["params"].get("architecture") == "auto":
+        # then one frame per candidate: {candidate, of, name, score, best, best_score}
+        protocol.write_frame(sock, {"t": "progress", "phase": "search"})
+    else:
+        protocol.write_frame(sock, {"t": "progress", "phase": "training", "epoch": 0,
+                                    "epochs": spec["params"]["epochs"]})
     t0 = time.monotonic()
     result = textmodel.train_model(texts, labels, spec["params"], on_epoch=on_epoch)
     train_s = time.monotonic() - t0
@@ -96,6 +103,11 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
         b = textmodel.make_predict_fn(again)(probe)
         if not np.allclose(a, b, atol=1e-5):
             raise RuntimeError("saved model does not reproduce the trained model's outputs")
+        # the portable copy: a SavedModel that needs no project code to load
+        t_export = time.monotonic()
+        textmodel.export_saved_model(result.model, os.path.join(staged, textmodel.SAVED_MODEL_DIR),
+                                     probe, a)
+        export_s = time.monotonic() - t_export
         meta = {
             "labels": result.labels,
             "params": spec["params"],
@@ -103,11 +115,14 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
             "metrics": result.metrics,
             "history": result.history,
             "train_seconds": round(train_s, 3),
+            "export_seconds": round(export_s, 3),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "job_id": spec["job_id"],
             "versions": {"python": platform.python_version(), "keras": keras.__version__,
                          "tensorflow": tf.__version__, "numpy": np.__version__},
         }
+        if result.report is not None:
+            meta["report"] = result.report
         version = store.publish(spec["name"], staged, meta)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)

@@ -42,7 +42,7 @@ def _wait_job(svc, job_id, states=("succeeded", "failed", "cancelled"), timeout=
 def test_train_publish_apply_predict(svc):
     rows = _demo_rows(400)
     code, body = svc.mpost("/train", {"name": "reviews", "data": {"examples": rows},
-                                      "params": {"epochs": 4}, "apply": True})
+                                      "params": {"architecture": "bow", "epochs": 4}, "apply": True})
     assert code == 202, body
     job = body["job"]
     assert job["state"] in ("queued", "running")
@@ -77,7 +77,7 @@ def test_train_from_csv_file_makes_next_version(svc):
         for r in _demo_rows(300):
             w.writerow([r["text"], r["label"]])
     code, body = svc.mpost("/train", {"name": "reviews", "data": {"path": path},
-                                      "params": {"epochs": 2}})
+                                      "params": {"architecture": "bow", "epochs": 2}})
     assert code == 202, body
     done = _wait_job(svc, body["job"]["id"])
     assert done["state"] == "succeeded" and done["result"]["version"] == 2
@@ -130,7 +130,7 @@ def test_bad_train_requests_are_refused_up_front(svc, tmp_path):
 def test_queue_cancel_and_crash(svc):
     serving_before = svc.serving()
     rows = _demo_rows(3000)
-    long = {"name": "slow", "data": {"examples": rows}, "params": {"epochs": 200,
+    long = {"name": "slow", "data": {"examples": rows}, "params": {"architecture": "bow", "epochs": 200,
                                                                    "early_stopping_patience": 100}}
     a = svc.mpost("/train", long)[1]["job"]
     b = svc.mpost("/train", long)[1]["job"]

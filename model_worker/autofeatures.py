@@ -1,0 +1,171 @@
+"""Views of a text for the automatic model search, computed with TF ops.
+
+A *view* is one way of turning a text into a bag of tokens: word 1-2-grams,
+character n-grams inside words, ... The trainer builds SciPy sparse count
+matrices from the very same TensorFlow string ops that the served model's
+`TextVectorization` layer runs, so the tokens scikit-learn trained on and
+the tokens the model sees at serving time are identical by construction.
+
+Tokens are identified by their 64-bit fingerprint while counting (fast
+NumPy integer work instead of Python dictionaries of strings); the strings
+are kept only for the vocabulary that is finally chosen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import keras
+import numpy as np
+import scipy.sparse as sp
+import tensorflow as tf
+
+from model_worker import textmodel
+
+# Texts per TensorFlow call while tokenizing.
+_BATCH = 1024
+_HASH_BUCKETS = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class View:
+    """How one TextVectorization branch tokenizes (and how we mirror it)."""
+
+    name: str
+    standardize: str            # key of textmodel._STANDARDIZERS
+    split: Callable | str       # "whitespace" or a registered split function
+    ngrams: tuple[int, ...] | None
+
+    def tokens(self, texts: tf.Tensor) -> tf.RaggedTensor:
+        """Exactly TextVectorization._preprocess for this configuration."""
+        x = textmodel._STANDARDIZERS[self.standardize](texts)
+        x = tf.strings.split(x) if self.split == "whitespace" else self.split(x)
+        if self.ngrams is not None:
+            x = tf.strings.ngrams(x, ngram_width=self.ngrams, separator=" ")
+        return x
+
+
+def views_for(tokenize: str) -> dict[str, View]:
+    """The single views the search may combine, for this script family.
+
+    "word": whitespace tokens (CJK text is spaced out per character by the
+    "char" standardizer, so there it means character 1-2-grams across the
+    text) as 1-2-grams. "char": character n-grams inside words, 2-5 for
+    Latin scripts, 1-3 for CJK runs (which the word standardizer keeps whole).
+    """
+    if tokenize == "char":
+        return {"word": View("word", "char", "whitespace", (1, 2)),
+                "char": View("char", "word", textmodel.split_char_1_3, None)}
+    return {"word": View("word", "word", "whitespace", (1, 2)),
+            "char": View("char", "word", textmodel.split_char_2_5, None)}
+
+
+@dataclass
+class Counts:
+    """Raw token counts of the training texts for one view."""
+
+    matrix: sp.csr_matrix   # (n_texts, n_vocab) float64 counts
+    vocabulary: list[str]   # column j <-> vocabulary[j]
+
+
+def count_matrix(view: View, texts: list[str], max_tokens: int) -> Counts:
+    """Counts of the `max_tokens` most document-frequent tokens of `texts`.
+
+    Ties in document frequency are broken by the fingerprint, so the
+    vocabulary depends only on the set of texts, not on their order.
+    """
+    rows, hashes, seen_hash, seen_text = [], [], [], []
+    for start in range(0, len(texts), _BATCH):
+        ragged = view.tokens(tf.constant(texts[start:start + _BATCH]))
+        flat = ragged.flat_values
+        h = tf.strings.to_hash_bucket_fast(flat, _HASH_BUCKETS).numpy()
+        rows.append(ragged.value_rowids().numpy() + start)
+        hashes.append(h)
+        uniq, first = np.unique(h, return_index=True)
+        seen_hash.append(uniq)
+        seen_text.append(tf.gather(flat, first).numpy())
+    rows_a = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    hash_a = np.concatenate(hashes) if hashes else np.zeros(0, np.int64)
+    uniq, col = np.unique(hash_a, return_inverse=True)
+    counts = sp.csr_matrix((np.ones(len(col)), (rows_a, col)), shape=(len(texts), len(uniq)))
+    counts.sum_duplicates()
+    df = np.diff(counts.tocsc().indptr)
+    # most document-frequent first; lexsort's last key is the primary one
+    order = np.lexsort((uniq, -df))[:max_tokens]
+    order.sort()  # keep column order = fingerprint order (cheap slicing)
+    # strings for the kept fingerprints, from the per-batch first sightings
+    # (the union of the per-batch first sightings is exactly `uniq`)
+    all_hash = np.concatenate(seen_hash)
+    _, first = np.unique(all_hash, return_index=True)
+    strings = np.concatenate(seen_text)[first]
+    vocab = [s.decode("utf-8") for s in strings[order]]
+    if not vocab:
+        raise ValueError("training texts contain no tokens")
+    return Counts(counts[:, order].tocsr(), vocab)
+
+
+def idf_weights(counts: sp.csr_matrix) -> np.ndarray:
+    """Smoothed inverse document frequency, as scikit-learn's TfidfTransformer."""
+    n = counts.shape[0]
+    df = np.bincount(counts.indices, minlength=counts.shape[1])
+    return np.log((1.0 + n) / (1.0 + df)) + 1.0
+
+
+def weigh(counts: sp.csr_matrix, idf: np.ndarray) -> sp.csr_matrix:
+    """(1 + log tf) * idf, each row scaled to unit L2 norm: TermWeighting's math."""
+    x = counts.copy()
+    x.data = (1.0 + np.log(x.data)) * idf[x.indices]
+    norms = np.sqrt(np.asarray(x.multiply(x).sum(axis=1)).ravel())
+    norms[norms == 0] = 1.0
+    return sp.csr_matrix(sp.diags(1.0 / norms) @ x)
+
+
+# --------------------------------------------------------------------------
+# The served graph
+# --------------------------------------------------------------------------
+
+def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input) -> keras.KerasTensor:
+    """TextVectorization (sparse counts) -> TermWeighting for one view."""
+    vec = keras.layers.TextVectorization(
+        max_tokens=len(vocabulary) + 1, standardize=textmodel._STANDARDIZERS[view.standardize],
+        split=view.split, ngrams=view.ngrams, output_mode="count", sparse=True,
+        name=f"vectorizer_{view.name}")
+    vec.set_vocabulary(vocabulary)
+    weighting = textmodel.TermWeighting(len(vocabulary) + 1, "tf_idf", True, True,
+                                        name=f"weighting_{view.name}")
+    weights = np.zeros(len(vocabulary) + 1, dtype="float32")
+    weights[1:] = idf  # column 0 is the OOV bucket: weight 0, as in training
+    weighting.weights_per_term.assign(weights)
+    return weighting(vec(text_input))
+
+
+def linear_graph(views: list[tuple[View, list[str], np.ndarray]],
+                 members: list[tuple[dict[str, np.ndarray], np.ndarray]]) -> keras.Model:
+    """One end-to-end model: each view's bag -> linear maps -> softmax.
+
+    `views` are the branches (shared by all members); each member is a
+    kernel block per view name (rows = that view's vocabulary, no OOV row)
+    plus a bias, already divided by the member's temperature. A member's
+    logits are the sum over its views, exactly a linear model on the
+    concatenated features. Several members are averaged after their
+    softmax (the ensemble's averaged probabilities).
+    """
+    text_input = keras.Input(shape=(), dtype="string", name="text")
+    feats = {view.name: branch(view, vocab, idf, text_input) for view, vocab, idf in views}
+    sizes = {view.name: len(vocab) for view, vocab, _ in views}
+    outputs = []
+    for m, (blocks, bias) in enumerate(members):
+        n_labels = len(bias)
+        logits = []
+        for i, name in enumerate(blocks):
+            dense = keras.layers.Dense(n_labels, use_bias=(i == 0), name=f"logits_{m}_{name}")
+            out = dense(feats[name])
+            w = np.zeros((sizes[name] + 1, n_labels), dtype="float32")
+            w[1:] = blocks[name]
+            dense.set_weights([w, bias.astype("float32")] if i == 0 else [w])
+            logits.append(out)
+        total = logits[0] if len(logits) == 1 else keras.layers.Add(name=f"logits_{m}")(logits)
+        outputs.append(keras.layers.Activation("softmax", name=f"probs_{m}")(total))
+    probs = outputs[0] if len(outputs) == 1 else keras.layers.Average(name="probs")(outputs)
+    return keras.Model(text_input, probs, name="textswap_auto")

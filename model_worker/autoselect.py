@@ -1,0 +1,393 @@
+"""architecture "auto": choose the model for the data in front of us.
+
+1. Views: the training texts become sparse count matrices per view (word
+   1-2-grams; character n-grams inside words), with the same TF string ops
+   the served model runs (model_worker.autofeatures).
+2. Search: candidates (a set of views x a linear learner x a regularisation
+   strength; then the classic `bow`/`cnn` networks) are scored by stratified
+   k-fold cross-validation on macro-F1, cheapest first, folds one at a time
+   in this single-threaded process, until `time_budget_s` would be
+   exceeded; what did not fit is reported as skipped. The grid is staged:
+   a cheap learner screens the view sets, then learners and strengths are
+   searched on the two best view sets only.
+3. An ensemble of the two best (averaged calibrated probabilities) is kept
+   only when cross-validation says it beats the best single candidate.
+4. Calibration: one temperature fitted on the out-of-fold decision values.
+5. The winner is refitted on every row and transplanted into one Keras
+   graph (TextVectorization branches -> TermWeighting -> Dense -> softmax).
+
+Reproducible: folds, vocabularies and learners are seeded and
+order-independent, so the same data, params and seed give the same model
+as long as the time budget does not cut the search (the report says whether
+it did: `budget_bound`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.metrics import f1_score
+from sklearn.model_selection import StratifiedKFold
+
+from model_worker import autofeatures, calibration, learners, textmodel
+
+log = logging.getLogger(__name__)
+
+# Grid. Strengths are in units of unit-norm TF-IDF bags (NB-SVM's features
+# are scaled by log-count ratios, hence its own range). Chosen on
+# development sets of different languages, sizes and label counts by CV
+# only, never on a test split; see README "How auto chooses".
+_SCREEN = ("svm", 0.3)
+_LEARNERS = (("nbsvm", 0.1), ("nbsvm", 0.3), ("svm", 1.0), ("lr", 10.0), ("lr", 30.0))
+_VIEW_SETS = (("word",), ("char",), ("word", "char"))
+# Relative cost of a learner against the linear SVM on the same features
+# (measured), used to predict whether a candidate still fits the budget.
+_COST_FACTOR = {"svm": 1.0, "nbsvm": 2.0, "lr": 3.0}
+# Kept for the final refit, building and saving the Keras graph.
+_FIXED_RESERVE_S = 4.0
+# An ensemble must beat the best single candidate by this much macro-F1.
+_ENSEMBLE_MARGIN = 0.002
+
+
+@dataclass(frozen=True)
+class Candidate:
+    views: tuple[str, ...]
+    learner: str           # "svm", "nbsvm", "lr"; "bow", "cnn" for the networks
+    c: float | None = None
+
+    @property
+    def name(self) -> str:
+        if self.learner in ("bow", "cnn"):
+            return self.learner
+        return f"{'+'.join(self.views)}/{self.learner} C={self.c:g}"
+
+    def describe(self) -> dict:
+        return {"name": self.name, "views": list(self.views), "learner": self.learner, "C": self.c}
+
+
+@dataclass
+class Scored:
+    candidate: Candidate
+    oof: np.ndarray          # out-of-fold logits (n, n_labels)
+    fold_scores: list[float]
+    seconds: float
+
+    @property
+    def score(self) -> float:
+        return float(np.mean(self.fold_scores))
+
+
+class BudgetExceeded(Exception):
+    """A candidate was stopped because it would overrun the time budget."""
+
+
+class Search:
+    """Cross-validated search over candidates within a wall-clock deadline."""
+
+    def __init__(self, texts: list[str], y: np.ndarray, n_labels: int, params: dict, tokenize: str,
+                 started: float, on_candidate: Callable[[dict], None] | None,
+                 network_cv: Callable | None) -> None:
+        self.texts, self.y, self.n_labels, self.params = texts, y, n_labels, params
+        self.seed = params["seed"]
+        self.deadline = started + params["time_budget_s"]
+        self.on_candidate, self.network_cv = on_candidate, network_cv
+        self.view_defs = autofeatures.views_for(tokenize)
+        t0 = time.monotonic()
+        self.counts = {name: autofeatures.count_matrix(view, texts, params["max_tokens"])
+                       for name, view in self.view_defs.items()}
+        self.features_s = time.monotonic() - t0
+        k = max(2, min(params["folds"], int(np.bincount(y).min())))
+        self.folds = list(StratifiedKFold(k, shuffle=True, random_state=self.seed).split(np.zeros(len(y)), y))
+        self._weighted: dict[tuple[str, int], sp.csr_matrix] = {}
+        self.scored: list[Scored] = []
+        self.skipped: list[dict] = []
+        self.budget_bound = False
+        self._per_fold_svm_s: dict[tuple[str, ...], float] = {}
+
+    # -- features ------------------------------------------------------------
+    def _fold_matrix(self, views: tuple[str, ...], fold: int) -> sp.csr_matrix:
+        """All rows weighted with IDF from this fold's training rows only."""
+        parts = []
+        for v in views:
+            key = (v, fold)
+            if key not in self._weighted:
+                counts = self.counts[v].matrix
+                train = self.folds[fold][0]
+                self._weighted[key] = autofeatures.weigh(counts, autofeatures.idf_weights(counts[train]))
+            parts.append(self._weighted[key])
+        return parts[0] if len(parts) == 1 else sp.hstack(parts, format="csr")
+
+    # -- budget --------------------------------------------------------------
+    def _estimate(self, cand: Candidate) -> float:
+        """Predicted seconds for all folds of `cand` (0 when unknown)."""
+        if cand.learner in ("bow", "cnn"):
+            return 0.0
+        base = self._per_fold_svm_s.get(cand.views)
+        if base is None:  # scale by feature count from a measured view set
+            known = [(v, s) for v, s in self._per_fold_svm_s.items()]
+            if not known:
+                return 0.0
+            nnz = lambda vs: sum(self.counts[v].matrix.nnz for v in vs)  # noqa: E731
+            v0, s0 = known[0]
+            base = s0 * nnz(cand.views) / max(1, nnz(v0))
+        return base * _COST_FACTOR[cand.learner] * len(self.folds)
+
+    def reserve(self) -> float:
+        """Seconds to keep for refitting the best candidate and saving it."""
+        if not self.scored:
+            return _FIXED_RESERVE_S
+        best = self.best()
+        return _FIXED_RESERVE_S + 1.5 * best.seconds / len(self.folds)
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic() - self.reserve()
+
+    # -- evaluation ----------------------------------------------------------
+    def run(self, cand: Candidate, index: int, total: int) -> Scored | None:
+        # the first candidate (the cheapest) always runs: there must be a model
+        force = not self.scored
+        estimate = self._estimate(cand)
+        if not force and estimate > self.remaining():
+            self._skip(cand, f"time budget: needs ~{estimate:.1f}s, {max(0.0, self.remaining()):.1f}s left")
+            return None
+        t0 = time.monotonic()
+        oof = np.zeros((len(self.y), self.n_labels))
+        scores = []
+        try:
+            for f, (train, test) in enumerate(self.folds):
+                if cand.learner in ("bow", "cnn"):
+                    oof[test] = self.network_cv(cand.learner, train, test, self.deadline - self.reserve())
+                else:
+                    x = self._fold_matrix(cand.views, f)
+                    model = learners.fit(cand.learner, cand.c, x[train], self.y[train], self.n_labels, self.seed)
+                    oof[test] = model.decision(x[test])
+                scores.append(f1_score(self.y[test], oof[test].argmax(1), average="macro",
+                                       labels=range(self.n_labels), zero_division=0))
+                spent = time.monotonic() - t0
+                if (not force and f + 1 < len(self.folds)
+                        and spent / (f + 1) * (len(self.folds) - f - 1) > self.remaining()):
+                    raise BudgetExceeded(f"time budget ran out after {f + 1} of {len(self.folds)} folds")
+        except BudgetExceeded as exc:
+            self._skip(cand, str(exc))
+            return None
+        seconds = time.monotonic() - t0
+        if cand.learner == "svm":
+            self._per_fold_svm_s.setdefault(cand.views, seconds / len(self.folds))
+        result = Scored(cand, oof, [float(s) for s in scores], seconds)
+        self.scored.append(result)
+        best = self.best()
+        log.info("candidate %d/%d %s: macro-F1 %.4f ± %.4f in %.1fs (best %s %.4f)", index, total,
+                 cand.name, result.score, np.std(scores), seconds, best.candidate.name, best.score)
+        if self.on_candidate:
+            self.on_candidate({"phase": "search", "candidate": index, "of": total, "name": cand.name,
+                               "score": round(result.score, 4), "best": best.candidate.name,
+                               "best_score": round(best.score, 4), "seconds": round(seconds, 2)})
+        return result
+
+    def _skip(self, cand: Candidate, reason: str) -> None:
+        self.budget_bound = True
+        self.skipped.append({"name": cand.name, "reason": reason})
+        log.info("skipped %s: %s", cand.name, reason)
+
+    def best(self) -> Scored:
+        # ties go to the earlier (cheaper) candidate
+        return max(self.scored, key=lambda s: (round(s.score, 6), -self.scored.index(s)))
+
+    def search(self, include_networks: bool) -> None:
+        screen = [Candidate(v, *_SCREEN) for v in _VIEW_SETS]
+        networks = [Candidate((), "bow"), Candidate((), "cnn")] if include_networks else []
+        total = len(screen) + 2 * len(_LEARNERS) + len(networks)
+        index = 0
+        for cand in screen:
+            index += 1
+            self.run(cand, index, total)
+        ranked = sorted({s.candidate.views: s.score for s in self.scored}.items(), key=lambda kv: -kv[1])
+        top = [views for views, _ in ranked[:2]]
+        # learner by learner across both view sets: cheap learners first, so
+        # that a binding budget cuts the costly ones (lr) rather than a view
+        for learner, c in _LEARNERS:
+            for views in top:
+                index += 1
+                self.run(Candidate(views, learner, c), index, total)
+        if not include_networks:
+            self.skipped += [{"name": n, "reason": "include_networks is false"} for n in ("bow", "cnn")]
+        for cand in networks:
+            index += 1
+            if self.remaining() <= 0:
+                self._skip(cand, "time budget")
+                continue
+            self.run(cand, index, total)
+
+
+# --------------------------------------------------------------------------
+# Combining, calibrating, reporting
+# --------------------------------------------------------------------------
+
+def fold_f1(search: Search, probs: np.ndarray) -> list[float]:
+    return [float(f1_score(search.y[test], probs[test].argmax(1), average="macro",
+                           labels=range(search.n_labels), zero_division=0)) for _, test in search.folds]
+
+
+def choose(search: Search) -> tuple[list[Scored], list[float], dict]:
+    """The member(s) to serve with their temperatures, and the ensemble note.
+
+    Two members are averaged (after each one's own temperature) when that
+    scores above the best single candidate by _ENSEMBLE_MARGIN in CV.
+    """
+    ranked = sorted(search.scored, key=lambda s: -s.score)
+    best = ranked[0]
+    temps = [calibration.fit_temperature(best.oof, search.y)]
+    note: dict = {"tried": False}
+    # the runner-up must differ in views or learner family, else it adds little
+    other = next((s for s in ranked[1:] if s.candidate.learner not in ("bow", "cnn")
+                  and best.candidate.learner not in ("bow", "cnn")
+                  and (s.candidate.views, s.candidate.learner) != (best.candidate.views, best.candidate.learner)),
+                 None)
+    if other is not None:
+        t2 = calibration.fit_temperature(other.oof, search.y)
+        avg = (calibration.softmax(best.oof / temps[0]) + calibration.softmax(other.oof / t2)) / 2
+        score = float(np.mean(fold_f1(search, avg)))
+        note = {"tried": True, "members": [best.candidate.name, other.candidate.name],
+                "cv_macro_f1": round(score, 4), "kept": score > best.score + _ENSEMBLE_MARGIN}
+        if note["kept"]:
+            return [best, other], [temps[0], t2], note
+    return [best], temps, note
+
+
+def oof_probs(members: list[Scored], temps: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """(uncalibrated, calibrated) out-of-fold probabilities of the chosen model."""
+    raw = np.mean([calibration.softmax(m.oof) for m in members], axis=0)
+    cal = np.mean([calibration.softmax(m.oof / t) for m, t in zip(members, temps)], axis=0)
+    return raw, cal
+
+
+def confusion(y: np.ndarray, pred: np.ndarray, n_labels: int) -> list[list[int]]:
+    m = np.zeros((n_labels, n_labels), dtype=int)
+    np.add.at(m, (y, pred), 1)
+    return m.tolist()
+
+
+# --------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------
+
+@dataclass
+class AutoResult:
+    model: object            # keras.Model
+    metrics: dict
+    report: dict
+    history: list[dict]
+
+
+def _refit_linear(search: Search, cand: Candidate, temperature: float,
+                  idf: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Fit on every row; returns per-view kernel blocks and bias, divided by T."""
+    x = sp.hstack([autofeatures.weigh(search.counts[v].matrix, idf[v]) for v in cand.views], format="csr")
+    model = learners.fit(cand.learner, cand.c, x, search.y, search.n_labels, search.seed)
+    blocks, offset = {}, 0
+    for v in cand.views:
+        size = len(search.counts[v].vocabulary)
+        blocks[v] = model.kernel[offset:offset + size] / temperature
+        offset += size
+    return blocks, model.bias / temperature
+
+
+def _sklearn_probs(search: Search, members, idf, rows: np.ndarray) -> np.ndarray:
+    """What the transplanted graph must output for these training rows."""
+    probs = []
+    for blocks, bias in members:
+        z = bias + sum(np.asarray(autofeatures.weigh(search.counts[v].matrix[rows], idf[v]) @ blocks[v])
+                       for v in blocks)
+        probs.append(calibration.softmax(z))
+    return np.mean(probs, axis=0)
+
+
+def final_model(search: Search, members: list[Candidate], temps: list[float],
+                network_fit: Callable | None = None):
+    """The served Keras model for the chosen member(s), fitted on every row."""
+    if members[0].learner in ("bow", "cnn"):
+        return network_fit(members[0].learner, temps[0])
+    idf = {v: autofeatures.idf_weights(c.matrix) for v, c in search.counts.items()}
+    fitted = [_refit_linear(search, m, t, idf) for m, t in zip(members, temps)]
+    used = [v for v in search.view_defs if any(v in blocks for blocks, _ in fitted)]
+    model = autofeatures.linear_graph(
+        [(search.view_defs[v], search.counts[v].vocabulary, idf[v]) for v in used], fitted)
+    # the graph must compute what scikit-learn fitted: check on training rows
+    rows = np.arange(min(64, len(search.texts)))
+    expected = _sklearn_probs(search, fitted, idf, rows)
+    got = textmodel.make_predict_fn(model)([search.texts[i] for i in rows])
+    if not np.allclose(got, expected, atol=1e-4):
+        raise RuntimeError(f"Keras graph differs from the fitted model by {np.abs(got - expected).max():.2e}")
+    return model
+
+
+def train_auto(texts: list[str], labels: list[str], label_names: list[str], params: dict,
+               tokenize: str, started: float, on_progress: Callable[[dict], None] | None,
+               network_cv: Callable, network_fit: Callable) -> AutoResult:
+    """Search, choose, calibrate, refit and build the served model.
+
+    network_cv(arch, train_idx, test_idx, deadline) -> out-of-fold logits and
+    network_fit(arch, temperature) -> keras.Model come from textmodel, which
+    owns the `bow`/`cnn` networks.
+    """
+    index = {name: i for i, name in enumerate(label_names)}
+    y = np.array([index[label] for label in labels])
+    history: list[dict] = []
+
+    def on_candidate(row: dict) -> None:
+        history.append(row)
+        if on_progress:
+            on_progress(row)
+
+    search = Search(texts, y, len(label_names), params, tokenize, started, on_candidate, network_cv)
+    search.search(include_networks=params["include_networks"])
+    search_s = time.monotonic() - started
+    members, temps, ensemble = choose(search)
+    raw, cal = oof_probs(members, temps)
+    pred = cal.argmax(1)
+
+    t0 = time.monotonic()
+    model = final_model(search, [m.candidate for m in members], temps, network_fit)
+    final_s = time.monotonic() - t0
+
+    metrics = textmodel.classification_metrics(y, pred, label_names)
+    conf = confusion(y, pred, len(label_names))
+    metrics.update(measured_on="cross_validation", n_train=len(texts), n_val=0, tokenize=tokenize,
+                   folds=len(search.folds), confusion_matrix=conf,
+                   vocabulary_size=sum(len(search.counts[v].vocabulary)
+                                       for v in {v for m in members for v in m.candidate.views}),
+                   ece=round(calibration.ece(cal, y), 4))
+    report = {
+        "method": "auto",
+        "time_budget_s": params["time_budget_s"], "folds": len(search.folds), "seed": params["seed"],
+        "tokenize": tokenize, "scoring": "macro_f1, stratified k-fold",
+        "views": {v: {"vocabulary": len(c.vocabulary), "tokens_per_text": round(c.matrix.sum() / len(texts), 1)}
+                  for v, c in search.counts.items()},
+        "candidates": [{**s.candidate.describe(), "cv_macro_f1": round(s.score, 4),
+                        "cv_std": round(float(np.std(s.fold_scores)), 4),
+                        "fold_scores": [round(f, 4) for f in s.fold_scores], "seconds": round(s.seconds, 3)}
+                       for s in search.scored],
+        "skipped": search.skipped,
+        "budget_bound": search.budget_bound,
+        "ensemble": ensemble,
+        "chosen": {"name": " + ".join(m.candidate.name for m in members),
+                   "members": [{**m.candidate.describe(), "temperature": round(t, 4)} for m, t in zip(members, temps)],
+                   "cv_macro_f1": round(float(np.mean(fold_f1(search, cal))), 4)},
+        "out_of_fold": {"accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"],
+                        "per_label": metrics["per_label"],
+                        "confusion_matrix": {"labels": label_names, "rows": conf}},
+        "calibration": {"method": "temperature", "temperature": [round(t, 4) for t in temps],
+                        "bins": calibration.ECE_BINS,
+                        "ece_before": round(calibration.ece(raw, y), 4),
+                        "ece_after": round(calibration.ece(cal, y), 4),
+                        "nll_before": round(calibration.nll(raw, y), 4),
+                        "nll_after": round(calibration.nll(cal, y), 4)},
+        "seconds": {"features": round(search.features_s, 2), "search": round(search_s, 2),
+                    "final_fit": round(final_s, 2)},
+    }
+    return AutoResult(model, metrics, report, history)

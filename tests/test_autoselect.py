@@ -1,0 +1,204 @@
+"""architecture "auto": the search, its report, budget, reproducibility, and
+safe-mode loading of every model family it can produce.
+
+Real scikit-learn and TensorFlow on tiny data in this process (as
+test_textmodel does); the reloads happen in a fresh interpreter that only
+imports model_worker.textmodel, exactly what a serving worker does. The
+end-to-end path through the service is in test_training_auto.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "data" / "demo" / "sentiment_zh.jsonl"
+
+# A three-label English set: topic words inside varied sentences.
+_TOPICS = {
+    "sport": ["football match", "tennis final", "the striker scored", "marathon runners", "league table",
+              "the goalkeeper saved", "olympic swimming", "basketball playoffs", "cricket innings",
+              "cycling race", "boxing title fight", "rugby scrum"],
+    "tech": ["new smartphone chip", "software update", "laptop battery", "cloud servers", "open source code",
+             "the compiler crashed", "wireless router", "graphics card drivers", "database backup",
+             "encryption keys", "operating system kernel", "mobile app release"],
+    "food": ["chocolate cake recipe", "fresh pasta sauce", "spicy noodle soup", "grilled salmon",
+             "vegetable curry", "the bakery bread", "cheese and wine", "sushi restaurant", "apple pie",
+             "roast chicken dinner", "green tea dessert", "pancakes with honey"],
+}
+_FRAMES = ["news about {}", "{} today", "people talk about the {}", "i read about {} this week",
+           "a long story on {} and more"]
+
+
+def english() -> tuple[list[str], list[str]]:
+    texts, labels = [], []
+    for label, topics in _TOPICS.items():
+        for i, topic in enumerate(topics):
+            for j in range(2):
+                texts.append(_FRAMES[(i + j) % len(_FRAMES)].format(topic))
+                labels.append(label)
+    return texts, labels
+
+
+def chinese(n: int) -> tuple[list[str], list[str]]:
+    with open(DEMO, encoding="utf-8") as fh:
+        rows = [json.loads(line) for _, line in zip(range(n), fh)]
+    return [r["text"] for r in rows], [r["label"] for r in rows]
+
+
+def test_auto_params_validated():
+    from model_worker.params import DEFAULT_PARAMS, ParamError, validate_params
+
+    assert DEFAULT_PARAMS["architecture"] == "auto"
+    p = validate_params({"time_budget_s": 5, "folds": 3, "seed": 7})
+    assert p["time_budget_s"] == 5.0 and p["folds"] == 3 and p["seed"] == 7
+    for field, bad in [("time_budget_s", 0), ("time_budget_s", "60"), ("folds", 1), ("folds", 11),
+                       ("folds", 2.5), ("include_networks", "yes")]:
+        with pytest.raises(ParamError) as err:
+            validate_params({field: bad})
+        assert err.value.field == field
+
+
+@pytest.fixture(scope="module")
+def english_result():
+    from model_worker import textmodel
+
+    texts, labels = english()
+    t0 = time.monotonic()
+    result = textmodel.train_model(texts, labels, {"time_budget_s": 120, "folds": 3, "seed": 11})
+    return texts, labels, result, time.monotonic() - t0
+
+
+def test_report_fields(english_result):
+    texts, labels, result, _ = english_result
+    report, metrics = result.report, result.metrics
+    assert result.labels == ["food", "sport", "tech"]
+    assert report["method"] == "auto" and report["folds"] == 3 and report["seed"] == 11
+    assert report["tokenize"] == "word" and set(report["views"]) == {"word", "char"}
+    assert len(report["candidates"]) >= 8
+    for cand in report["candidates"]:
+        assert 0.0 <= cand["cv_macro_f1"] <= 1.0 and cand["cv_std"] >= 0 and cand["seconds"] >= 0
+        assert len(cand["fold_scores"]) == 3
+        assert cand["learner"] in ("svm", "nbsvm", "lr")
+    assert {c["views"][0] for c in report["candidates"][:3]} == {"word", "char"}
+    best = max(c["cv_macro_f1"] for c in report["candidates"])
+    chosen = report["chosen"]
+    assert chosen["members"] and all(m["temperature"] > 0 for m in chosen["members"])
+    if not report["ensemble"].get("kept"):
+        assert chosen["cv_macro_f1"] == pytest.approx(best, abs=1e-4)
+    # networks were not asked for: reported as skipped, with the reason
+    assert {s["name"] for s in report["skipped"]} == {"bow", "cnn"}
+    oof = report["out_of_fold"]
+    conf = np.array(oof["confusion_matrix"]["rows"])
+    assert oof["confusion_matrix"]["labels"] == result.labels
+    assert conf.sum() == len(texts) and conf.shape == (3, 3)
+    assert np.trace(conf) / len(texts) == pytest.approx(oof["accuracy"], abs=1e-3)
+    for name in result.labels:
+        row = oof["per_label"][name]
+        assert {"precision", "recall", "f1", "support"} <= row.keys() and row["support"] == 24
+    cal = report["calibration"]
+    assert cal["bins"] == 15 and 0 <= cal["ece_after"] <= 1 and 0 <= cal["ece_before"] <= 1
+    # T minimises out-of-fold NLL and T = 1 is a candidate: never worse
+    assert cal["nll_after"] <= cal["nll_before"] + 1e-3
+    # the metrics other code reads are there, from the same predictions
+    assert metrics["macro_f1"] == oof["macro_f1"] and metrics["measured_on"] == "cross_validation"
+    assert metrics["accuracy"] > 0.6  # chance is 1/3; unseen topic words cap it
+    # progress rows, one per candidate evaluated
+    assert [h["candidate"] for h in result.history] == sorted(h["candidate"] for h in result.history)
+    assert all({"candidate", "of", "best_score", "score"} <= h.keys() for h in result.history)
+
+
+def test_same_seed_same_model(english_result):
+    from model_worker import textmodel
+
+    texts, labels, first, _ = english_result
+    assert first.report["budget_bound"] is False  # else timing could change the search
+    again = textmodel.train_model(texts, labels, {"time_budget_s": 120, "folds": 3, "seed": 11})
+    assert [c["cv_macro_f1"] for c in again.report["candidates"]] == \
+        [c["cv_macro_f1"] for c in first.report["candidates"]]
+    assert again.report["chosen"] == first.report["chosen"]
+    probe = texts[::7] + ["an unseen text about tennis and noodles"]
+    np.testing.assert_allclose(textmodel.make_predict_fn(again.model)(probe),
+                               textmodel.make_predict_fn(first.model)(probe), atol=1e-6)
+
+
+def test_time_budget_honoured():
+    from model_worker import textmodel
+
+    texts, labels = chinese(3000)
+    budget = 6.0
+    t0 = time.monotonic()
+    result = textmodel.train_model(texts, labels, {"time_budget_s": budget})
+    elapsed = time.monotonic() - t0
+    report = result.report
+    assert report["budget_bound"] is True
+    reasons = [s["reason"] for s in report["skipped"] if s["name"] not in ("bow", "cnn")]
+    assert reasons and all("time budget" in r for r in reasons)
+    assert 1 <= len(report["candidates"]) < 13
+    # the search stops at the budget; one final refit and the graph follow.
+    # A generous allowance for a loaded machine: the full search takes far longer.
+    assert elapsed < budget + 20, elapsed
+
+
+LOAD_ALL = """
+import json, sys
+import keras
+import model_worker.textmodel as tm
+out = {}
+for path in json.loads(sys.argv[1]):
+    model = keras.saving.load_model(path, safe_mode=True)
+    out[path] = tm.make_predict_fn(model)(json.loads(sys.argv[2])).tolist()
+print(json.dumps(out))
+"""
+
+
+def test_every_family_loads_in_safe_mode(tmp_path):
+    """Each view set, each learner, an ensemble and the calibrated networks."""
+    from model_worker import autoselect, textmodel
+    from model_worker.autoselect import Candidate
+    from model_worker.params import validate_params
+
+    texts, labels = english()
+    names = sorted(set(labels))
+    y = np.array([names.index(label) for label in labels])
+    params = validate_params({"folds": 2})
+    search = autoselect.Search(texts, y, len(names), params, "word", time.monotonic(), None, None)
+    families = {
+        "word_svm": [Candidate(("word",), "svm", 1.0)],
+        "char_nbsvm": [Candidate(("char",), "nbsvm", 0.3)],
+        "union_lr": [Candidate(("word", "char"), "lr", 10.0)],
+        "ensemble": [Candidate(("word",), "nbsvm", 0.1), Candidate(("word", "char"), "svm", 1.0)],
+    }
+    probe = ["tennis final today", "a new laptop", "noodle soup recipe", "完全 unseen 文本"]
+    expected, paths = {}, []
+    for name, members in families.items():
+        model = autoselect.final_model(search, members, [0.5] * len(members))
+        path = str(tmp_path / f"{name}.keras")
+        model.save(path)
+        paths.append(path)
+        expected[path] = textmodel.make_predict_fn(model)(probe)
+    net_params = {"epochs": 2, "max_tokens": 500, "validation_split": 0.0, "sequence_length": 16,
+                  "embedding_dim": 8}
+    for arch in ("bow", "cnn"):
+        model = textmodel.calibrated_network(texts, labels, {**net_params, "architecture": arch}, 2.0)
+        path = str(tmp_path / f"{arch}.keras")
+        model.save(path)
+        paths.append(path)
+        expected[path] = textmodel.make_predict_fn(model)(probe)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run([sys.executable, "-c", LOAD_ALL, json.dumps(paths), json.dumps(probe)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    for path in paths:
+        probs = np.array(got[path])
+        assert probs.shape == (len(probe), 3)
+        np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-5)
+        np.testing.assert_allclose(probs, expected[path], atol=1e-6)
