@@ -89,6 +89,13 @@ DEFAULTS: dict[str, Any] = {
         "job_lease": 10.0,      # a training job's lease; a dead node's job is
                                 # `interrupted` this long after its last renewal
     },
+    # Prometheus metrics (metrics.py): GET /metrics on the management port
+    # (behind its token), and on a port of its own when `port` is set
+    "metrics": {
+        "enabled": True,
+        "port": 0,           # 0: no separate port (TorchServe's convention is 8082)
+        "host": "0.0.0.0",  # where that port listens; it has no token
+    },
     "training": {
         "max_concurrent": 1,
         "nice": 10,

@@ -29,10 +29,9 @@ from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 PREFIX = "textswap_"
-CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0)
@@ -105,6 +104,10 @@ class Metrics:
         events = getattr(sup, "events", None)
         if events is not None:
             events.subscribe(self.on_event)
+        if sup is not None:  # batch figures arrive in the workers' result frames
+            from workerhandle import WorkerHandle
+
+            WorkerHandle.on_batch = self.observe_batch
 
     # -- counting (hot path: keep it plain) ----------------------------------------------
     def observe_request(self, api: str, model: str, version: Any, status: int,
@@ -144,8 +147,11 @@ class Metrics:
                     h.observe(float(seconds))
 
     # -- scraping ---------------------------------------------------------------------------
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """(body, Content-Type): the text format, or OpenMetrics when the scraper's
+        Accept header asks for it (as Prometheus does)."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
 
     def collect(self) -> Iterator[Any]:
         """prometheus_client's collector protocol: every family, built now."""

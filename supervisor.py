@@ -27,6 +27,7 @@ from config import Config, ConfigError, load_config
 from errors import ApplyFailed, Conflict, NoModel, ServiceError, UnknownModel
 from events import Events
 from jobs import JobManager
+import metrics
 from statedb import FILENAME as STATE_DB, StateDB
 from pool import WorkerPool
 from slots import Slot
@@ -56,6 +57,7 @@ class Supervisor:
         self.previous_default: str | None = None  # the default before the last change
         self.record: dict[str, Any] = {"default": None, "models": {}, "revision": 0}
         self.events = Events()
+        self.metrics = metrics.build(self, config)  # Prometheus figures (metrics.py)
         self.started = time.time()
         self.stopping = False
         self.stopped = Event()

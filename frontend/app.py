@@ -8,6 +8,7 @@ from tornado.httpserver import HTTPServer
 from tornado.web import Application
 
 from frontend import handlers as h
+from frontend import metrics_http
 from frontend import artifact, clusterapi, oip, openapi
 from frontend.base import NotFoundHandler, log_level
 
@@ -28,7 +29,8 @@ def inference_app(sup: Any, config: Any) -> Application:
         (r"/readyz", h.ReadyHandler, kw),
         (r"/openapi.json", openapi.InferenceSpecHandler, kw),
         *oip.routes(kw),  # Open Inference Protocol v2
-    ], default_handler_class=NotFoundHandler, default_handler_args=kw, log_function=_log)
+    ], default_handler_class=NotFoundHandler, default_handler_args=kw,
+        log_function=metrics_http.counting(sup, _log))  # counts what fastpath.py does not
 
 
 def management_app(sup: Any, config: Any) -> Application:
@@ -43,6 +45,7 @@ def management_app(sup: Any, config: Any) -> Application:
         *artifact.routes(kw),  # GET /models/<name>/<version>/artifact (.tar.gz)
         (r"/healthz", h.HealthHandler, kw),
         (r"/openapi.json", openapi.ManagementSpecHandler, kw),
+        *metrics_http.routes(kw),  # GET /metrics (Prometheus)
         *clusterapi.routes(kw),  # GET /cluster (cluster mode; 404 otherwise)
     ]
     try:
@@ -79,5 +82,10 @@ def start_servers(sup: Any, config: Any) -> list[HTTPServer]:
         cap = max(_MIN_TRANSPORT_CAP, 2 * config["limits"]["max_body_bytes"])
         server = HTTPServer(app, max_body_size=cap, xheaders=False)
         server.listen(port, address=host)
+        servers.append(server)
+    m = config["metrics"]
+    if m["enabled"] and m["port"]:  # for scrapers that cannot send the token
+        server = HTTPServer(metrics_http.metrics_app(sup, config))
+        server.listen(m["port"], address=m["host"])
         servers.append(server)
     return servers

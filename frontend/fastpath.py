@@ -28,6 +28,7 @@ from frontend.handlers import PREDICT_FIELDS, predict, predict_request
 log = logging.getLogger("textswap.http")
 
 _JSON = "application/json; charset=utf-8"
+_NO_MODEL = {"name": "", "version": None}
 
 
 class PredictRouter(httputil.HTTPServerConnectionDelegate):
@@ -37,6 +38,7 @@ class PredictRouter(httputil.HTTPServerConnectionDelegate):
         self.app = app
         self.sup = supervisor
         self.limits = config["limits"]
+        self.metrics = getattr(supervisor, "metrics", None)
 
     def start_request(self, server_conn: object,
                       request_conn: httputil.HTTPConnection) -> httputil.HTTPMessageDelegate:
@@ -114,6 +116,11 @@ class _Predict(httputil.HTTPMessageDelegate):
             status = 500
             payload = {"error": {"code": "internal", "message": "internal error"}}
         out = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode()
+        m = self.router.metrics
+        if m is not None:
+            ref = payload["model"] if status == 200 else _NO_MODEL
+            m.observe_request("predict", ref["name"], ref["version"], status,
+                              time.monotonic() - self.started)
         if status >= 400:  # a 503 while no model serves yet is expected: not ERROR
             log.log(log_level(status), "%d POST /predict %.1fms", status,
                     1000 * (time.monotonic() - self.started))

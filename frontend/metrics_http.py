@@ -14,7 +14,6 @@ from typing import Any, Callable
 from tornado.web import Application
 
 from frontend.base import ApiError, JsonHandler, NotFoundHandler
-from metrics import CONTENT_TYPE
 
 
 class MetricsHandler(JsonHandler):
@@ -22,8 +21,8 @@ class MetricsHandler(JsonHandler):
         m = getattr(self.sup, "metrics", None)
         if m is None or not m.enabled:
             raise ApiError(404, "not_found", "metrics are off (metrics.enabled: false)")
-        body = m.exposition()
-        self.set_header("Content-Type", CONTENT_TYPE)
+        body, content_type = m.exposition(self.request.headers.get("Accept"))
+        self.set_header("Content-Type", content_type)
         self.finish(body)
 
 
