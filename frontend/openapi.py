@@ -309,6 +309,14 @@ def management_spec(cfg: Any) -> S:
             **_get("meta.json of one version.", _json(ANY_OBJECT, "the version's meta.json"),
                    **{"400": bad_path, "404": _err("no such model or version"),
                       "500": _err("the version's meta.json is unreadable")})},
+        "/models/{name}/{version}/artifact": {
+            "parameters": [name_param, version_param],
+            **_get("The version folder as a .tar.gz (model.keras, meta.json, saved_model/: "
+                   "a TensorFlow SavedModel that loads without this project).",
+                   {"description": "the archive; members named <name>/<version>/...",
+                    "content": {"application/gzip": {"schema": {"type": "string",
+                                                                "format": "binary"}}}},
+                   **{"400": bad_path, "404": _err("no such model or version")})},
         "/train": {
             "post": {
                 "summary": "Queue a training job.",
