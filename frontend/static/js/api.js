@@ -46,11 +46,19 @@ export async function call(method, path, body) {
     init.body = JSON.stringify(body);
   }
   stats.requests++;
+  // a hung service must not stall the page's loop: give up after a while
+  // (an apply may legitimately wait for a worker to boot)
+  const ctl = new AbortController();
+  const timer = setTimeout(() => ctl.abort(), method === "GET" ? 15000 : 180000);
+  init.signal = ctl.signal;
   let resp;
   try {
     resp = await fetch(path, init);
   } catch (e) {
-    throw new ApiError(0, "network", "the service cannot be reached (" + (e && e.message || e) + ")");
+    throw new ApiError(0, "network", ctl.signal.aborted ? "no answer from the service in time"
+      : "the service cannot be reached (" + (e && e.message || e) + ")");
+  } finally {
+    clearTimeout(timer);
   }
   const type = resp.headers.get("Content-Type") || "";
   let data = null;

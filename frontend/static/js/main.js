@@ -124,8 +124,11 @@ function refreshSoon() {
   if (!running) schedule(50);
 }
 
+// oldest first, whatever order the service lists them in
 function jobsOf(status) {
-  return Array.isArray(status?.jobs) ? status.jobs.filter(isObj) : [];
+  const jobs = Array.isArray(status?.jobs) ? status.jobs.filter(isObj) : [];
+  const t = (j) => (typeof j.created_at === "number" ? j.created_at : Date.parse(j.created_at) / 1000 || 0);
+  return jobs.slice().sort((a, b) => t(a) - t(b) || String(a.id).localeCompare(String(b.id)));
 }
 
 function chartedJobs(jobs) {

@@ -30,6 +30,7 @@ export function seriesOf(history) {
   };
 }
 
+const SHOW_JOBS = 25;      // newest jobs listed
 const charts = new Map(); // job id -> {plot, sig, el}
 
 function makeChart(el, s, width) {
@@ -51,7 +52,6 @@ function makeChart(el, s, width) {
 }
 
 export function renderCharts(container, jobs, details) {
-  const width = Math.max(260, Math.min(container.clientWidth - 24, 900));
   const want = new Set(jobs.map((j) => j.id));
   for (const [id, c] of charts) if (!want.has(id)) { c.plot.destroy(); c.el.remove(); charts.delete(id); }
   if (!jobs.length) {
@@ -82,6 +82,8 @@ export function renderCharts(container, jobs, details) {
       continue;
     }
     c.plotEl.querySelector(".waiting")?.remove();
+    // the card's own width (the grid may put two charts side by side)
+    const width = Math.max(240, Math.floor(c.el.clientWidth - 26));
     if (!c.plot || c.sig !== sig) {
       c.plot?.destroy();
       c.plot = makeChart(c.plotEl, s, width);
@@ -108,7 +110,7 @@ function progressCell(job) {
 export function renderJobs(root, jobs, selectedId, actions) {
   const key = JSON.stringify([jobs.map((j) => [j.id, j.state, j.progress, j.result, j.error]), selectedId]);
   renderInto(root, key, () => table(["job", "model", "state", "progress", h("span", {class: "c-started"}, "started"), "time", ""],
-    jobs.slice().reverse().map((j) => h("tr", {class: j.id === selectedId ? "selected" : "", "data-job": j.id},
+    jobs.slice(-SHOW_JOBS).reverse().map((j) => h("tr", {class: j.id === selectedId ? "selected" : "", "data-job": j.id},
       h("td", {class: "mono"}, j.id), h("td", {}, String(j.name ?? "?"), isObj(j.result) ? " → v" + j.result.version : ""),
       h("td", {}, badge(j.state), j.error ? h("div", {class: "err"}, String(j.error).slice(0, 200)) : null),
       progressCell(j), h("td", {class: "nowrap c-started"}, fmtTime(j.started_at ?? j.created_at)), h("td", {class: "r"}, fmtSecs(j.elapsed_s)),
