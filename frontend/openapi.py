@@ -16,6 +16,7 @@ from typing import Any
 
 import dataset
 from frontend.base import JsonHandler
+from frontend.oip_spec import oip_paths
 from jobs import STATES
 # the validation tables themselves, so the document cannot drift from them
 from model_worker.params import _BOOL_FIELDS, _CHOICES, _FLOAT_RANGES, _INT_RANGES, DEFAULT_PARAMS
@@ -156,8 +157,11 @@ def inference_spec(cfg: Any) -> S:
                         **{"503": _err("no model is serving yet")}),
         "/openapi.json": SPEC,
     }
+    oip, oip_schemas = oip_paths(lim, text, NAME)  # Open Inference Protocol v2
+    paths.update(oip)
     return _doc("textswap inference API", "Predictions from the applied model.", paths,
-                {"PredictRequest": request, "PredictResponse": response}, security=False)
+                {"PredictRequest": request, "PredictResponse": response, **oip_schemas},
+                security=False)
 
 
 # -- management API ----------------------------------------------------------------------

@@ -49,6 +49,8 @@ CASES = int(os.environ.get("TEXTSWAP_FUZZ_CASES", "250"))  # generated cases per
 SEED = os.environ.get("TEXTSWAP_FUZZ_SEED", "1")  # "random": a new seed each run
 REQUEST_TIMEOUT = 60.0  # an /apply may wait for a worker to boot TensorFlow on a busy box
 MODELS = ("sent", "topic")  # the tiny models the fuzzer may apply
+# the Open Inference Protocol's seven GET routes only look a name up: fewer cases
+OIP_GET_CASES = 25
 
 SERVICE_CONFIG = """\
 limits:
@@ -70,6 +72,9 @@ training:
 # - positive_data_acceptance on POST /train: schema-valid data can still be
 #   refused with 400 for what a schema cannot say (each label needs two
 #   examples; a data file must exist under the data roots).
+# - positive_data_acceptance on the Open Inference Protocol's infer: a
+#   schema-valid tensor can still be refused with 400 when its element count
+#   does not match its shape, which a schema cannot say.
 # - not_a_server_error on POST /apply: 503 worker_boot_failed is the
 #   documented answer that worker.boot_timeout above provokes on purpose.
 # - use_after_free (excluded on the command line): DELETE /train/{id}
@@ -91,6 +96,16 @@ include-method = "POST"
 {_per_phase("checks.positive_data_acceptance.enabled = false")}
 
 [[operations]]
+include-path-regex = "/infer$"
+include-method = "POST"
+{_per_phase("checks.positive_data_acceptance.enabled = false")}
+
+[[operations]]
+include-path-regex = "^/v2"
+include-method = "GET"
+generation.max-examples = {OIP_GET_CASES}
+
+[[operations]]
 include-path = "/apply"
 include-method = "POST"
 {_per_phase('checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "503"]')}
@@ -103,7 +118,7 @@ def st_command() -> list[str]:
 
 
 def run_schemathesis(url: str, workdir: str, *, max_examples: int, seed: str = SEED,
-                     headers: dict[str, str] | None = None,
+                     headers: dict[str, str] | None = None, phases: str | None = None,
                      timeout: float = 900) -> dict[str, Any]:
     """Run `st run` against one live API; returns its JSON report plus the text output.
 
@@ -121,6 +136,8 @@ def run_schemathesis(url: str, workdir: str, *, max_examples: int, seed: str = S
            "--report", "json", "--report-json-path", report, "--wait-for-schema", "10"]
     if seed != "random":
         cmd += ["--seed", seed]
+    if phases:
+        cmd += ["--phases", phases]
     for name, value in (headers or {}).items():
         cmd += ["-H", f"{name}: {value}"]
     proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout,
@@ -193,7 +210,11 @@ def svc(tiny_store, tmp_path_factory):
 def test_documents_are_served_and_match_the_routes(svc):
     code, doc = svc.get("/openapi.json")
     assert code == 200 and doc["openapi"].startswith("3.0")
-    assert set(doc["paths"]) == {"/predict", "/healthz", "/readyz", "/openapi.json"}
+    oip = {"/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/{name}",
+           "/v2/models/{name}/versions/{version}", "/v2/models/{name}/ready",
+           "/v2/models/{name}/versions/{version}/ready", "/v2/models/{name}/infer",
+           "/v2/models/{name}/versions/{version}/infer"}
+    assert set(doc["paths"]) == {"/predict", "/healthz", "/readyz", "/openapi.json"} | oip
     predict = doc["components"]["schemas"]["PredictRequest"]
     assert predict["properties"]["texts"]["maxItems"] == 8  # from the config's limits
     assert predict["additionalProperties"] is False
@@ -231,14 +252,18 @@ def _headers(port: int, method: str, path: str, headers: dict[str, str]) -> dict
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("api", ["inference", "management"])
 def test_fuzz(svc, api, tmp_path):
+    phases = None
     if api == "inference":
         port, headers, per_operation = svc.port, None, CASES
+        # no stateful phase: no call here makes a resource another one uses (it
+        # would only chain the protocol's name lookups, for minutes)
+        phases = "examples,coverage,fuzzing"
     else:
         # ten operations, and the stateful phase adds chains of calls
         port, headers, per_operation = svc.mport, AUTH, max(10, CASES // 10)
     log_before = len(svc.log())
     result = run_schemathesis(f"http://127.0.0.1:{port}/openapi.json", str(tmp_path / api),
-                              max_examples=per_operation, headers=headers)
+                              max_examples=per_operation, headers=headers, phases=phases)
     summary = summarize(result)
     print(f"{api}: {summary}")
     assert result["test_cases"]["generated"] >= CASES, summary
