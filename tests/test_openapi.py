@@ -223,7 +223,7 @@ def test_documents_are_served_and_match_the_routes(svc):
     assert code == 200
     assert set(doc["paths"]) == {
         "/apply", "/status", "/models", "/models/{name}", "/models/{name}/{version}", "/train",
-        "/train/{id}", "/healthz", "/openapi.json"}
+        "/train/{id}", "/healthz", "/openapi.json", "/models/{name}/{version}/artifact"}
     assert doc["security"] == [{"bearer": []}]
     assert doc["paths"]["/apply"]["post"]["responses"]["401"]
 
