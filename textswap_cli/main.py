@@ -345,10 +345,10 @@ def export(ctx: Ctx, name: str, version: int, directory: str) -> None:
         tmp.seek(0)
         try:
             with tarfile.open(fileobj=tmp, mode="r:*") as tar:
-                members = tar.getmembers()
+                members = _strip_prefix(tar.getmembers(), f"{name}/{version}/")
                 os.makedirs(directory, exist_ok=True)
                 # the "data" filter refuses absolute paths, '..', links out, devices
-                tar.extractall(directory, filter="data")
+                tar.extractall(directory, members=members, filter="data")
         except tarfile.TarError as exc:
             raise CliError(f"the artifact is not a valid .tar.gz archive: {exc}") from None
     files = sorted(m.name for m in members if m.isfile())
@@ -357,6 +357,18 @@ def export(ctx: Ctx, name: str, version: int, directory: str) -> None:
                    "bytes": size, "files": files})
     else:
         render.out.print(f"{name} v{version}: {len(files)} files, {size} bytes -> {directory}")
+
+
+def _strip_prefix(members: list[tarfile.TarInfo], prefix: str) -> list[tarfile.TarInfo]:
+    """The archive names its members <name>/<version>/...: DIR gets what is inside."""
+    if not all(m.name.startswith(prefix) or m.name == prefix.rstrip("/") for m in members):
+        return members
+    kept = []
+    for m in members:
+        m.name = m.name[len(prefix):]
+        if m.name:
+            kept.append(m)
+    return kept
 
 
 # -- predicting --------------------------------------------------------------------
