@@ -30,6 +30,7 @@ cluster: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/serving.py
+	$(PY) bench/cluster.py  # nginx + Redis + 1-3 nodes (needs redis-server, nginx)
 
 bench-accuracy: $(STAMP)
 	$(PY) -m pip install --quiet -r bench/requirements.txt

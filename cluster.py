@@ -80,11 +80,12 @@ class Cluster:
         self.poll_interval = poll_interval
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_ttl = heartbeat_ttl
-        # no retries inside redis-py: a down Redis must answer fast (503), the
-        # loops below do the retrying, with backoff
+        # one immediate retry inside redis-py (a pooled connection that a Redis
+        # restart closed), no more: a down Redis must answer fast (503); the
+        # loops below do the real retrying, with backoff
         self.redis = aioredis.Redis.from_url(
             url, socket_timeout=op_timeout, socket_connect_timeout=op_timeout,
-            retry=Retry(NoBackoff(), 0), decode_responses=True)
+            retry=Retry(NoBackoff(), 1), decode_responses=True)
         self.k_record = f"{prefix}:record"
         self.k_events = f"{prefix}:events"
         self.record: dict[str, Any] | None = self._read_cache()
