@@ -190,3 +190,25 @@ def test_export_writes_the_artifact(svc, data_csv, tmp_path):
     assert json.loads((out / "meta.json").read_text())["labels"] == ["neg", "pos"]
     p = run(svc, "export", "exp", "1", str(out))  # DIR not empty: refused locally
     assert p.returncode == 2 and "not empty" in p.stderr
+
+
+def test_train_apply_wait_then_rollback(svc, data_csv):
+    """--apply --wait returns once the new version serves; `rollback` brings the
+    previous one back (where the server has POST /rollback)."""
+    for version in (1, 2):
+        p = run(svc, "train", "rb", data_csv, "-p", "architecture=bow", "-p", "epochs=1",
+                "--apply", "--wait", "--json")
+        assert p.returncode == 0, p.stderr
+        job = json.loads(p.stdout)["job"]
+        assert job["result"]["version"] == version
+        assert job["applied"] and "error" not in job["applied"]
+        p = run(svc, "predict", "--model", "rb", "好")
+        assert json.loads(p.stdout)["model"] == {"name": "rb", "version": version}
+    p = run(svc, "rollback", "rb")
+    if p.returncode == 1:  # a server without POST /rollback: said so plainly
+        assert "does not support rollback" in p.stderr, p.stderr
+        return
+    assert p.returncode == 0, p.stderr
+    assert "rb v2 -> v1" in p.stdout
+    p = run(svc, "predict", "--model", "rb", "好")
+    assert json.loads(p.stdout)["model"] == {"name": "rb", "version": 1}

@@ -306,8 +306,12 @@ def rollback(ctx: Ctx, name: str) -> None:
     if ctx.json:
         emit_json(answer)
     else:
-        render.out.print(f"rolled back: now serving {render._ref(answer.get('current'))} "
-                         f"(was {render._ref(answer.get('previous'))})")
+        how = "instantly (the previous version was still loaded)" if answer.get("instant") \
+            else "by an apply"
+        took = answer.get("took_s")
+        render.out.print(f"rolled back {answer.get('name', name)} v{answer.get('from_version')}"
+                         f" -> v{answer.get('to_version')} {how}"
+                         + (f" in {took:.3f} s" if isinstance(took, (int, float)) else ""))
 
 
 @cli.command()
