@@ -64,7 +64,8 @@ def test_jobs_survive_clean_restart_and_kill_9(tmp_path):
     svc = _start(tmp_path, models)
     try:
         code, body = svc.mpost("/train", {"name": "reviews", "data": {"examples": _rows(300)},
-                                          "params": {"epochs": 3, "refit": False}})
+                                          "params": {"architecture": "bow", "epochs": 3,
+                                                     "refit": False}})
         assert code == 202, body
         done_id = body["job"]["id"]
         done = wait_for(lambda: _job(svc, done_id)["state"] in ("succeeded", "failed")
@@ -92,7 +93,7 @@ def test_jobs_survive_clean_restart_and_kill_9(tmp_path):
 
         # a long job, killed with the service mid-training
         code, body = svc.mpost("/train", {"name": "slow", "data": {"examples": _rows(2000)},
-                                          "params": {"epochs": 200,
+                                          "params": {"architecture": "bow", "epochs": 200,
                                                      "early_stopping_patience": 100}})
         assert code == 202, body
         slow_id = body["job"]["id"]
@@ -141,6 +142,12 @@ def test_retention_keeps_the_newest_finished_jobs(tmp_path):
             assert svc.request_delete(f"/train/{ids[-1]}")[0] == 200
         listed = [j["id"] for j in svc.mget("/train")[1]["jobs"]]
         assert listed == ids[:1:-1]  # newest first, the oldest two dropped
+        # no model yet (the first one would be training): an expected 503, not an ERROR
+        assert svc.predict({"text": "hello"})[0] == 503
+        assert svc.get("/readyz")[0] == 503
+        wait_for(lambda: "503 POST /predict" in svc.log(), 10, "the 503 in the log")
+        lines = [line for line in svc.log().splitlines() if " 503 " in line]
+        assert lines and not [line for line in lines if " ERROR " in line], lines
         # a queued job is never dropped to make room
         code, body = svc.mpost("/train", {"name": "waiting", "data": {"examples": _rows(20)}})
         queued = body["job"]["id"]
