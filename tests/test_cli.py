@@ -212,3 +212,57 @@ def test_train_apply_wait_then_rollback(svc, data_csv):
     assert "rb v2 -> v1" in p.stdout
     p = run(svc, "predict", "--model", "rb", "好")
     assert json.loads(p.stdout)["model"] == {"name": "rb", "version": 1}
+
+
+def test_ctrl_c_during_wait_offers_to_cancel(svc, tmp_path):
+    """On a terminal, Ctrl-C while following a job asks whether to cancel it;
+    'y' cancels it on the server and the command exits 130."""
+    import pty
+    import signal
+    import threading
+
+    from helpers import wait_for
+
+    rows = [json.loads(line) for _, line in zip(range(2000), open(DEMO, encoding="utf-8"))]
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                    encoding="utf-8")
+    master, slave = pty.openpty()
+    env = {**os.environ, "TEXTSWAP_URL": f"http://127.0.0.1:{svc.mport}",
+           "TEXTSWAP_MANAGEMENT_TOKEN": TOKEN}
+    proc = subprocess.Popen([*textswap_cmd(), "train", "long", str(data), "-p",
+                             "architecture=bow", "-p", "epochs=200", "-p",
+                             "early_stopping_patience=100", "--wait"],
+                            stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    seen = bytearray()
+
+    def drain() -> None:  # the live bar redraws: keep the terminal's buffer empty
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                return
+            if not chunk:
+                return
+            seen.extend(chunk)
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        def running_job():
+            jobs = request(svc.mport, "GET", "/train",
+                           headers={"Authorization": f"Bearer {TOKEN}"})[1]["jobs"]
+            return next((j for j in jobs if j["name"] == "long" and j["state"] == "running"
+                         and (j["progress"].get("epoch") or 0) >= 1), None)
+        job = wait_for(running_job, 240, "the job to train", interval=0.25)
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: b"Cancel job" in seen, 30, "the cancel prompt")
+        os.write(master, b"y\n")
+        assert proc.wait(60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    code, body = request(svc.mport, "GET", f"/train/{job['id']}",
+                         headers={"Authorization": f"Bearer {TOKEN}"})
+    assert code == 200 and body["job"]["state"] == "cancelled", body
