@@ -33,6 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.metrics import f1_score
 from sklearn.model_selection import StratifiedKFold
+from threadpoolctl import threadpool_limits
 
 from model_worker import autofeatures, calibration, learners, textmodel
 
@@ -370,15 +371,19 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         if on_progress:
             on_progress(row)
 
-    search = Search(texts, y, len(label_names), params, tokenize, started, on_candidate, network_cv)
-    search.search(include_networks=params["include_networks"])
+    # single-threaded BLAS/OpenMP whatever the environment says: a trainer
+    # must leave the other core to serving (folds run one at a time anyway)
+    with threadpool_limits(limits=1):
+        search = Search(texts, y, len(label_names), params, tokenize, started, on_candidate, network_cv)
+        search.search(include_networks=params["include_networks"])
     search_s = time.monotonic() - started
     members, temps, ensemble = choose(search)
     raw, cal = oof_probs(members, temps)
     pred = cal.argmax(1)
 
     t0 = time.monotonic()
-    model = final_model(search, [m.candidate for m in members], temps, network_fit)
+    with threadpool_limits(limits=1):
+        model = final_model(search, [m.candidate for m in members], temps, network_fit)
     final_s = time.monotonic() - t0
 
     metrics = textmodel.classification_metrics(y, pred, label_names)
