@@ -339,9 +339,8 @@ class Cluster:
                                                px=int(self.heartbeat_ttl * 1000)))
 
     def note_applied(self, revision: int) -> None:
-        """The node now fully serves this revision: say so at once."""
-        if revision > self.applied_revision:
-            self.applied_revision = revision
+        """The node now fully serves this revision (or no longer does): say so at once."""
+        self.applied_revision = revision
         asyncio.ensure_future(self._beat_quietly())
 
     async def _beat_quietly(self) -> None:

@@ -49,9 +49,9 @@ def default_node_id(port: int) -> str:
 def check_store_writable(root: str) -> None:
     """Nodes share the store (publish = stage + rename on it): refuse a store
     this node cannot write, at start rather than at the first training."""
-    os.makedirs(root, exist_ok=True)
     probe = os.path.join(root, f".write-probe-{os.getpid()}")
     try:
+        os.makedirs(root, exist_ok=True)
         with open(probe, "w") as fh:
             fh.write("ok")
         os.unlink(probe)
@@ -185,15 +185,29 @@ class ClusterNode:
                 return False
         return rec["default"] == self.sup.default_name
 
-    def _check_applied(self) -> None:
+    def stale(self, name: str, version: int) -> bool:
+        """A queued watcher apply of (name, version) that the newest record
+        no longer asks for: skip it (a newer record won while it waited)."""
         rec = self.cluster.record
-        if rec is not None and rec["revision"] > self.cluster.applied_revision and \
-                self.matches(rec):
-            self.cluster.note_applied(rec["revision"])
+        if rec is None:
+            return False
+        entry = rec["models"].get(name)
+        return entry is None or (entry["version"] is not None and entry["version"] != version)
+
+    def _check_applied(self) -> None:
+        """The heartbeat's revision: the record's when this node serves exactly
+        it, else below it (a node that drifted off the record is a straggler)."""
+        rec = self.cluster.record
+        if rec is None:
+            return
+        if self.matches(rec):
+            if rec["revision"] != self.cluster.applied_revision:
+                self.cluster.note_applied(rec["revision"])
+        elif self.cluster.applied_revision >= rec["revision"]:
+            self.cluster.note_applied(rec["revision"] - 1)
 
     def _on_event(self, kind: str, fields: dict[str, Any]) -> None:
-        if kind in ("apply", "unload", "rollback", "restart"):
-            self._check_applied()
+        self._check_applied()  # apply, unload, rollback, crash...: still on the record?
 
     def _describe(self) -> dict[str, Any]:
         s = self.sup.cfg["server"]

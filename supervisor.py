@@ -406,6 +406,10 @@ class Supervisor:
         if (old and slot.version == version and len(old) == replicas
                 and source in ("watcher", "startup")):
             return {"previous": previous, "current": previous, "unchanged": True}
+        if source == "watcher" and self.cluster is not None and self.cluster.stale(name, version):
+            # cluster mode: a newer record (maybe this node's own apply, which
+            # held the lock) superseded the one this apply was queued for
+            return {"previous": previous, "current": previous, "unchanged": True}
         t = time.monotonic()
         new = self._obtain(name, version, replicas, f"applying {name} v{version} with "
                            f"{replicas} replica{'s' if replicas != 1 else ''}")
