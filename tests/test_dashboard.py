@@ -170,11 +170,12 @@ def test_dashboard_serving_training_apply_history(svc, pw):
         form = page.locator("#train-form")
         form.locator('input[name="name"]').fill("sent")
         form.locator('input[name="source"][value="csv"]').check()
-        form.locator('textarea[name="csv"]').fill(_demo_csv(500))
+        form.locator('textarea[name="csv"]').fill(_demo_csv(2000))
         form.locator('select[name="architecture"]').select_option("bow")  # per-epoch curves
-        form.locator('input[name="epochs"]').fill("12")
+        # long enough (about 10 s here) for the once-a-second page to see it grow
+        form.locator('input[name="epochs"]').fill("40")
         form.locator('input[name="params"]').fill(
-            '{"early_stopping_patience": 12, "refit": false}')
+            '{"early_stopping_patience": 40, "refit": false, "batch_size": 8}')
         form.locator('button[type="submit"]').click()
         msg = form.locator(".form-msg")
         msg.filter(has_text="Started job").wait_for()
@@ -212,6 +213,14 @@ def test_dashboard_serving_training_apply_history(svc, pw):
         assert f"v{new_version}" in history.first.inner_text()
         row.locator(".dot").wait_for()  # the models list marks the serving version
 
+        # roll back with the slot's button (where the service has POST /rollback)
+        if not _missing(svc, "POST", "/rollback"):
+            rows_before = history.count()
+            slot.locator("button.rollback").click()
+            slot.locator(".slot-version", has_text="v1").wait_for(timeout=120000)
+            assert svc.serving()["version"] == 1
+            wait_for(lambda: history.count() > rows_before, 30, "a rollback history row")
+
         # labels with markup are text: the heat map and per-label table show them
         page.locator('#models .model[data-model="matrix"] button.matrix').click()
         heat = page.locator("#confusion .heat")
@@ -242,10 +251,24 @@ def test_dashboard_serving_training_apply_history(svc, pw):
             json.dump(cost, fh, indent=1)
 
         assert not b.js_errors, b.js_errors
-        assert not b.console_errors, b.console_errors
-        assert not b.bad_responses, b.bad_responses
+        # the page probes optional routes its service's OpenAPI document does
+        # not list; a 404 there is the service's answer, not the page's bug
+        probes = [p for p in ("/metrics", "/history") if _missing(svc, "GET", p)]
+        bad = [r for r in b.bad_responses if not any(
+            r.startswith("404 GET ") and f":{svc.mport}{p}" in r for p in probes)]
+        assert not bad, b.bad_responses
+        assert len(b.console_errors) <= len(b.bad_responses) - len(bad) and all(
+            "Failed to load resource" in e for e in b.console_errors), b.console_errors
     finally:
         b.close()
+
+
+def _missing(svc, method: str, path: str) -> bool:
+    """The service has no such route (answers 404 'no such endpoint')."""
+    from helpers import request
+    code, body = request(svc.mport, method, path,
+                         {"name": "no-such-model"} if method == "POST" else None)
+    return code == 404 and "no such endpoint" in json.dumps(body)
 
 
 @pytest.fixture(scope="module")

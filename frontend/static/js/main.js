@@ -19,7 +19,7 @@ const state = {
   status: null, listing: null, history: null, historyRoute: null, routes: {},
   selectedModel: null, selectedJob: null, jobDetails: new Map(), tick: 0,
   modelsSig: null, historySig: null, paused: false, historyFilter: "",
-  lastModelsTick: -99, lastHistoryTick: -99, routesTick: -99,
+  lastModelsTick: -99, lastHistoryTick: -99, routesTick: -99, armed: new Map(),
 };
 const live = new LiveFigures();
 const local = new LocalHistory();
@@ -79,16 +79,18 @@ const actions = {
   },
   rollback: async (name) => {
     const res = await act("Roll back", () => api.post("/rollback", {name}));
-    if (res) toast("Rolled back " + name + (res.current?.version ? " to v" + res.current.version : "") + ".", "ok");
+    const to = res ? res.to_version ?? res.current?.version : null;
+    if (res) toast("Rolled back " + name + (to !== null && to !== undefined ? " to v" + to : "") + ".", "ok");
   },
-  unload: async (name, button) => {
-    // two clicks: an unload stops serving that model
-    if (button && button.dataset.armed !== "1") {
-      button.dataset.armed = "1";
-      button.textContent = "Confirm unload";
-      setTimeout(() => { if (button.isConnected) { button.dataset.armed = ""; button.textContent = "Unload"; } }, 4000);
+  unload: async (name) => {
+    // two clicks within 5 s: an unload stops serving that model
+    if (!(state.armed.get(name) > performance.now())) {
+      state.armed.set(name, performance.now() + 5000);
+      setTimeout(() => { state.armed.delete(name); draw(); }, 5000);
+      draw();
       return;
     }
+    state.armed.delete(name);
     const res = await act("Unload", () => api.post("/unload", {name}));
     if (res) toast("Unloaded " + name + ".", "ok");
   },
@@ -203,14 +205,19 @@ async function loop() {
 }
 
 async function checkRoutes(t) {
-  // Which optional management routes this service has, from its OpenAPI
-  // document: absent ones are not polled (no 404s) and their buttons hide.
-  // Without a document every route is tried, and a 404 puts it aside a while.
+  // Which optional routes this service has: those its OpenAPI document lists,
+  // and those a probe (once a minute) finds although the document does not
+  // list them yet. Absent ones are not polled; the page shows what it can.
   state.routesTick = t;
   let spec = null;
   try { spec = await api.optional("/openapi.json"); } catch (e) { if (e.status === 401) throw e; }
-  const paths = isObj(spec?.paths) ? spec.paths : null;
-  state.routes = paths ? Object.fromEntries(["metrics", "history", "rollback", "unload"].map((r) => [r, "/" + r in paths])) : {};
+  const paths = isObj(spec?.paths) ? spec.paths : {};
+  const routes = {};
+  for (const [name, probe] of [["metrics", "/metrics"], ["history", "/history?limit=1"]]) {
+    if ("/" + name in paths) { routes[name] = true; continue; }
+    try { routes[name] = (await api.optional(probe)) !== null; } catch (e) { if (e.status === 401) throw e; routes[name] = false; }
+  }
+  state.routes = routes;
 }
 
 function draw() {
@@ -218,7 +225,7 @@ function draw() {
   if (!status) return;
   // buttons show even when the spec does not list their route (it may lag
   // behind the handlers); a click on a missing one says so
-  renderServing(document, status, live, actions, {});
+  renderServing(document, status, live, actions, {armed: new Set(state.armed.keys())});
   const slots = slotsOf(status);
   const servingVersions = Object.fromEntries(slots.map((s) => [s.name, Number.isInteger(s.version) ? s.version : null]));
   const withVersion = slots.filter((s) => Number.isInteger(s.version));

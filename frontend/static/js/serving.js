@@ -49,7 +49,7 @@ export function problemsOf(status) {
     for (const [name, m] of Object.entries(status.models)) {
       if (!isObj(m)) continue;
       if (isObj(m.failed) && !out.some((p) => p.name === (m.failed.name ?? name) && p.version === m.failed.version)) add("FAILED", m.failed, name);
-      for (const r of [].concat(m.rolled_back || [], m.last_rollback || [])) add("ROLLED BACK", r, name);
+      for (const r of [].concat(m.rolled_back || [], m.last_rollback || [])) add(isObj(r) && r.auto ? "ROLLED BACK (auto)" : "ROLLED BACK", r, name);
     }
   }
   return out;
@@ -61,6 +61,23 @@ export function servedByModel(status) {
     if (isObj(w.model) && typeof w.model.name === "string" && num(w.served) !== null) out[w.model.name] = (out[w.model.name] || 0) + w.served;
   }
   return out;
+}
+
+// probation (previous version kept loaded) and shadow / canary candidates
+function rolloutLine(s) {
+  const parts = [];
+  const p = s.probation;
+  if (isObj(p)) {
+    parts.push("probation: v" + (p.version ?? "?") + " kept loaded" + (num(p.remaining_s) !== null ? ", " + Math.ceil(p.remaining_s) + " s left" : ""));
+  }
+  const c = s.candidate;
+  if (isObj(c)) {
+    let t = String(c.mode ?? "candidate") + " v" + (c.version ?? "?");
+    if (num(c.fraction) !== null) t += " (" + Math.round(c.fraction * 100) + "%)";
+    if (num(c.agreement_rate) !== null) t += ", agrees " + (c.agreement_rate * 100).toFixed(1) + "%";
+    parts.push(t);
+  }
+  return parts.length ? h("p", {class: "rollout muted"}, parts.join(" · ")) : null;
 }
 
 function workerModel(w) { return isObj(w.model) ? modelRef(w.model) : "—"; }
@@ -75,7 +92,7 @@ export function renderServing(root, status, live, actions, routes) {
     const p99 = num(s.p99_ms) ?? (num(s.latency_s?.p99) !== null ? s.latency_s.p99 * 1000 : f.p99);
     return [s.name, {rps, p50, p99}];
   }));
-  const slotKey = JSON.stringify([slots.map((s) => [s.name, s.version, s.replicas, s.state, s.isDefault, (s.workers || []).length]), figures, routes.rollback, routes.unload]);
+  const slotKey = JSON.stringify([slots.map((s) => [s.name, s.version, s.replicas, s.state, s.isDefault, (s.workers || []).length, s.probation, s.candidate]), figures, routes.rollback, routes.unload, [...(routes.armed || [])]]);
   renderInto(root.querySelector("#slots"), slotKey, () => {
     if (!slots.length) return h("p", {class: "empty"}, "No model serves yet.");
     return slots.map((s) => h("div", {class: "slot card", "data-model": s.name},
@@ -89,9 +106,11 @@ export function renderServing(root, status, live, actions, routes) {
         h("div", {}, h("dt", {}, "req/s"), h("dd", {class: "rps"}, figures[s.name].rps === null ? "—" : figures[s.name].rps.toFixed(1))),
         h("div", {}, h("dt", {}, "p50"), h("dd", {class: "p50"}, fmtMs(figures[s.name].p50))),
         h("div", {}, h("dt", {}, "p99"), h("dd", {class: "p99"}, fmtMs(figures[s.name].p99)))),
+      rolloutLine(s),
       h("div", {class: "actions"},
         routes.rollback !== false ? h("button", {class: "btn rollback", type: "button", onclick: () => actions.rollback(s.name)}, "Roll back") : null,
-        routes.unload !== false ? h("button", {class: "btn warn unload", type: "button", onclick: (e) => actions.unload(s.name, e.currentTarget)}, "Unload") : null)));
+        routes.unload !== false ? h("button", {class: "btn warn unload", type: "button", onclick: () => actions.unload(s.name)},
+          routes.armed && routes.armed.has(s.name) ? "Confirm unload" : "Unload") : null)));
   });
 
   const workers = workersOf(status);

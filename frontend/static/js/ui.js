@@ -80,7 +80,7 @@ export function fmtSecs(s) {
 
 export function fmtMs(ms) {
   ms = num(ms);
-  return ms === null ? "—" : ms < 10 ? ms.toFixed(2) + " ms" : ms.toFixed(0) + " ms";
+  return ms === null ? "—" : ms < 10 ? ms.toFixed(1) + " ms" : ms < 10000 ? ms.toFixed(0) + " ms" : (ms / 1000).toFixed(1) + " s";
 }
 
 // API times are epoch seconds (numbers) or ISO strings
