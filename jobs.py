@@ -179,10 +179,11 @@ class JobManager:
         """Reload kept jobs; the ones a dead process left queued or running are
         `interrupted`. Runs before the store wipes .tmp/, to read their logs."""
         rows = self.state.jobs()
+        epochs = self.state.all_epochs()
         now = time.time()
         seq = 0
         for row in rows:
-            job = Job.from_record(row, self.state.epochs(row["id"]))
+            job = Job.from_record(row, epochs.get(row["id"], []))
             if job.state in ACTIVE:
                 was = job.state
                 job.log_tail = self._tail(os.path.join(self.root, job.id, "train.log")) \

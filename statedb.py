@@ -244,6 +244,13 @@ class StateDB:
                           (job_id,))
         return [json.loads(r["figures"]) for r in rows]
 
+    def all_epochs(self) -> dict[str, list[dict[str, Any]]]:
+        """Every job's epochs in one query (start-up reload), by job id."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for r in self._read("SELECT job_id, figures FROM job_epochs ORDER BY job_id, idx"):
+            out.setdefault(r["job_id"], []).append(json.loads(r["figures"]))
+        return out
+
     def history(self, name: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """The newest `limit` events (of one model when name is given), newest first."""
         where, args = ("WHERE name = ? ", (name,)) if name is not None else ("", ())
