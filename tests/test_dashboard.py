@@ -143,7 +143,7 @@ def _page_cost(b: Browser) -> dict:
     """Bytes the first load transferred (encoded), and its request count."""
     sizes = b.page.evaluate("""() => performance.getEntriesByType('resource')
         .concat(performance.getEntriesByType('navigation'))
-        .filter(e => !/\\/(status|models|train|metrics|history|openapi\\.json)/.test(e.name))
+        .filter(e => e.entryType === 'navigation' || new URL(e.name).pathname.startsWith('/ui/'))
         .map(e => [e.name, e.transferSize, e.decodedBodySize])""")
     return {"files": len(sizes), "transfer_bytes": sum(s[1] for s in sizes),
             "decoded_bytes": sum(s[2] for s in sizes)}
