@@ -122,6 +122,9 @@ def test_job_queue_leases(redis_server):
         for job_id in mine:
             assert await qa.save({"id": job_id, "name": "x", "state": "succeeded"}, "succeeded")
             assert (await qb.get(job_id))["state"] == "succeeded"
+        # the first-start demo's lock: one winner among racing nodes, ever
+        wins = await asyncio.gather(*[c.once("demo") for c in (a, b) * 3])
+        assert sum(wins) == 1 and not await b.once("demo")
         await a.stop()
         await b.stop()
     _run(main())
