@@ -45,9 +45,14 @@ def _chromium() -> str | None:
 
 
 CHROMIUM = _chromium()
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="no Chromium found (/usr/bin/chromium): apt-get install chromium")
+try:
+    from playwright import sync_api
+except ImportError:  # requirements.txt pins it; say so rather than fail to collect
+    sync_api = None
+browser = pytest.mark.skipif(
+    CHROMIUM is None or sync_api is None,
+    reason="no Chromium found (/usr/bin/chromium; apt-get install chromium)" if CHROMIUM is None
+    else "playwright is not installed (pip install -r requirements.txt)")
 
 
 class Browser:
@@ -80,6 +85,7 @@ class Browser:
 
 @pytest.fixture(scope="module")
 def pw():
+    assert sync_api is not None
     with sync_api.sync_playwright() as p:
         yield p
 
@@ -149,6 +155,7 @@ def _page_cost(b: Browser) -> dict:
             "decoded_bytes": sum(s[2] for s in sizes)}
 
 
+@browser
 @pytest.mark.timeout(600)
 def test_dashboard_serving_training_apply_history(svc, pw):
     os.makedirs(ARTIFACTS, exist_ok=True)
@@ -282,6 +289,7 @@ def locked(tmp_path_factory):
     s.stop()
 
 
+@browser
 def test_dashboard_asks_for_the_token_and_says_when_it_is_wrong(locked, pw):
     b = Browser(pw, 390, 844)
     try:
@@ -321,6 +329,7 @@ def test_dashboard_asks_for_the_token_and_says_when_it_is_wrong(locked, pw):
         b.close()
 
 
+@browser
 def test_dashboard_reads_prometheus_text_and_pasted_csv(locked, pw):
     """The page's own parsers, run in the browser: live req/s and p50/p99 from
     two /metrics scrapes (bucket differences), and pasted CSV with quoting."""
@@ -357,3 +366,32 @@ def test_dashboard_reads_prometheus_text_and_pasted_csv(locked, pw):
         assert not b.js_errors, b.js_errors
     finally:
         b.close()
+
+
+def test_page_and_assets_are_static_strict_and_hold_no_data(locked):
+    """No browser needed: what the handler answers for the page and its files."""
+    import gzip
+    import http.client
+
+    def get(path, headers=None):
+        conn = http.client.HTTPConnection("127.0.0.1", locked.mport, timeout=30)
+        try:
+            conn.request("GET", path, headers=headers or {})
+            r = conn.getresponse()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+        finally:
+            conn.close()
+
+    code, hd, body = get("/")  # no token: the page, which holds no data
+    assert code == 200 and hd["content-type"].startswith("text/html")
+    assert "script-src 'self'" in hd["content-security-policy"]
+    assert hd["x-frame-options"] == "DENY" and hd["x-content-type-options"] == "nosniff"
+    assert b"/ui/js/main.js" in body and b"<script>" not in body  # no inline script
+    assert get("/", {"If-None-Match": hd["etag"]})[0] == 304
+    code, hd, body = get("/ui/vendor/uPlot.iife.min.js", {"Accept-Encoding": "gzip"})
+    assert code == 200 and hd["content-encoding"] == "gzip"
+    assert gzip.decompress(body).startswith(b"/*! https://github.com/leeoniya/uPlot")
+    for path in ("/ui/../supervisor.py", "/ui/js/../../dashboard.py", "/ui/nope.js", "/ui/"):
+        code, hd, body = get(path)
+        assert code == 404 and json.loads(body)["error"]["code"] == "not_found", path
+    assert get("/status")[0] == 401  # the data still needs the token
