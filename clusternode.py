@@ -300,6 +300,8 @@ class ClusterTraining:
                 if doc is None:
                     break
                 log.info("job %s (%s) claimed by this node", doc["id"], doc["name"])
+                if doc.get("first_start_demo"):
+                    self.node.sup._demo_training = True
                 mgr.run_claimed(doc)
         except ClusterUnreachable:
             pass
@@ -315,8 +317,15 @@ class ClusterTraining:
             raise JobError(503, exc.code, str(exc)) from None
 
     async def enqueue(self, job: Any) -> None:
+        doc = job.describe()
+        sup = self.node.sup
+        if sup._demo_training and job.name == "demo":
+            # the first-start demo: the node that runs it marks its slot as the
+            # demo (retired once another model is the default), not this one
+            doc["first_start_demo"] = True
+            sup._demo_training = False
         try:
-            await self.q.enqueue(job.describe())
+            await self.q.enqueue(doc)
         except ClusterUnreachable as exc:
             shutil.rmtree(job.dir, ignore_errors=True)
             raise JobError(503, exc.code, str(exc)) from None
