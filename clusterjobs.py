@@ -87,7 +87,8 @@ end
 return out
 """
 
-# -> 'cancelled' (was queued), 'requested' (running: the runner stops it), or the state
+# -> 'cancelled' (was queued), 'requested' (running: the runner stops it),
+#    'missing', or 'done:<state>' (already finished)
 _CANCEL = """
 local jk = ARGV[1] .. ':job:' .. ARGV[2]
 local state = redis.call('HGET', jk, 'state')
@@ -101,7 +102,7 @@ if state == 'running' then
   redis.call('SADD', KEYS[2], ARGV[2])
   return 'requested'
 end
-return state
+return 'done:' .. state
 """
 
 

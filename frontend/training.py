@@ -61,8 +61,8 @@ class JobHandler(JsonHandler):
             verdict, doc = await _cluster(cluster.cancel(job_id))
             if doc is None:
                 raise ApiError(404, "not_found", f"no job with id {job_id!r}")
-            if verdict not in ("cancelled", "requested"):
-                raise ApiError(409, "conflict", f"job {job_id} is already {verdict}")
+            if verdict.startswith("done:"):
+                raise ApiError(409, "conflict", f"job {job_id} is already {verdict[5:]}")
             self.send_json({"job": doc})
             return
         try:

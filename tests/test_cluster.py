@@ -342,6 +342,28 @@ def test_a_job_submitted_on_node1_runs_once_and_every_node_shows_it(cl):
         assert code == 200 and job_id in [j["id"] for j in body["jobs"]]
 
 
+def test_a_job_cancelled_on_another_node_stops_where_it_runs(cl):
+    n1, _, n3 = cl.nodes
+    examples = [{"text": f"{w} {i}", "label": lab} for lab, w in (("a", "好"), ("b", "差"))
+                for i in range(20)]
+    code, body = n1.mpost("/train", {"name": "cancelme", "data": {"examples": examples},
+                                     "params": {"architecture": "bow", "epochs": 500,
+                                                "early_stopping_patience": 100}})
+    assert code == 202, body
+    job_id = body["job"]["id"]
+    job = wait_for(lambda: (lambda j: j["state"] == "running" and j)(
+        n3.mget(f"/train/{job_id}")[1]["job"]), 120, "the job running on some node")
+    # cancel it from a node that does not run it: the runner learns it from Redis
+    other = next(n for n in cl.nodes if n.node_id != job["node"])
+    code, body = request(other.mport, "DELETE", f"/train/{job_id}")
+    assert code == 200, body
+    wait_for(lambda: all(n.mget(f"/train/{job_id}")[1]["job"]["state"] == "cancelled"
+                         for n in cl.nodes), 60, "the job cancelled, seen from every node")
+    assert not os.path.exists(os.path.join(cl.models, "cancelme"))  # nothing published
+    code, body = request(n3.mport, "DELETE", f"/train/{job_id}")
+    assert code == 409 and body["error"]["code"] == "conflict"
+
+
 def test_kill_9_of_a_node_under_load_fails_no_request(cl):
     n3 = cl.nodes[2]
     load = Load(cl.nginx.port)
