@@ -130,6 +130,28 @@ def test_job_queue_leases(redis_server):
     _run(main())
 
 
+def test_a_record_lost_by_redis_is_written_back_from_a_node(redis_server, tmp_path):
+    """Redis restarted without its data: the nodes' cached record comes back."""
+    from cluster import Cluster
+
+    async def main():
+        a = Cluster(redis_server.url, "a", prefix="t4", cache_path=str(tmp_path / "a.json"),
+                    poll_interval=0.1)
+        rec = await a.update_record(lambda r: {**r, "models": {"x": {"version": 3}},
+                                               "default": "x"})
+        a.start(lambda r: None, lambda: {"serving": {}})
+        await a.redis.delete(a.k_record)  # what an empty Redis looks like to the node
+        deadline = time.monotonic() + 10
+        back = None
+        while time.monotonic() < deadline and back is None:
+            await asyncio.sleep(0.1)
+            back = await a.read_record()
+        assert back is not None and back["revision"] == rec["revision"]
+        assert back["models"]["x"]["version"] == 3
+        await a.stop()
+    _run(main())
+
+
 def test_redis_down_answers_unreachable(tmp_path):
     from cluster import Cluster, ClusterUnreachable
 
