@@ -235,10 +235,24 @@ def _cluster(node: Node) -> dict:
     return body
 
 
+def _view(node: Node) -> dict | None:
+    """GET /cluster for a polling predicate: None on a transient non-200."""
+    code, body = node.mget("/cluster")
+    return body if code == 200 else None
+
+
+def _job(node: Node, job_id: str) -> dict | None:
+    """GET /train/<id> for a polling predicate: None on a transient non-200."""
+    code, body = node.mget(f"/train/{job_id}")
+    return body["job"] if code == 200 else None
+
+
 def _all_on(c, version: int, revision: int, nodes: list[Node] | None = None) -> bool:
     """Every given node's heartbeat says it serves sent `version` at `revision` or later."""
     want = {n.node_id for n in (nodes or c.nodes)}
-    view = _cluster((nodes or c.nodes)[0])
+    view = _view((nodes or c.nodes)[0])
+    if view is None:
+        return False
     beats = {b["node"]: b for b in view["nodes"]}
     return want <= set(beats) and all(
         beats[n]["revision"] >= revision
@@ -250,7 +264,9 @@ def _settled(c, min_revision: int) -> dict | bool:
     node's view agrees, no stragglers, heartbeats and /status match. (The
     record's version may differ from the one applied: a node's automatic
     rollback is a change of the record too, and every node follows it.)"""
-    views = [_cluster(n) for n in c.nodes]
+    views = [_view(n) for n in c.nodes]
+    if any(v is None for v in views):
+        return False
     rec = views[0]["record"]
     if rec is None or rec["revision"] < min_revision:
         return False
@@ -344,12 +360,12 @@ def test_a_job_submitted_on_node1_runs_once_and_every_node_shows_it(cl):
     job_id = body["job"]["id"]
 
     def done():
-        views = [n.mget(f"/train/{job_id}") for n in cl.nodes]
-        assert all(code == 200 for code, _ in views), views
-        states = {v["job"]["state"] for _, v in views}
-        return states <= {"succeeded", "failed"} and len(states) == 1 and views
-    views = wait_for(done, 300, "the job finished, seen from every node", interval=0.5)
-    jobs = [v["job"] for _, v in views]
+        jobs = [_job(n, job_id) for n in cl.nodes]
+        if any(j is None for j in jobs):
+            return False
+        states = {j["state"] for j in jobs}
+        return states <= {"succeeded", "failed"} and len(states) == 1 and jobs
+    jobs = wait_for(done, 300, "the job finished, seen from every node", interval=0.5)
     assert jobs[0]["state"] == "succeeded", jobs[0]
     runner = jobs[0]["node"]
     assert runner in {"node1", "node2", "node3"}
@@ -373,13 +389,13 @@ def test_a_job_cancelled_on_another_node_stops_where_it_runs(cl):
                                                 "early_stopping_patience": 100}})
     assert code == 202, body
     job_id = body["job"]["id"]
-    job = wait_for(lambda: (lambda j: j["state"] == "running" and j)(
-        n3.mget(f"/train/{job_id}")[1]["job"]), 120, "the job running on some node")
+    job = wait_for(lambda: (lambda j: j and j["state"] == "running" and j)(_job(n3, job_id)),
+                   120, "the job running on some node")
     # cancel it from a node that does not run it: the runner learns it from Redis
     other = next(n for n in cl.nodes if n.node_id != job["node"])
     code, body = request(other.mport, "DELETE", f"/train/{job_id}")
     assert code == 200, body
-    wait_for(lambda: all(n.mget(f"/train/{job_id}")[1]["job"]["state"] == "cancelled"
+    wait_for(lambda: all((_job(n, job_id) or {}).get("state") == "cancelled"
                          for n in cl.nodes), 60, "the job cancelled, seen from every node")
     assert not os.path.exists(os.path.join(cl.models, "cancelme"))  # nothing published
     code, body = request(n3.mport, "DELETE", f"/train/{job_id}")
@@ -397,7 +413,8 @@ def test_kill_9_of_a_node_under_load_fails_no_request(cl):
         load.stop()
     assert load.failed == []
     # its heartbeat expires: the other nodes stop listing it
-    wait_for(lambda: "node3" not in {b["node"] for b in _cluster(cl.nodes[0])["nodes"]}, 30,
+    wait_for(lambda: "node3" not in {b["node"] for b in (_view(cl.nodes[0]) or {"nodes": [
+        {"node": "node3"}]})["nodes"]}, 30,
              "node3's heartbeat to expire")
 
 
