@@ -84,8 +84,8 @@ class Metrics:
         self.sup = sup
         self.enabled = enabled
         self.started = time.time()
-        self.requests: dict[tuple[str, str, str, str], int] = defaultdict(int)
-        self.latency: dict[tuple[str, str, str], Hist] = {}
+        # (api, model, version) -> [answers by status code, end-to-end latency]
+        self.requests: dict[tuple[str, str, Any], list[Any]] = {}
         self.model_time: dict[tuple[str, str], Hist] = {}
         self.batch_size: dict[tuple[str, str], Hist] = {}
         self.crashes: dict[tuple[str, str], int] = defaultdict(int)
@@ -112,13 +112,14 @@ class Metrics:
     # -- counting (hot path: keep it plain) ----------------------------------------------
     def observe_request(self, api: str, model: str, version: Any, status: int,
                         seconds: float) -> None:
-        v = str(version) if version is not None else ""
-        self.requests[(api, model, v, str(status))] += 1
-        key = (api, model, v)
-        h = self.latency.get(key)
-        if h is None:
-            h = self.latency[key] = Hist(LATENCY_BUCKETS)
-        h.observe(seconds)
+        # one dict lookup, one bisect: labels are turned into strings at scrape time
+        rec = self.requests.get((api, model, version))
+        if rec is None:
+            rec = self.requests[(api, model, version)] = [{}, Hist(LATENCY_BUCKETS)]
+        codes, h = rec
+        codes[status] = codes.get(status, 0) + 1
+        h.counts[bisect.bisect_left(h.bounds, seconds)] += 1
+        h.sum += seconds
 
     def observe_batch(self, model: dict[str, Any] | None, texts: int, seconds: float) -> None:
         key = (model["name"], str(model["version"])) if model else ("", "")
@@ -155,13 +156,22 @@ class Metrics:
 
     def collect(self) -> Iterator[Any]:
         """prometheus_client's collector protocol: every family, built now."""
+        counts: dict[tuple[str, str, str, str], int] = defaultdict(int)
+        latency: dict[tuple[str, str, str], Hist] = {}
+        for (api, model, version), (codes, h) in list(self.requests.items()):
+            key = (api, model, "" if version is None else str(version))
+            for code, n in list(codes.items()):
+                counts[(*key, str(code))] += n
+            merged = latency.setdefault(key, Hist(LATENCY_BUCKETS))
+            merged.counts = [a + b for a, b in zip(merged.counts, h.counts)]
+            merged.sum += h.sum
         c = CounterMetricFamily(PREFIX + "requests", "HTTP answers on the inference API",
                                 labels=["api", "model", "version", "code"])
-        for labels, n in sorted(self.requests.items()):
+        for labels, n in sorted(counts.items()):
             c.add_metric(labels, n)
         yield c
         yield _hist("request_duration_seconds", "end-to-end time of an inference request, "
-                    "from its headers to its answer", ["api", "model", "version"], self.latency)
+                    "from its headers to its answer", ["api", "model", "version"], latency)
         yield _hist("model_seconds", "time inside the model per batch (measured in the worker)",
                     ["model", "version"], self.model_time)
         yield _hist("batch_size", "texts per model call (micro-batches)", ["model", "version"],

@@ -17,6 +17,10 @@ taken in the same run, so the ratios mean something on any machine:
      warm standby (median of several) and without one (worker.standby false)
   4. throughput around a swap under steady load, and failed requests
   5. resident memory of the supervisor and of the serving worker
+  6. the ecosystem (also alone: --ecosystem): single-text /predict with
+     Prometheus metrics on vs the same service with metrics.enabled false
+     (budget: at most 3% fewer req/s), and Open Inference Protocol infer
+     (JSON tensors) vs /predict, 1 and 256 texts; runs interleaved, medians
 
 The load generator is wrk (Debian package `wrk`) with a generated Lua script,
 or, where wrk is missing, a keep-alive HTTP/1.1 client on asyncio in its own
@@ -71,6 +75,7 @@ TARGETS = {
     "swap_dip": "throughput dip around a swap <= 20%",
     "swap_errors": "0 failed requests during the swap run",
     "sup_rss": "supervisor RSS < 80 MB",
+    "metrics_overhead": "metrics on >= 97% of off, 1 text req/s at c64",
 }
 
 
@@ -231,8 +236,8 @@ class LoadGen:
         self.workdir = workdir
 
     def start(self, port: int, bodies: str, conc: int, seconds: float,
-              timeline: bool = False) -> subprocess.Popen:
-        url = f"http://127.0.0.1:{port}/predict"
+              timeline: bool = False, path: str = "/predict") -> subprocess.Popen:
+        url = f"http://127.0.0.1:{port}{path}"
         if self.kind == "wrk":
             script = os.path.join(self.workdir, f"wrk-{os.path.basename(bodies)}-{timeline}.lua")
             with open(script, "w", encoding="utf-8") as fh:
@@ -242,7 +247,7 @@ class LoadGen:
                    "-s", script, url]
         else:
             spec = {"port": port, "bodies": bodies, "conc": conc, "seconds": seconds,
-                    "timeline": timeline}
+                    "timeline": timeline, "path": path}
             cmd = [sys.executable, os.path.abspath(__file__), "--loadgen-client",
                    json.dumps(spec)]
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -257,10 +262,10 @@ class LoadGen:
 
     def run(self, port: int, bodies: str, conc: int, seconds: float,
             texts_per_request: int = 1, timeline: bool = False,
-            pids: dict[str, int] | None = None) -> dict[str, Any]:
+            pids: dict[str, int] | None = None, path: str = "/predict") -> dict[str, Any]:
         """One load test; `pids`: server processes whose CPU time per request to report."""
         before = cpu_seconds(pids or {})
-        proc = self.start(port, bodies, conc, seconds, timeline)
+        proc = self.start(port, bodies, conc, seconds, timeline, path)
         res = self.result(proc, seconds, texts_per_request)
         after = cpu_seconds(pids or {})
         n = max(res["requests"], 1)
@@ -288,7 +293,7 @@ def loadgen(spec: dict[str, Any]) -> None:
     port, conc, seconds = spec["port"], spec["conc"], spec["seconds"]
     with open(spec["bodies"], encoding="ascii") as fh:
         bodies = [line.rstrip("\n").encode() for line in fh if line.strip()]
-    reqs = [(f"POST /predict HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+    reqs = [(f"POST {spec.get('path', '/predict')} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
              f"Content-Type: application/json\r\nContent-Length: {len(b)}\r\n\r\n").encode() + b
             for b in bodies]
     lat: list[float] = []
@@ -361,12 +366,13 @@ def loadgen(spec: dict[str, Any]) -> None:
 # The service under test
 # ---------------------------------------------------------------------------
 
-def write_config(path: str, models_dir: str, standby: bool) -> str:
+def write_config(path: str, models_dir: str, standby: bool, metrics: bool = True) -> str:
     import yaml
 
     cfg = {
         "models_dir": models_dir,
         "worker": {"standby": standby},
+        "metrics": {"enabled": metrics},
         # both training jobs at once: setup takes one training time, not two
         "training": {"max_concurrent": 2, "demo_on_empty_store": True},
         "watcher": {"enabled": False},
@@ -489,10 +495,12 @@ def timed_apply(svc: Any, version: int, poller: ServingPoller) -> dict[str, Any]
             "warmup_s": body.get("warmup_s")}
 
 
-def start_service(workdir: str, models_dir: str, standby: bool, tag: str) -> Any:
+def start_service(workdir: str, models_dir: str, standby: bool, tag: str,
+                  metrics: bool = True) -> Any:
     from tests.helpers import Service
 
-    cfg = write_config(os.path.join(workdir, f"config-{tag}.yaml"), models_dir, standby)
+    cfg = write_config(os.path.join(workdir, f"config-{tag}.yaml"), models_dir, standby,
+                       metrics)
     return Service(models_dir, args=["--config", cfg],
                    log_path=os.path.join(workdir, f"service-{tag}.log"))
 
@@ -692,6 +700,10 @@ def run(args: argparse.Namespace) -> int:
         log(f"service b{BATCH_TEXTS} c{CONC_BATCH}: {r['texts_per_s']:.0f} texts/s, "
             f"p99 {r['p99_ms']:.1f} ms, errors {r['errors']}")
 
+        # -- 2b. ecosystem: metrics on vs off, OIP vs /predict ---------------------------------
+        results["ecosystem"] = ecosystem_runs(gen, svc, workdir, models_dir, texts, single,
+                                              batched, dur, warm, 1 if quick else args.rounds)
+
         # -- profile (optional, not part of the measured numbers) ---------------------------
         if args.profile:
             pdir = os.path.join(RESULTS, f"profile-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -785,6 +797,168 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(t["pass"] for t in results["targets"].values()) else 1
 
 
+# ---------------------------------------------------------------------------
+# Ecosystem: metrics on vs off, Open Inference Protocol vs /predict
+# ---------------------------------------------------------------------------
+
+OIP_PATH = f"/v2/models/{MODEL}/infer"
+
+
+def _oip_body(texts: list[str]) -> dict[str, Any]:
+    return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)],
+                        "data": texts}]}
+
+
+def _alternate(gen: LoadGen, plans: list[tuple[str, int, str, str, int, int, dict[str, int]]],
+               dur: float, warm: float, rounds: int) -> dict[str, Any]:
+    """Each plan (label, port, path, bodies, conc, texts/request, pids) run `rounds`
+    times, interleaved, so that drift of a shared machine hits all of them alike;
+    the medians of the rounds."""
+    for _, port, path, bodies, conc, n, _ in plans:
+        gen.run(port, bodies, conc, warm, n, path=path)
+    got: dict[str, list[dict[str, Any]]] = {p[0]: [] for p in plans}
+    for _ in range(rounds):
+        for label, port, path, bodies, conc, n, pids in plans:
+            got[label].append(gen.run(port, bodies, conc, dur, n, pids=pids, path=path))
+    out = {}
+    for label, rs in got.items():
+        cpu = {k: median([r["cpu_ms_per_request"].get(k, 0.0) for r in rs])
+               for k in rs[0]["cpu_ms_per_request"]}
+        out[label] = {"rps": median([r["rps"] for r in rs]),
+                      "texts_per_s": median([r["texts_per_s"] for r in rs]),
+                      "p50_ms": median([r["p50_ms"] for r in rs]),
+                      "p99_ms": median([r["p99_ms"] for r in rs]),
+                      "errors": sum(r["errors"] for r in rs),
+                      "requests": sum(r["requests"] for r in rs),
+                      "cpu_ms_per_request": cpu, "rounds": [r["rps"] for r in rs]}
+    return out
+
+
+def ecosystem_runs(gen: LoadGen, svc: Any, workdir: str, models_dir: str, texts: list[str],
+                   single: str, batched: str, dur: float, warm: float,
+                   rounds: int) -> dict[str, Any]:
+    """Metrics overhead (the same service with metrics.enabled false, on a copy of
+    the store, interleaved runs) and OIP JSON infer vs /predict."""
+    from tests.helpers import wait_for
+
+    oip_single = write_bodies(os.path.join(workdir, "oip-single.jsonl"),
+                              [_oip_body([t]) for t in texts[:2000]])
+    oip_batch = write_bodies(os.path.join(workdir, "oip-batch.jsonl"),
+                             [_oip_body([texts[(i * BATCH_TEXTS + j) % len(texts)]
+                                         for j in range(BATCH_TEXTS)]) for i in range(40)])
+    on = {"supervisor": svc.proc.pid}
+    res: dict[str, Any] = {}
+    log(f"OIP infer vs /predict, {rounds} interleaved rounds ...")
+    res["oip"] = _alternate(gen, [
+        ("predict_c64", svc.port, "/predict", single, CONC_THROUGHPUT, 1, on),
+        ("oip_c64", svc.port, OIP_PATH, oip_single, CONC_THROUGHPUT, 1, on),
+        ("predict_b256", svc.port, "/predict", batched, CONC_BATCH, BATCH_TEXTS, on),
+        ("oip_b256", svc.port, OIP_PATH, oip_batch, CONC_BATCH, BATCH_TEXTS, on),
+    ], dur, warm, rounds)
+    for k, r in res["oip"].items():
+        log(f"  {k}: {r['rps']:.1f} req/s, {r['texts_per_s']:.0f} texts/s, errors {r['errors']}")
+
+    log("metrics off: a second service (metrics.enabled false) on a copy of the store ...")
+    off_dir = os.path.join(workdir, "models-nometrics")
+    shutil.copytree(models_dir, off_dir)
+    off = start_service(workdir, off_dir, standby=True, tag="nometrics", metrics=False)
+    try:
+        wait_for(lambda: off.status()["serving"], 180, "the startup apply", interval=0.2)
+        off.wait_standby(180)
+        assert off.mget("/metrics")[0] == 404 and svc.mget("/metrics")[0] == 200
+        res["metrics"] = _alternate(gen, [
+            ("on_c64", svc.port, "/predict", single, CONC_THROUGHPUT, 1, on),
+            ("off_c64", off.port, "/predict", single, CONC_THROUGHPUT, 1,
+             {"supervisor": off.proc.pid}),
+        ], dur, warm, rounds)
+    finally:
+        off.stop()
+    m = res["metrics"]
+    log(f"  metrics on {m['on_c64']['rps']:.0f} req/s vs off {m['off_c64']['rps']:.0f} req/s "
+        f"(rounds on {[round(x) for x in m['on_c64']['rounds']]}, "
+        f"off {[round(x) for x in m['off_c64']['rounds']]})")
+    code, text = svc.mget("/metrics")
+    res["scrape_bytes"] = len(text) if isinstance(text, (bytes, str)) else None
+    return res
+
+
+def print_ecosystem(eco: dict[str, Any]) -> None:
+    print(f"\n{'ecosystem (medians of interleaved runs)':<40}{'conc':>5}{'req/s':>10}"
+          f"{'texts/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}  supervisor CPU ms/request")
+    rows = [("POST /predict, 1 text", eco["oip"]["predict_c64"], CONC_THROUGHPUT),
+            ("OIP infer (JSON), 1 text", eco["oip"]["oip_c64"], CONC_THROUGHPUT),
+            (f"POST /predict, {BATCH_TEXTS} texts", eco["oip"]["predict_b256"], CONC_BATCH),
+            (f"OIP infer (JSON), {BATCH_TEXTS} texts", eco["oip"]["oip_b256"], CONC_BATCH),
+            ("/predict, metrics on", eco["metrics"]["on_c64"], CONC_THROUGHPUT),
+            ("/predict, metrics off", eco["metrics"]["off_c64"], CONC_THROUGHPUT)]
+    for label, r, conc in rows:
+        print(f"{label:<40}{conc:>5}{r['rps']:>10.1f}{r['texts_per_s']:>10.0f}"
+              f"{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}{r['errors']:>8}  "
+              f"{r['cpu_ms_per_request'].get('supervisor', 0):.3f}")
+    o, m = eco["oip"], eco["metrics"]
+    print(f"OIP / /predict: {o['oip_c64']['rps'] / o['predict_c64']['rps']:.2f} (1 text), "
+          f"{o['oip_b256']['texts_per_s'] / o['predict_b256']['texts_per_s']:.2f} "
+          f"({BATCH_TEXTS} texts); metrics on / off: "
+          f"{m['on_c64']['rps'] / m['off_c64']['rps']:.3f} req/s, supervisor CPU per request "
+          f"{m['on_c64']['cpu_ms_per_request']['supervisor'] / m['off_c64']['cpu_ms_per_request']['supervisor']:.3f}")
+
+
+def run_ecosystem(args: argparse.Namespace) -> int:
+    """Only the ecosystem section (`--ecosystem`): set-up, then metrics and OIP runs."""
+    dur = 3.0 if args.quick else 8.0
+    warm = 1.0 if args.quick else 2.0
+    kind = args.loadgen or ("wrk" if shutil.which("wrk") else "python")
+    workdir = tempfile.mkdtemp(prefix="textswap-bench-")
+    gen = LoadGen(kind, workdir)
+    texts = read_texts()
+    single = write_bodies(os.path.join(workdir, "single.jsonl"),
+                          [{"text": t} for t in texts[:2000]])
+    batched = write_bodies(os.path.join(workdir, "batch.jsonl"),
+                           [{"texts": [texts[(i * BATCH_TEXTS + j) % len(texts)]
+                                       for j in range(BATCH_TEXTS)]} for i in range(40)])
+    models_dir, train = prepare_models(workdir, reuse=True)
+    svc = start_service(workdir, models_dir, standby=True, tag="warm")
+    try:
+        from tests.helpers import wait_for
+        if train:
+            log("training the demo model (first run; later runs reuse bench/.cache) ...")
+            wait_for(lambda: svc.status()["serving"], 900, "the demo model", interval=1.0)
+            code, body = svc.mpost("/train", {"name": MODEL, "data": {"path": DATA_REL},
+                                              "params": V2_PARAMS, "apply": False})
+            assert code == 202, body
+            wait_models(svc, 900)
+            save_cache(models_dir)
+        wait_for(lambda: svc.status()["serving"], 180, "the startup apply", interval=0.2)
+        svc.wait_standby(180)
+        eco = ecosystem_runs(gen, svc, workdir, models_dir, texts, single, batched, dur, warm,
+                             args.rounds)
+    finally:
+        svc.stop()
+    res = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "loadgen": kind,
+           "machine": {"cpus": os.cpu_count()}, "durations_s": {"measure": dur},
+           "ecosystem": eco}
+    res["targets"] = {"metrics_overhead": _metrics_target(eco)}
+    print_ecosystem(eco)
+    t = res["targets"]["metrics_overhead"]
+    print(f"\n{t['target']:<52}{t['measured']:<42}{t['ratio']:>7.2f}  "
+          f"{'PASS' if t['pass'] else 'FAIL'}")
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, f"ecosystem-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(res, fh, indent=1)
+    print(f"\nresults: {os.path.relpath(path, ROOT)}")
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if t["pass"] else 1
+
+
+def _metrics_target(eco: dict[str, Any]) -> dict[str, Any]:
+    on, off = eco["metrics"]["on_c64"], eco["metrics"]["off_c64"]
+    r = on["rps"] / off["rps"]
+    return {"target": TARGETS["metrics_overhead"],
+            "measured": f"{on['rps']:.0f} vs {off['rps']:.0f} req/s", "ratio": round(r, 3),
+            "pass": r >= 0.97 and on["errors"] == 0 and off["errors"] == 0}
+
+
 def _port_open(port: int) -> bool:
     import socket
 
@@ -829,6 +1003,7 @@ def evaluate(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
     errs = runs[f"swap_c{CONC_SWAP}"]["errors"]
     target("swap_errors", f"{errs} errors of {runs[f'swap_c{CONC_SWAP}']['requests']}", None,
            errs == 0)
+    out["metrics_overhead"] = _metrics_target(res["ecosystem"])
     mem = res["memory"]["supervisor_rss_peak"]
     target("sup_rss", f"{mem / 2**20:.1f} MB peak (worker "
            f"{(res['memory']['worker_rss_now'] or 0) / 2**20:.0f} MB)", mem / (80 * 2**20),
@@ -875,6 +1050,7 @@ def print_report(res: dict[str, Any]) -> None:
     print(f"memory: supervisor RSS peak {m['supervisor_rss_peak'] / 2**20:.1f} MB; serving "
           f"worker RSS {(m['worker_rss_now'] or 0) / 2**20:.0f} MB "
           f"(peak of any child {(m['worker_rss_peak'] or 0) / 2**20:.0f} MB)")
+    print_ecosystem(res["ecosystem"])
     print(f"\n{'target':<52}{'measured':<42}{'ratio':>7}  result")
     for t in res["targets"].values():
         ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
@@ -892,6 +1068,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", action="store_true",
                    help="also record py-spy profiles of the supervisor and worker under load")
     p.add_argument("--keep", action="store_true", help="keep the temporary work dir")
+    p.add_argument("--ecosystem", action="store_true",
+                   help="only the ecosystem section: metrics on vs off, OIP vs /predict")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved rounds of each ecosystem run (medians; default 3)")
     p.add_argument("--echo-server", type=int, help=argparse.SUPPRESS)
     p.add_argument("--model-speed", help=argparse.SUPPRESS)
     p.add_argument("--seconds", type=float, default=10.0, help=argparse.SUPPRESS)
@@ -906,6 +1086,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.loadgen_client:
         loadgen(json.loads(args.loadgen_client))
         return 0
+    if args.ecosystem:
+        return run_ecosystem(args)
     return run(args)
 
 

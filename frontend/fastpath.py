@@ -6,22 +6,27 @@ headers, the Date header, flush/finish bookkeeping), not in predicting. This
 module answers POST /predict straight from Tornado's HTTP/1 connection
 (`HTTPMessageDelegate`): the same checks (`handlers.predict_request`), the
 same supervisor call and the same JSON answers and errors, with a fraction
-of that overhead. Every other request (other paths, other methods) goes to
-the inference Application untouched, so /healthz, /readyz, /openapi.json,
-404s and 405s behave exactly as before.
+of that overhead. The Open Inference Protocol's infer (POST
+/v2/models/<name>[/versions/<v>]/infer) is answered here too, by the same
+function as its RequestHandler (`oip.infer`). Every other request (other
+paths, other methods) goes to the inference Application untouched, so
+/healthz, /readyz, /openapi.json, 404s and 405s behave exactly as before.
 """
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from tornado import httputil
 from tornado.ioloop import IOLoop
 from tornado.iostream import StreamClosedError
 from tornado.web import Application
 
+from frontend import oip
 from frontend.base import ApiError, check_object, log_level, parse_json
 from frontend.handlers import PREDICT_FIELDS, predict, predict_request
 
@@ -29,6 +34,8 @@ log = logging.getLogger("textswap.http")
 
 _JSON = "application/json; charset=utf-8"
 _NO_MODEL = {"name": "", "version": None}
+# the Open Inference Protocol's infer, as routed in frontend/oip.py
+_OIP_INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 
 
 class PredictRouter(httputil.HTTPServerConnectionDelegate):
@@ -59,9 +66,14 @@ class _Predict(httputil.HTTPMessageDelegate):
         self.size = 0
         self.too_large: str | None = None
         self.closed = False
+        self.oip: tuple[str, str | None] | None = None  # (name, version) of an OIP infer
 
     def headers_received(self, start_line: Any, headers: httputil.HTTPHeaders) -> Any:
-        if start_line.method != "POST" or start_line.path.split("?", 1)[0] != "/predict":
+        path = start_line.path.split("?", 1)[0]
+        if start_line.method == "POST" and path != "/predict" and path.startswith("/v2/"):
+            m = _OIP_INFER.match(path)
+            self.oip = m.groups() if m else None  # type: ignore[assignment]
+        if start_line.method != "POST" or (path != "/predict" and self.oip is None):
             self.inner = self.router.app.start_request(self.server_conn, self.conn)
             return self.inner.headers_received(start_line, headers)
         self.start_line, self.headers = start_line, headers
@@ -91,7 +103,7 @@ class _Predict(httputil.HTTPMessageDelegate):
         if self.inner is not None:
             self.inner.finish()
             return
-        IOLoop.current().spawn_callback(self._answer)
+        IOLoop.current().spawn_callback(self._answer_oip if self.oip else self._answer)
 
     def on_connection_close(self) -> None:
         if self.inner is not None:
@@ -124,9 +136,45 @@ class _Predict(httputil.HTTPMessageDelegate):
         if status >= 400:  # a 503 while no model serves yet is expected: not ERROR
             log.log(log_level(status), "%d POST /predict %.1fms", status,
                     1000 * (time.monotonic() - self.started))
+        self._write(status, out, {"Content-Type": _JSON})
+
+    async def _answer_oip(self) -> None:
+        """POST /v2/models/<name>[/versions/<v>]/infer: frontend/oip.py's infer,
+        with the same answers as its RequestHandler, less the overhead."""
+        status, headers, model = 200, {"Content-Type": _JSON}, _NO_MODEL
+        try:
+            if self.too_large:
+                raise ApiError(413, "body_too_large", self.too_large)
+            try:  # as Tornado decodes path arguments
+                name, version = (None if x is None else unquote_to_bytes(x).decode("utf-8")
+                                 for x in self.oip)  # type: ignore[union-attr]
+            except UnicodeDecodeError:
+                raise ApiError(400, "bad_path", "the path is not valid UTF-8") from None
+            body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+            model, out, head = await oip.infer(self.router.sup, self.router.limits, name,
+                                               version, self.headers, body)  # type: ignore
+            if head is not None:
+                headers = {"Content-Type": "application/octet-stream",
+                           oip.HEADER_LENGTH: str(head)}
+        except ApiError as exc:
+            status = exc.status_code
+            out = json.dumps({"error": exc.message}, ensure_ascii=False).encode()
+        except Exception:  # never an HTML page or a dropped connection
+            log.exception("POST %s failed", self.start_line.path)
+            status, out = 500, b'{"error": "internal error"}'
+        m = self.router.metrics
+        if m is not None:
+            m.observe_request("oip_infer", model["name"], model["version"], status,
+                              time.monotonic() - self.started)
+        if status >= 400:
+            log.log(log_level(status), "%d POST %s %.1fms", status, self.start_line.path,
+                    1000 * (time.monotonic() - self.started))
+        self._write(status, out, headers)
+
+    def _write(self, status: int, out: bytes, fields: dict[str, str]) -> None:
         if self.closed:
             return
-        headers = httputil.HTTPHeaders({"Content-Type": _JSON, "Content-Length": str(len(out))})
+        headers = httputil.HTTPHeaders({**fields, "Content-Length": str(len(out))})
         try:
             self.conn.write_headers(
                 httputil.ResponseStartLine(self.start_line.version, status,

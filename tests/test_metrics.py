@@ -158,7 +158,22 @@ def test_gauges(svc):
     assert value(scrape(svc), "textswap_training_jobs", state="cancelled") >= 1
 
 
-def test_applies_crashes_restarts(svc):
+def test_crashes_restarts_applies(svc):
+    # sent v1 was the first apply (no earlier version to fall back to): a
+    # crash of its worker is answered by a restart
+    status = svc.mget("/status", headers=AUTH)[1]
+    (pid,) = [w["pid"] for w in status["workers"] if w["state"] == "SERVING"]
+    os.kill(pid, signal.SIGKILL)
+    key = {"model": "sent", "version": "1"}
+
+    def replaced() -> Samples | None:
+        now = scrape(svc)
+        return now if value(now, "textswap_worker_restarts_total", **key) >= 1 else None
+    s = wait_for(replaced, 180, "the crashed replica's replacement", interval=0.5)
+    assert value(s, "textswap_worker_crashes_total", **key) == 1
+    assert value(s, "textswap_worker_restarts_total", **key) == 1
+    assert svc.predict({"text": "很好"})[0] == 200
+
     before = scrape(svc)
     code, body = svc.mpost("/apply", {"name": "sent", "version": 2}, headers=AUTH,
                            timeout=180)
@@ -170,16 +185,4 @@ def test_applies_crashes_restarts(svc):
         before, "textswap_apply_phase_seconds_count")
     code, body = svc.mpost("/apply", {"name": "sent", "version": 99}, headers=AUTH)
     assert code == 404  # refused before an apply starts: not counted as one
-
-    status = svc.mget("/status", headers=AUTH)[1]
-    (pid,) = [w["pid"] for w in status["workers"] if w["state"] == "SERVING"]
-    os.kill(pid, signal.SIGKILL)
-    key = {"model": "sent", "version": "2"}
-
-    def replaced() -> Samples | None:
-        now = scrape(svc)
-        return now if value(now, "textswap_worker_restarts_total", **key) >= 1 else None
-    s = wait_for(replaced, 180, "the crashed replica's replacement", interval=0.5)
-    assert value(s, "textswap_worker_crashes_total", **key) == 1
-    assert value(s, "textswap_worker_restarts_total", **key) == 1
-    assert svc.predict({"text": "很好"})[0] == 200
+    assert total(scrape(svc), "textswap_applies_total") == total(s, "textswap_applies_total")

@@ -252,3 +252,42 @@ def test_other_routes_and_methods(svc):
     assert code == 405 and hdrs["allow"] == "POST" and set(json.loads(raw)) == {"error"}
     code, hdrs, raw = _raw(svc.port, "/v2/models/sent", b"", method="POST")
     assert code == 405 and hdrs["allow"] == "GET"
+
+
+def test_lean_path_and_handler_answer_alike(svc, tiny_store, tmp_path):
+    """server.fast_predict false sends infer through the RequestHandler
+    (InferHandler) instead of the lean path: same statuses, headers, bytes."""
+    root = str(tmp_path / "models")
+    shutil.copytree(tiny_store, root)
+    cfg = str(tmp_path / "config.yaml")
+    with open(cfg, "w", encoding="utf-8") as fh:
+        fh.write(CONFIG + "server:\n  fast_predict: false\n")
+    slow = Service(root, args=["--config", cfg])
+    try:
+        code, body = slow.mpost("/apply", {"name": "sent", "version": 1}, timeout=180)
+        assert code == 200, body
+        binary, bheaders = _binary_request(_bytes("好评".encode(), b"awful"), 2)
+        cases = [
+            (INFER, binary, bheaders),
+            ("/v2/models/sent/versions/1/infer", json.dumps({
+                "id": "x", "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                       "data": ["love it"]}],
+                "outputs": [{"name": "scores", "parameters": {"classification": 2}},
+                            {"name": "label", "parameters": {"binary_data": True}}]}).encode(),
+             {}),
+            (INFER, b"{not json", {}),
+            ("/v2/models/nope/infer", binary, bheaders),
+            ("/v2/models/sent/versions/3/infer", binary, bheaders),
+            (INFER, b"x" * 5000, {}),
+        ]
+        for path, body, headers in cases:
+            fast = _raw(svc.port, path, body, headers)
+            handler = _raw(slow.port, path, body, headers)
+            assert fast[0] == handler[0], (path, fast, handler)
+            for h in ("content-type", "inference-header-content-length"):
+                assert fast[1].get(h) == handler[1].get(h), (path, h, fast[1], handler[1])
+            assert fast[2] == handler[2], (path, fast[2], handler[2])
+        assert _raw(svc.port, "/v2/models/%ff/infer", binary, bheaders)[0] == 400
+        assert _raw(slow.port, "/v2/models/%ff/infer", binary, bheaders)[0] == 400
+    finally:
+        slow.stop()
