@@ -82,12 +82,17 @@ def test_report_fields(english_result):
     assert result.labels == ["food", "sport", "tech"]
     assert report["method"] == "auto" and report["folds"] == 3 and report["seed"] == 11
     assert report["tokenize"] == "word" and set(report["views"]) == {"word", "char"}
-    assert len(report["candidates"]) >= 8
+    # evaluated in full, or stopped early by racing: every planned candidate ran
+    assert len(report["candidates"]) + len(report["pruned"]) >= 8
+    for pruned in report["pruned"]:
+        assert pruned["folds_scored"] < 3
+        assert pruned["partial_macro_f1"] < pruned["best_on_same_folds"] - 0.03
     for cand in report["candidates"]:
         assert 0.0 <= cand["cv_macro_f1"] <= 1.0 and cand["cv_std"] >= 0 and cand["seconds"] >= 0
         assert len(cand["fold_scores"]) == 3
         assert cand["learner"] in ("svm", "nbsvm", "lr")
-    assert {c["views"][0] for c in report["candidates"][:3]} == {"word", "char"}
+    # the screen: one learner over the three view sets, first
+    assert [h["name"].split("/")[0] for h in result.history[:3]] == ["word", "char", "word+char"]
     best = max(c["cv_macro_f1"] for c in report["candidates"])
     chosen = report["chosen"]
     assert chosen["members"] and all(m["temperature"] > 0 for m in chosen["members"])
