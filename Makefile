@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test venv bench bench-accuracy clean cluster
+.PHONY: serve test venv bench bench-slots bench-accuracy clean cluster
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ cluster: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/serving.py
 	$(PY) bench/cluster.py  # nginx + Redis + 1-3 nodes (needs redis-server, nginx)
+	$(PY) bench/slots.py    # two models, swaps beside load, replica kills, recycling
+
+bench-slots: $(STAMP)
+	$(PY) bench/slots.py
 
 bench-accuracy: $(STAMP)
 	$(PY) -m pip install --quiet -r bench/requirements.txt
