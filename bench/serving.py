@@ -837,8 +837,8 @@ def _alternate(gen: LoadGen, plans: list[tuple[str, int, str, str, int, int, dic
 def ecosystem_runs(gen: LoadGen, svc: Any, workdir: str, models_dir: str, texts: list[str],
                    single: str, batched: str, dur: float, warm: float,
                    rounds: int) -> dict[str, Any]:
-    """Metrics overhead (the same service with metrics.enabled false, on a copy of
-    the store, interleaved runs) and OIP JSON infer vs /predict."""
+    """OIP JSON infer vs /predict on `svc`, and the metrics overhead: two fresh
+    services alike but for metrics.enabled, interleaved runs."""
     from tests.helpers import wait_for
 
     oip_single = write_bodies(os.path.join(workdir, "oip-single.jsonl"),
@@ -858,27 +858,44 @@ def ecosystem_runs(gen: LoadGen, svc: Any, workdir: str, models_dir: str, texts:
     for k, r in res["oip"].items():
         log(f"  {k}: {r['rps']:.1f} req/s, {r['texts_per_s']:.0f} texts/s, errors {r['errors']}")
 
-    log("metrics off: a second service (metrics.enabled false) on a copy of the store ...")
-    off_dir = os.path.join(workdir, "models-nometrics")
-    shutil.copytree(models_dir, off_dir)
-    off = start_service(workdir, off_dir, standby=True, tag="nometrics", metrics=False)
+    # the counting call itself, timed in this process: a figure that the noise
+    # of a shared machine cannot hide (req/s of two services can differ by more)
+    import timeit
+
+    from metrics import Metrics
+    counter = Metrics(None, enabled=True)
+    calls = 200_000
+    res["observe_request_us"] = 1e6 * timeit.timeit(
+        lambda: counter.observe_request("predict", MODEL, 1, 200, 0.012), number=calls) / calls
+    # two fresh services, alike but for metrics.enabled, each on its own copy of
+    # the store (the warm one above has served other load: not a fair pair)
+    log("metrics on vs off: two fresh services, each on a copy of the store ...")
+    pair = {}
     try:
-        wait_for(lambda: off.status()["serving"], 180, "the startup apply", interval=0.2)
-        off.wait_standby(180)
-        assert off.mget("/metrics")[0] == 404 and svc.mget("/metrics")[0] == 200
+        for tag, enabled in (("metrics-on", True), ("metrics-off", False)):
+            d = os.path.join(workdir, f"models-{tag}")
+            shutil.copytree(models_dir, d, ignore=shutil.ignore_patterns(".state.db*", ".tmp"))
+            pair[tag] = start_service(workdir, d, standby=True, tag=tag, metrics=enabled)
+        for p in pair.values():
+            wait_for(lambda: p.status()["serving"], 180, "the startup apply", interval=0.2)
+            p.wait_standby(180)
+        on_svc, off = pair["metrics-on"], pair["metrics-off"]
+        assert off.mget("/metrics")[0] == 404 and on_svc.mget("/metrics")[0] == 200
         res["metrics"] = _alternate(gen, [
-            ("on_c64", svc.port, "/predict", single, CONC_THROUGHPUT, 1, on),
+            ("on_c64", on_svc.port, "/predict", single, CONC_THROUGHPUT, 1,
+             {"supervisor": on_svc.proc.pid}),
             ("off_c64", off.port, "/predict", single, CONC_THROUGHPUT, 1,
              {"supervisor": off.proc.pid}),
         ], dur, warm, rounds)
+        code, text = on_svc.mget("/metrics")
+        res["scrape_bytes"] = len(text) if isinstance(text, (bytes, str)) else None
     finally:
-        off.stop()
+        for p in pair.values():
+            p.stop()
     m = res["metrics"]
     log(f"  metrics on {m['on_c64']['rps']:.0f} req/s vs off {m['off_c64']['rps']:.0f} req/s "
         f"(rounds on {[round(x) for x in m['on_c64']['rounds']]}, "
         f"off {[round(x) for x in m['off_c64']['rounds']]})")
-    code, text = svc.mget("/metrics")
-    res["scrape_bytes"] = len(text) if isinstance(text, (bytes, str)) else None
     return res
 
 
@@ -901,6 +918,11 @@ def print_ecosystem(eco: dict[str, Any]) -> None:
           f"({BATCH_TEXTS} texts); metrics on / off: "
           f"{m['on_c64']['rps'] / m['off_c64']['rps']:.3f} req/s, supervisor CPU per request "
           f"{m['on_c64']['cpu_ms_per_request']['supervisor'] / m['off_c64']['cpu_ms_per_request']['supervisor']:.3f}")
+    us = eco.get("observe_request_us")
+    if us is not None:
+        sup = m["off_c64"]["cpu_ms_per_request"]["supervisor"] * 1000
+        print(f"counting one request (timed in-process): {us:.2f} us = {100 * us / sup:.2f}% of "
+              f"the supervisor's {sup:.0f} us of CPU per request")
 
 
 def run_ecosystem(args: argparse.Namespace) -> int:
