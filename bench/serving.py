@@ -812,13 +812,15 @@ def _oip_body(texts: list[str]) -> dict[str, Any]:
 def _alternate(gen: LoadGen, plans: list[tuple[str, int, str, str, int, int, dict[str, int]]],
                dur: float, warm: float, rounds: int) -> dict[str, Any]:
     """Each plan (label, port, path, bodies, conc, texts/request, pids) run `rounds`
-    times, interleaved, so that drift of a shared machine hits all of them alike;
-    the medians of the rounds."""
+    times, interleaved (ABBA), so that drift of a shared machine hits all of them
+    alike; the medians of the rounds."""
     for _, port, path, bodies, conc, n, _ in plans:
         gen.run(port, bodies, conc, warm, n, path=path)
     got: dict[str, list[dict[str, Any]]] = {p[0]: [] for p in plans}
-    for _ in range(rounds):
-        for label, port, path, bodies, conc, n, pids in plans:
+    for i in range(rounds):
+        # ABBA order: whatever runs first in a round (warmer caches, another
+        # process's burst) favours each plan equally often
+        for label, port, path, bodies, conc, n, pids in (plans if i % 2 == 0 else plans[::-1]):
             got[label].append(gen.run(port, bodies, conc, dur, n, pids=pids, path=path))
     out = {}
     for label, rs in got.items():

@@ -56,35 +56,13 @@ class OipError(ApiError):
 
 
 # -- the supervisor ----------------------------------------------------------------------
-# COMPAT: until the multi-model supervisor (slots) lands, the single-model one
-# has only `serving` and `predict(texts)`; these three bridge the two.
 def serving_model(sup: Any, name: str | None) -> dict[str, Any] | None:
     """{"name", "version", "labels", ...} of what serves under name, or None."""
-    if hasattr(sup, "serving_model"):
-        return sup.serving_model(name)
-    w = sup.serving
-    if w is None or not w.model or (name is not None and name != w.model["name"]):
-        return None
-    return {**w.model, "labels": list(w.labels), "replicas": 1}
-
-
-def serving_names(sup: Any) -> list[str]:
-    if hasattr(sup, "serving_names"):
-        return sup.serving_names()
-    m = serving_model(sup, None)
-    return [m["name"]] if m else []
-
-
-async def predict(sup: Any, texts: list[str], name: str) -> tuple[dict[str, Any], list, list]:
-    if hasattr(sup, "serving_model"):
-        return await sup.predict(texts, model=name)
-    if serving_model(sup, name) is None:
-        raise UnknownModel(f"model '{name}' is not serving")
-    return await sup.predict(texts)
+    return sup.serving_model(name)
 
 
 def _not_serving(sup: Any, name: str, version: str | None = None) -> OipError:
-    names = serving_names(sup)
+    names = sup.serving_names()
     serving = ", ".join(repr(n) for n in names) if names else "none"
     if version is not None:
         m = serving_model(sup, name)
@@ -370,7 +348,7 @@ async def infer(sup: Any, limits: dict[str, Any], name: str, version: str | None
     resolve(sup, name, version)  # 404 before parsing: the model must serve
     texts, outputs, rid = parse_infer(body, headers, limits)
     try:
-        model, labels, scores = await predict(sup, texts, name)
+        model, labels, scores = await sup.predict(texts, model=name)
     except Exception as exc:
         raise _service_status(exc) from None
     if version is not None and str(model["version"]) != version:
