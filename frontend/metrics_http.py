@@ -4,8 +4,9 @@
 and, when `metrics.port` is set, on a port of its own without a token (for
 scrapers that cannot send one; bind it where only they can reach it).
 Requests answered through Tornado's RequestHandler (everything on the
-inference port except the lean POST /predict path, which counts itself) are
-counted from the application's log function, once per answer.
+inference port except the lean path of fastpath.py, POST /predict and the
+OIP infer, which counts itself) are counted from the application's log
+function, once per answer.
 """
 from __future__ import annotations
 
