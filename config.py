@@ -70,6 +70,23 @@ DEFAULTS: dict[str, Any] = {
         "max_rss_mb": 0,
         "restart_window": 60.0,
     },
+    "rollout": {
+        # After a swap the previous version stays loaded, idle, this long:
+        # POST /rollback is then one routing assignment. 0 turns it off.
+        "probation_s": 60.0,
+        # Automatic rollback during probation: the new version's error rate
+        # (5xx and model errors) above this share...
+        "max_error_rate": 0.05,
+        # ... or its p99 latency above this multiple of the previous
+        # version's (and at least latency_slack_ms above it)...
+        "max_latency_ratio": 3.0,
+        "latency_slack_ms": 20.0,
+        # ... judged once it has answered this many requests.
+        "min_requests": 50,
+        # Quality gate: a candidate's golden-set accuracy may be at most this
+        # much below the serving version's.
+        "gate_tolerance": 0.01,
+    },
     "serving": {
         # Replicas of a model when its apply does not say (each its own process).
         "replicas": 1,

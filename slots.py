@@ -20,6 +20,7 @@ from typing import Any
 from tornado.locks import Condition, Lock
 
 from errors import NoModel, Overloaded
+from rollouts import Candidate, Probation, VersionStats
 from workerhandle import State, WorkerHandle
 
 
@@ -43,6 +44,15 @@ class Slot:
         self.failed: dict[str, Any] | None = None
         self.last_apply: dict[str, Any] | None = None
         self.created = time.time()
+        # rollouts (rollouts.py): figures of the serving version, the previous
+        # version kept idle after a swap, a shadow/canary candidate, versions
+        # rolled back (an automatic one is not applied again unless asked)
+        self.stats = VersionStats()
+        self.stats_before_swap: float | None = None
+        self.probation: Probation | None = None
+        self.candidate: Candidate | None = None
+        self.rolled_back: dict[int, dict[str, Any]] = {}
+        self.gate_cache: dict[tuple, dict[str, Any]] = {}
 
     # -- routing ---------------------------------------------------------------
     def pick(self, cap: int) -> WorkerHandle | None:
@@ -139,4 +149,7 @@ class Slot:
             "workers": workers,
             "failed": self.failed,
             "last_apply": self.last_apply,
+            "probation": self.probation.describe() if self.probation else None,
+            "candidate": self.candidate.describe() if self.candidate else None,
+            "rolled_back": list(self.rolled_back.values()),
         }

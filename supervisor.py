@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import random
 import gc
 import logging
 import os
@@ -30,6 +31,8 @@ from jobs import JobManager
 import metrics
 from statedb import FILENAME as STATE_DB, StateDB
 from pool import WorkerPool
+from rollouts import Candidate, GoldenSets, Probation, VersionStats, label_changes
+from rollouts import score as rollouts_score
 from slots import Slot
 from store import InvalidArtifact, ModelStore, StoreError, check_name
 from watcher import RecordWatcher
@@ -41,6 +44,14 @@ log = logging.getLogger("textswap.supervisor")
 DEMO_NAME = "demo"
 DEMO_DATA = "data/demo/sentiment_zh.jsonl"
 DEMO_PARAMS: dict[str, Any] = {"architecture": "bow"}  # fixed and fast: predicts ~20 s after a first start
+
+
+# Events written to the durable history (GET /history)
+HISTORY_KINDS = {"apply", "apply_failed", "rollback", "promote", "abort", "gate_refused",
+                 "unload", "crash", "restart", "recycle", "failed", "shadow", "canary",
+                 "probation_ended"}
+_HISTORY_COLUMNS = {"name", "source", "from_version", "to_version", "version", "phases",
+                    "reason", "details", "at"}
 
 
 class Supervisor:
@@ -57,6 +68,7 @@ class Supervisor:
         self.previous_default: str | None = None  # the default before the last change
         self.record: dict[str, Any] = {"default": None, "models": {}, "revision": 0}
         self.events = Events()
+        self.golden = GoldenSets(self.store.root)
         self.metrics = metrics.build(self, config)  # Prometheus figures (metrics.py)
         self.started = time.time()
         self.stopping = False
@@ -77,6 +89,7 @@ class Supervisor:
             self.cluster = ClusterNode(self)
             state_path = node_state_path(self.store.root, self.cluster.node_id)
         self.state = StateDB(state_path)  # jobs, history
+        self.events.subscribe(self._to_history)
         self.jobs = JobManager(self, self.state)
         if self.cluster is not None:
             self.jobs.cluster = self.cluster.training
@@ -155,6 +168,21 @@ class Supervisor:
         self.stopped.set()
         log.info("all workers stopped")
 
+    def _to_history(self, kind: str, f: dict[str, Any]) -> None:
+        """Rollout events go to the durable history (statedb's writer thread)."""
+        if kind not in HISTORY_KINDS or self.state is None:
+            return
+        details = {k: v for k, v in f.items() if k not in _HISTORY_COLUMNS}
+        if isinstance(f.get("details"), dict):
+            details.update(f["details"])
+        self.state.add_history(
+            f.get("name"), kind, source=f.get("source"), from_version=f.get("from_version"),
+            to_version=f.get("to_version", f.get("version")), phases=f.get("phases"),
+            reason=f.get("reason"), details=details or None, at=f.get("at"))
+
+    def history(self, name: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        return self.state.history(name, limit)
+
     # -- lookups used by the handlers -----------------------------------------------
     @property
     def ready(self) -> bool:
@@ -193,24 +221,96 @@ class Supervisor:
     async def predict(self, texts: list[str], model: str | None = None
                       ) -> tuple[dict[str, Any], list[str], list]:
         """(model, labels, scores) for texts; retried once on a sibling or a
-        replacement if the worker dies with the request in flight."""
+        replacement if the worker dies with the request in flight.
+
+        A canary candidate answers its share of requests; a shadow candidate
+        gets a sampled copy, compared off this request's path."""
         slot = self._slot_for(model)
         deadline = self.loop.time() + self.wcfg["request_timeout"]
         cap = self.wcfg["max_inflight"]
+        cand = slot.candidate
+        if cand is not None and cand.mode == "canary" and random.random() < cand.fraction:
+            w = _least_busy(cand.workers, cap)
+            if w is not None:
+                t0 = time.monotonic()
+                try:
+                    scores = await w.predict(texts)
+                    cand.stats.observe(time.monotonic() - t0)
+                    return w.model, w.labels, scores  # type: ignore[return-value]
+                except RequestFailed as exc:
+                    cand.stats.error()
+                    raise ServiceError(f"model failed on this request: {exc}", 500,
+                                       exc.code) from exc
+                except WorkerError:
+                    cand.stats.error()  # died or timed out: the serving version answers
         for attempt in (1, 2):
             w = await slot.route(cap, deadline)
+            t0 = time.monotonic()
             try:
-                return w.model, w.labels, await w.predict(texts)  # type: ignore[return-value]
+                fut = w.predict(texts)
+                if cand is not None and cand.mode == "shadow" and (
+                        random.random() < cand.fraction):
+                    self._mirror(slot, cand, texts, w.labels, fut)
+                scores = await fut
             except WorkerDied:
                 if attempt == 2:
+                    self._count_error(slot, w)
                     raise ServiceError("the model worker died twice on this request", 503,
                                        "worker_died")
+                continue
             except RequestFailed as exc:
+                self._count_error(slot, w)
                 raise ServiceError(f"model failed on this request: {exc}", 500,
                                    exc.code) from exc
             except RequestTimedOut as exc:
+                self._count_error(slot, w)
                 raise ServiceError(str(exc), 504, "timeout") from None
+            took = time.monotonic() - t0
+            slot.stats.observe(took)
+            p = slot.probation
+            if p is not None and w.model and w.model["version"] == p.new_version:
+                p.new_stats.observe(took)
+            if cand is not None and cand.mode == "canary":
+                cand.serving_stats.observe(took)
+            return w.model, w.labels, scores  # type: ignore[return-value]
         raise AssertionError("unreachable")
+
+    def _count_error(self, slot: Slot, w: WorkerHandle) -> None:
+        slot.stats.error()
+        p = slot.probation
+        if p is not None and w.model and w.model["version"] == p.new_version:
+            p.new_stats.error()
+
+    def _mirror(self, slot: Slot, cand: Candidate, texts: list[str], labels: list[str],
+                primary: Any) -> None:
+        """Send a copy to the shadow candidate; compare once both answered.
+        Never awaited by the client's request, and skipped when the candidate
+        is at its in-flight cap, so a slow shadow cannot slow serving."""
+        w = _least_busy(cand.workers, self.wcfg["max_inflight"])
+        if w is None:
+            cand.dropped += 1
+            return
+        cand.mirrored += 1
+        t0 = time.monotonic()
+        try:
+            fut = w.predict(texts)
+        except WorkerError:
+            cand.stats.error()
+            return
+
+        async def compare() -> None:
+            try:
+                theirs = await fut
+                cand.stats.observe(time.monotonic() - t0)
+            except WorkerError:
+                cand.stats.error()
+                return
+            try:
+                ours = await primary
+            except Exception:
+                return
+            cand.compare(texts, labels, w.labels, ours, theirs)
+        self.loop.spawn_callback(compare)
 
     # -- workers for a slot ----------------------------------------------------------
     def _preload_guesses(self) -> list[tuple[str, int]]:
@@ -226,9 +326,11 @@ class Supervisor:
                 later = [v for v in self.store.versions(slot.name) if v > slot.version]
             except StoreError:
                 later = []
+            later = [v for v in later if not slot.rolled_back.get(v, {}).get("auto")]
             if later:
                 newer.append((slot.name, later[-1]))
-            if slot.previous and slot.previous != slot.version:
+            if slot.previous and slot.previous != slot.version and (
+                    slot.probation is None or slot.probation.version != slot.previous):
                 back.append((slot.name, slot.previous))
         return newer + back
 
@@ -293,7 +395,7 @@ class Supervisor:
         async def one(w: WorkerHandle) -> dict[str, Any]:
             drained = True
             if w.alive:
-                if w.state is State.SERVING:
+                if w.state in (State.SERVING, State.IDLE):
                     w.set_state(State.DRAINING)
                 drained = await w.wait_idle(self.wcfg["drain_timeout"])
             ended = await w.stop(self.wcfg["stop_timeout"])
@@ -347,13 +449,16 @@ class Supervisor:
 
     async def apply(self, name: str, version: int | None = None, *, replicas: int | None = None,
                     default: bool | None = None, explicit: bool | None = None,
-                    source: str = "api", persist: bool = True) -> dict[str, Any]:
+                    source: str = "api", persist: bool = True, **rollout: Any
+                    ) -> dict[str, Any]:
         """Blue/green swap of one slot to (name, version) with `replicas` workers.
 
         replicas: the apply's, else the slot's current count, else config
         serving.replicas. default: whether `name` becomes the default model;
         None means yes for an operator's or a training job's apply, no for the
-        watcher's and restarts (which follow the record's default)."""
+        watcher's and restarts (which follow the record's default).
+        rollout: mode ("normal", "shadow", "canary"), fraction, keep_examples,
+        gate (False skips the quality gate), min_accuracy."""
         check_name(name)
         self.store.resolve(name, version)  # fail fast: 404 before queueing
         t_call = time.monotonic()
@@ -369,7 +474,7 @@ class Supervisor:
         try:
             async with slot.lock:
                 result = await self._apply_locked(slot, version, replicas, default, explicit,
-                                                  source, persist, t_call)
+                                                  source, persist, t_call, **rollout)
             if self.cluster is not None and persist and not result.get("unchanged"):
                 result["cluster"] = await self.cluster.after_change()  # revision, nodes
             return result
@@ -383,7 +488,10 @@ class Supervisor:
 
     async def _apply_locked(self, slot: Slot, version: int | None, replicas: int,
                             default: bool | None, explicit: bool | None, source: str,
-                            persist: bool, t_call: float) -> dict[str, Any]:
+                            persist: bool, t_call: float, mode: str = "normal",
+                            fraction: float | None = None, keep_examples: int = 0,
+                            gate: bool = True, min_accuracy: float | None = None
+                            ) -> dict[str, Any]:
         name = slot.name
         if self.stopping:
             raise ServiceError("service is shutting down", 503, "stopping")
@@ -399,7 +507,15 @@ class Supervisor:
                                "invalid_model") from None
         if source == "api":  # an operator's explicit choice gets a fresh start
             slot.crashes.pop(version, None)
+            slot.rolled_back.pop(version, None)
             self.failed_models.pop(f"{name} v{version}", None)
+        elif version in slot.rolled_back and slot.rolled_back[version].get("auto"):
+            raise ServiceError(f"{name} v{version} was rolled back automatically "
+                               f"({slot.rolled_back[version]['reason']}); only an explicit "
+                               "POST /apply brings it back", 409, "rolled_back")
+        if mode != "normal":
+            return await self._start_candidate(slot, version, path, replicas, mode,
+                                               fraction, keep_examples, source, t_call)
         phases: dict[str, float] = {"queued": time.monotonic() - t_call}
         old = list(slot.replicas)
         previous = {"name": name, "version": slot.version} if old else None
@@ -411,41 +527,59 @@ class Supervisor:
             # held the lock) superseded the one this apply was queued for
             return {"previous": previous, "current": previous, "unchanged": True}
         t = time.monotonic()
-        new = self._obtain(name, version, replicas, f"applying {name} v{version} with "
-                           f"{replicas} replica{'s' if replicas != 1 else ''}")
-        try:
-            ready = list(await gen.multi([self._make_ready(w, name, version, path)
-                                          for w in new]))
-        except ApplyFailed as exc:
-            for w in new:
-                if w.alive and w.state is not State.SERVING:
-                    self.loop.spawn_callback(w.stop, 1.0)
-            self.pool.ensure(delay=1.0)
-            self.events.emit("apply_failed", name=name, version=version, source=source,
-                             reason=str(exc))
-            exc.args = (f"{exc}; {name} still serves {serving_now}",)
-            raise
+        p = slot.probation
+        reused = (p is not None and p.version == version and len(p.workers) == replicas
+                  and all(w.usable for w in p.workers))
+        if reused:  # the version in probation is still loaded: the swap is all there is
+            assert p is not None
+            self._cancel_probation(slot)
+            ready = [(w, w.ready.result() if w.ready.done() else {}, True) for w in p.workers]
+        else:
+            what = (f"applying {name} v{version} with {replicas} "
+                    f"replica{'s' if replicas != 1 else ''}")
+            await self._make_room(replicas, what)
+            new = self._obtain(name, version, replicas, what)
+            try:
+                ready = list(await gen.multi([self._make_ready(w, name, version, path)
+                                              for w in new]))
+            except ApplyFailed as exc:
+                for w in new:
+                    if w.alive and w.state is not State.SERVING:
+                        self.loop.spawn_callback(w.stop, 1.0)
+                self.pool.ensure(delay=1.0)
+                self.events.emit("apply_failed", name=name, version=version, source=source,
+                                 reason=str(exc))
+                exc.args = (f"{exc}; {name} still serves {serving_now}",)
+                raise
         phases["spawn"] = time.monotonic() - t  # boot + load, all replicas at once
-        t = time.monotonic()
         workers = [w for w, _, _ in ready]
-        for w in workers:
-            w.slot, w.on_answer = slot, slot.on_answer
-            w.set_state(State.SERVING)
-        # the swap: one assignment moves routing
-        slot.replicas = workers
-        for w in workers:
-            w.send({"t": "serve"})  # leaves the standby's low priority
-        if slot.version is not None and slot.version != version:
-            slot.previous = slot.version
-        slot.version, slot.labels, slot.wanted = version, list(workers[0].labels), replicas
-        slot.failed = None
+        gate_info = None
+        if source in ("api", "train"):
+            t = time.monotonic()
+            try:
+                gate_info = await self._quality_gate(slot, version, workers, gate, min_accuracy)
+            except Conflict as exc:
+                if reused:
+                    for w in workers:
+                        w.set_state(State.DRAINING)
+                self.loop.spawn_callback(self._retire, workers)
+                self.events.emit("gate_refused", name=name, version=version, source=source,
+                                 from_version=slot.version, reason=str(exc),
+                                 details=exc.details)
+                raise
+            phases["gate"] = time.monotonic() - t
+        t = time.monotonic()
+        # re-read what serves now: an automatic rollback may have swapped the
+        # slot while the new workers loaded or the gate scored them
+        old = list(slot.replicas)
+        previous = {"name": name, "version": slot.version} if old else None
         if explicit is not None:
             slot.explicit = explicit
         elif source == "api" or (source == "train" and not self._demo_training):
             slot.explicit = True
         elif source == "train":
             slot.explicit, self._demo_training = False, False
-        slot.wake_all()
+        self._swap(slot, workers, version, replicas)
         make_default = default if default is not None else source in ("api", "train")
         old_default = self.default_name
         if make_default or self.default_name is None and source not in ("startup", "watcher"):
@@ -462,7 +596,7 @@ class Supervisor:
         if self.default_name != old_default and old_default:
             self._retire_demo(old_default)
         t = time.monotonic()
-        ended = await self._retire(old)
+        ended = await self._after_swap(slot, old, previous, version)
         phases["drain_stop"] = time.monotonic() - t
         preloaded = all(p for _, _, p in ready)
         first = ready[0][1]
@@ -475,10 +609,13 @@ class Supervisor:
             "workers": [{"generation": w.generation, "pid": w.pid} for w in workers],
             "phases_s": {k: round(v, 4) for k, v in phases.items()},
             "preloaded": preloaded,
+            "from_probation": reused,
             "load_s": round(first.get("load_s", 0.0), 4),
             "warmup_s": round(first.get("warm_s", 0.0), 4),
             "old_worker": ended[0] if ended else None,
             "old_workers": ended,
+            "probation": slot.probation.describe() if slot.probation else None,
+            "gate": gate_info,
             "source": source,
             "total_s": round(time.monotonic() - t_call, 4),
         }
@@ -488,8 +625,303 @@ class Supervisor:
         slot.last_apply = self.last_apply = result
         self.events.emit("apply", name=name, version=version, source=source,
                          from_version=previous["version"] if previous else None,
-                         phases=result["phases_s"], replicas=len(workers))
+                         phases=result["phases_s"], replicas=len(workers),
+                         details={"gate": gate_info, "from_probation": reused,
+                                  "preloaded": preloaded})
         return result
+
+    # -- rollouts: probation, rollback, the gate, shadow and canary ------------------
+    def _swap(self, slot: Slot, workers: list[WorkerHandle], version: int,
+              replicas: int) -> None:
+        """Route the slot to `workers`: one assignment. The caller decides what
+        becomes of the workers that served before."""
+        for w in workers:
+            w.slot, w.on_answer = slot, slot.on_answer
+            if w.state is not State.SERVING:
+                w.set_state(State.SERVING)
+        slot.replicas = workers  # the swap
+        for w in workers:
+            w.send({"t": "serve"})  # leaves the standby's low priority
+        if slot.version is not None and slot.version != version:
+            slot.previous = slot.version
+        slot.version, slot.labels, slot.wanted = version, list(workers[0].labels), replicas
+        slot.stats_before_swap = slot.stats.p(0.99)
+        slot.stats = VersionStats()
+        slot.failed = None
+        slot.wake_all()
+
+    async def _after_swap(self, slot: Slot, old: list[WorkerHandle],
+                          previous: dict[str, Any] | None, version: int
+                          ) -> list[dict[str, Any]]:
+        """The previous version's workers: kept idle in probation (a rollback
+        is then one assignment), or drained and stopped."""
+        probation_s = self.cfg["rollout"]["probation_s"]
+        if self.stopping or not old or previous is None or previous["version"] == version \
+                or probation_s <= 0:
+            return await self._retire(old)
+        if slot.probation is not None:  # one probation per slot: the newest
+            self.loop.spawn_callback(self._retire, self._cancel_probation(slot))
+        old_p99 = slot.stats_before_swap
+        for w in old:
+            w.set_state(State.IDLE)
+        p = Probation(version=previous["version"], workers=old, new_version=version,
+                      until=time.monotonic() + probation_s, old_p99=old_p99)
+        p.timer = self.loop.call_later(probation_s, self._end_probation, slot, p)
+        slot.probation = p
+        log.info("%s v%s stays loaded in probation for %.0fs (rollback is instant)",
+                 slot.name, p.version, probation_s)
+        # in-flight requests on the old workers still finish: wait for them
+        drained = await gen.multi([w.wait_idle(self.wcfg["drain_timeout"]) for w in old])
+        return [{"generation": w.generation, "pid": w.pid, "drained": d, "ended": "probation"}
+                for w, d in zip(old, drained)]
+
+    def _cancel_probation(self, slot: Slot) -> list[WorkerHandle]:
+        p, slot.probation = slot.probation, None
+        if p is None:
+            return []
+        if p.timer is not None:
+            self.loop.remove_timeout(p.timer)
+        return p.workers
+
+    def _end_probation(self, slot: Slot, p: Probation) -> None:
+        if slot.probation is not p:
+            return
+        slot.probation = None
+        log.info("probation of %s v%s ended: its workers stop", slot.name, p.version)
+        self.events.emit("probation_ended", name=slot.name, from_version=p.version,
+                         to_version=p.new_version, details=p.new_stats.describe())
+        self.loop.spawn_callback(self._retire, p.workers)
+
+    async def _make_room(self, n: int, what: str) -> None:
+        """Free budget for n workers (minus the standbys they can take):
+        probation workers are the first to go."""
+        if not self.pool.max_workers:
+            return
+        need = n - len([w for w in self.pool.standby if w.alive])
+        for slot in sorted(self.slots.values(), key=lambda s: s.probation.started
+                           if s.probation else 0.0):
+            if need <= 0 or self.pool.has_room(need):
+                return
+            if slot.probation is not None:
+                log.info("ending the probation of %s v%s early: %s needs room", slot.name,
+                         slot.probation.version, what)
+                await self._retire(self._cancel_probation(slot))
+
+    def _rollback_now(self, slot: Slot, reason: str, auto: bool,
+                      figures: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Within probation: the previous version serves again, in one
+        assignment; the rolled-back version's workers drain and stop."""
+        p = slot.probation
+        assert p is not None
+        self._cancel_probation(slot)
+        bad_version, bad = slot.version, list(slot.replicas)
+        for w in bad:
+            if w.state is State.SERVING:
+                w.set_state(State.DRAINING)  # no new requests from now on
+        self._swap(slot, p.workers, p.version, len(p.workers))
+        slot.previous = None
+        info = {"version": bad_version, "reason": reason, "auto": auto, "figures": figures,
+                "at": time.time(), "back_to": p.version}
+        slot.rolled_back[bad_version] = info  # type: ignore[index]
+        self._save_record(slot.name)
+        (log.warning if auto else log.info)(
+            "%s rolled back from v%s to v%s (%s): %s", slot.name, bad_version, p.version,
+            "automatic" if auto else "manual", reason)
+        self.events.emit("rollback", name=slot.name, source="auto" if auto else "api",
+                         from_version=bad_version, to_version=p.version, reason=reason,
+                         details=figures)
+        self.loop.spawn_callback(self._retire, bad)
+        return info
+
+    async def rollback(self, name: str, source: str = "api") -> dict[str, Any]:
+        """POST /rollback: the previous version serves again. Within probation
+        it is one routing assignment; after it, an apply of that version."""
+        check_name(name)
+        slot = self._slot_for(name)
+        t0 = time.monotonic()
+        if slot.probation is not None and all(w.usable for w in slot.probation.workers):
+            info = self._rollback_now(slot, "manual rollback", auto=False)
+            return {"name": name, "from_version": info["version"], "to_version": info["back_to"],
+                    "instant": True, "took_s": round(time.monotonic() - t0, 6)}
+        if not slot.previous:
+            raise Conflict(f"{name} has no previous version to roll back to", code="no_previous")
+        target, bad = slot.previous, slot.version
+        result = await self.apply(name, target, default=False, source="rollback")
+        slot.rolled_back[bad] = {"version": bad, "reason": "manual rollback", "auto": False,  # type: ignore[index]
+                                 "figures": None, "at": time.time(), "back_to": target}
+        self.events.emit("rollback", name=name, source=source, from_version=bad,
+                         to_version=target, reason="manual rollback after probation",
+                         phases=result.get("phases_s"))
+        return {"name": name, "from_version": bad, "to_version": target, "instant": False,
+                "took_s": round(time.monotonic() - t0, 6), "apply": result}
+
+    def _check_probations(self) -> None:
+        """Once a second: roll back a version in probation whose error rate or
+        tail latency went past the configured limits."""
+        r = self.cfg["rollout"]
+        for slot in list(self.slots.values()):
+            p = slot.probation
+            if p is None or p.new_version != slot.version:
+                continue
+            s = p.new_stats
+            if s.requests < r["min_requests"]:
+                continue
+            figures = {"new_version": s.describe(),
+                       "previous_p99_ms": None if p.old_p99 is None else round(1000 * p.old_p99, 3)}
+            if s.error_rate > r["max_error_rate"]:
+                self._rollback_now(slot, f"error rate {s.error_rate:.1%} above "
+                                   f"rollout.max_error_rate {r['max_error_rate']:.1%}",
+                                   auto=True, figures=figures)
+                continue
+            p99 = s.p(0.99)
+            if p.old_p99 and p99 and p99 > r["max_latency_ratio"] * p.old_p99 and (
+                    p99 - p.old_p99) * 1000 > r["latency_slack_ms"]:
+                self._rollback_now(slot, f"p99 latency {1000 * p99:.1f} ms above "
+                                   f"{r['max_latency_ratio']}x the previous version's "
+                                   f"{1000 * p.old_p99:.1f} ms", auto=True, figures=figures)
+
+    # the quality gate
+    async def _quality_gate(self, slot: Slot, version: int, workers: list[WorkerHandle],
+                            enabled: bool, min_accuracy: float | None) -> dict[str, Any] | None:
+        golden = self.golden.get(slot.name)
+        if golden is None:
+            if min_accuracy is not None and enabled:
+                raise ServiceError(f"min_accuracy needs a golden set: register one with PUT "
+                                   f"/models/{slot.name}/golden", 422, "no_golden_set")
+            return None
+        if not enabled:
+            log.warning("quality gate of %s v%s skipped on request", slot.name, version)
+            return {"skipped": True}
+        texts, truth = golden["texts"], golden["labels"]
+        floor = min_accuracy if min_accuracy is not None else golden.get("min_accuracy")
+        cand = rollouts_score(workers[0].labels, await self._score_on(workers[0], texts), truth)
+        serving = None
+        if slot.replicas and slot.version != version:
+            key = (slot.version, golden["sha256"])
+            serving = slot.gate_cache.get(key)
+            if serving is None:
+                serving = rollouts_score(slot.labels, await self._score_on(slot.replicas[0],
+                                                                           texts), truth)
+                slot.gate_cache[key] = serving
+        tol = self.cfg["rollout"]["gate_tolerance"]
+        reasons = []
+        if serving and cand["accuracy"] < serving["accuracy"] - tol:
+            reasons.append(f"accuracy {cand['accuracy']:.4f} on the golden set is below the "
+                           f"serving v{slot.version}'s {serving['accuracy']:.4f} minus "
+                           f"rollout.gate_tolerance {tol}")
+        if floor is not None and cand["accuracy"] < floor:
+            reasons.append(f"accuracy {cand['accuracy']:.4f} is below min_accuracy {floor}")
+        info = {"passed": not reasons, "golden_examples": len(texts), "tolerance": tol,
+                "min_accuracy": floor, "candidate": {"version": version, **cand},
+                "serving": None if serving is None else {"version": slot.version, **serving},
+                "per_label_changes": label_changes(serving, cand) if serving else None}
+        if reasons:
+            raise Conflict(f"quality gate refused {slot.name} v{version}: "
+                           + "; ".join(reasons), code="quality_gate", details={"gate": info})
+        return info
+
+    async def _score_on(self, w: WorkerHandle, texts: list[str]) -> list:
+        step = self.wcfg["max_batch"]
+        parts = await gen.multi([w.predict(texts[i:i + step]) for i in range(0, len(texts), step)])
+        return [row for part in parts for row in part]
+
+    # shadow and canary
+    async def _start_candidate(self, slot: Slot, version: int, path: str, replicas: int,
+                               mode: str, fraction: float | None, keep_examples: int,
+                               source: str, t_call: float) -> dict[str, Any]:
+        if not slot.replicas:
+            raise Conflict(f"nothing serves {slot.name} yet: apply a version normally "
+                           "before a shadow or canary", code="not_serving")
+        if version == slot.version:
+            raise Conflict(f"{slot.name} v{version} already serves", code="already_serving")
+        if slot.candidate is not None:
+            self.loop.spawn_callback(self._retire, self._drop_candidate(slot))
+        fraction = fraction if fraction is not None else (1.0 if mode == "shadow" else 0.1)
+        what = f"a {mode} of {slot.name} v{version}"
+        await self._make_room(replicas, what)
+        new = self._obtain(slot.name, version, replicas, what)
+        try:
+            ready = list(await gen.multi([self._make_ready(w, slot.name, version, path)
+                                          for w in new]))
+        except ApplyFailed:
+            for w in new:
+                if w.alive:
+                    self.loop.spawn_callback(w.stop, 1.0)
+            self.pool.ensure(delay=1.0)
+            raise
+        workers = [w for w, _, _ in ready]
+        for w in workers:
+            w.slot, w.on_answer = slot, slot.on_answer
+            w.set_state(State.SERVING)
+            w.send({"t": "serve"})
+        slot.candidate = Candidate(version=version, workers=workers, mode=mode,
+                                   fraction=fraction, keep_examples=keep_examples)
+        log.info("%s v%s runs as a %s candidate beside v%s (fraction %.3f)", slot.name,
+                 version, mode, slot.version, fraction)
+        self.events.emit(mode, name=slot.name, source=source, from_version=slot.version,
+                         to_version=version, details={"fraction": fraction})
+        self.pool.ensure(delay=2.0)
+        return {"name": slot.name, "mode": mode, "serving": {"name": slot.name,
+                                                              "version": slot.version},
+                "candidate": {"name": slot.name, "version": version}, "fraction": fraction,
+                "workers": [{"generation": w.generation, "pid": w.pid} for w in workers],
+                "total_s": round(time.monotonic() - t_call, 4)}
+
+    def _drop_candidate(self, slot: Slot) -> list[WorkerHandle]:
+        c, slot.candidate = slot.candidate, None
+        if c is None:
+            return []
+        for w in c.workers:
+            if w.state is State.SERVING:
+                w.set_state(State.DRAINING)
+        return c.workers
+
+    async def promote(self, name: str, gate: bool = True) -> dict[str, Any]:
+        """The shadow or canary candidate serves all traffic: one assignment."""
+        slot = self._slot_for(name)
+        async with slot.lock:
+            c = slot.candidate
+            if c is None:
+                raise Conflict(f"{name} has no shadow or canary candidate to promote",
+                               code="no_candidate")
+            gate_info = await self._quality_gate(slot, c.version, c.workers, gate, None)
+            t0 = time.monotonic()
+            slot.candidate = None
+            old, previous = list(slot.replicas), {"name": name, "version": slot.version}
+            self._swap(slot, c.workers, c.version, len(c.workers))
+            self._save_record(name)
+            took = time.monotonic() - t0
+            log.info("%s v%s promoted from %s", name, c.version, c.mode)
+            self.events.emit("promote", name=name, source="api", from_version=previous["version"],
+                             to_version=c.version, details={"mode": c.mode, **c.describe(),
+                                                            "gate": gate_info})
+            ended = await self._after_swap(slot, old, previous, c.version)
+        return {"name": name, "from_version": previous["version"], "to_version": c.version,
+                "mode": c.mode, "swap_s": round(took, 6), "gate": gate_info,
+                "old_workers": ended, "figures": c.describe()}
+
+    async def abort(self, name: str) -> dict[str, Any]:
+        slot = self._slot_for(name)
+        c = slot.candidate
+        if c is None:
+            raise Conflict(f"{name} has no shadow or canary candidate to abort",
+                           code="no_candidate")
+        figures = c.describe()
+        workers = self._drop_candidate(slot)
+        self.events.emit("abort", name=name, source="api", from_version=slot.version,
+                         to_version=c.version, details=figures)
+        ended = await self._retire(workers)
+        self.pool.ensure()
+        return {"name": name, "aborted_version": c.version, "mode": c.mode, "figures": figures,
+                "workers": ended}
+
+    def rollout_status(self, name: str) -> dict[str, Any]:
+        slot = self._slot_for(name)
+        return {"name": name, "version": slot.version, "previous_version": slot.previous,
+                "probation": slot.probation.describe() if slot.probation else None,
+                "candidate": slot.candidate.describe() if slot.candidate else None,
+                "serving": slot.stats.describe(),
+                "rolled_back": list(slot.rolled_back.values())}
 
     def _retire_demo(self, name: str) -> None:
         """The first-start demo is a convenience, not a tenant: once another
@@ -552,13 +984,40 @@ class Supervisor:
         if self.stopping:
             return
         slot: Slot | None = getattr(w, "slot", None)
-        if slot is None or not slot.remove_replica(w):
+        if slot is None:
+            return
+        p, c = slot.probation, slot.candidate
+        if p is not None and w in p.workers:  # an idle previous version died
+            p.workers.remove(w)
+            if not p.workers:
+                self._cancel_probation(slot)
+            return
+        if c is not None and w in c.workers:
+            c.workers.remove(w)
+            log.error("%s candidate gen %d died: exit code %s", w.model_label, w.generation,
+                      w.exitcode)
+            if not c.workers:
+                slot.candidate = None
+                self.events.emit("abort", name=slot.name, source="auto", to_version=c.version,
+                                 reason=f"candidate crashed (exit code {w.exitcode})",
+                                 details=c.describe())
+            return
+        if not slot.remove_replica(w):
             return
         self.restarts += 1
         log.error("%s replica gen %d (pid %d) died: exit code %s; %d replica(s) left",
                   w.model_label, w.generation, w.pid, w.exitcode, len(slot.replicas))
         self.events.emit("crash", name=slot.name, version=slot.version, pid=w.pid,
                          exitcode=w.exitcode, reason=w.error)
+        if (p is not None and p.new_version == slot.version
+                and all(x.usable for x in p.workers)):
+            # a crash of the version in probation: back to the previous one at
+            # once; the dead worker's requests are retried there
+            self._rollback_now(slot, f"worker crashed (exit code {w.exitcode}) during "
+                               "probation", auto=True,
+                               figures={"exitcode": w.exitcode, "error": w.error,
+                                        "new_version": p.new_stats.describe()})
+            return
         slot.replacing += 1  # now: requests arriving meanwhile must wait, not fail
         self.loop.spawn_callback(self._recover, slot, w)
 
@@ -641,11 +1100,13 @@ class Supervisor:
 
     def _sweep(self) -> None:
         """Once a second: fail requests past their deadline, kill hung workers,
-        recycle workers past their request or memory limit."""
+        judge versions in probation, recycle workers past their limits."""
+        self._check_probations()
         limit = self.wcfg["hang_timeout"]
         for w in list(self.pool.workers.values()):
             w.expire(self.wcfg["request_timeout"])
-            if w.state in (State.SERVING, State.DRAINING) and w.oldest_request_age() > limit:
+            if w.state in (State.SERVING, State.DRAINING, State.IDLE) and (
+                    w.oldest_request_age() > limit):
                 log.error("worker gen %d has not answered for %.0fs: killing it as hung",
                           w.generation, limit)
                 w.error = f"hung: no answer for {limit:.0f}s"
@@ -717,6 +1178,14 @@ class Supervisor:
             "jobs": self.jobs.list(),
             "cluster": None if self.cluster is None else self.cluster.cluster.status(),
         }
+
+
+def _least_busy(workers: list[WorkerHandle], cap: int) -> WorkerHandle | None:
+    best = None
+    for w in workers:
+        if w.usable and w.inflight < cap and (best is None or w.inflight < best.inflight):
+            best = w
+    return best
 
 
 # -- entry point ---------------------------------------------------------------------

@@ -38,6 +38,7 @@ class State(enum.Enum):
     LOADING = "LOADING"    # loading + warming up a model
     READY = "READY"        # model answered its warm-up, not routed yet
     SERVING = "SERVING"    # receives predictions
+    IDLE = "IDLE"          # probation: loaded, gets no requests, may serve again
     DRAINING = "DRAINING"  # no new requests; finishing in-flight ones
     STOPPED = "STOPPED"    # process exited after being asked to
     FAILED = "FAILED"      # died, failed to load, or was killed
@@ -48,7 +49,8 @@ _ALLOWED = {
     State.STANDBY: {State.LOADING, State.STOPPED},
     State.LOADING: {State.READY},
     State.READY: {State.SERVING, State.STOPPED, State.LOADING},  # a standby may reload
-    State.SERVING: {State.DRAINING},
+    State.SERVING: {State.DRAINING, State.IDLE},
+    State.IDLE: {State.SERVING, State.DRAINING, State.STOPPED},
     State.DRAINING: {State.STOPPED},
     State.STOPPED: set(),
     State.FAILED: set(),
@@ -382,7 +384,8 @@ class WorkerHandle(ChildProcess):
     def on_process_exit(self) -> None:
         self._fail_pending(f"worker gen {self.generation} exited with {self.exitcode}")
         if self.state not in (State.STOPPED, State.FAILED):
-            if self.state in (State.DRAINING, State.STANDBY, State.READY) and self.exitcode == 0:
+            if self.state in (State.DRAINING, State.STANDBY, State.READY,
+                              State.IDLE) and self.exitcode == 0:
                 self.set_state(State.STOPPED)
             else:
                 self.error = self.error or f"process exited with code {self.exitcode}"

@@ -8,6 +8,7 @@ from tornado.httpserver import HTTPServer
 from tornado.web import Application
 
 from frontend import handlers as h
+from frontend import rollout_handlers
 from frontend import metrics_http
 from frontend import artifact, clusterapi, oip, openapi
 from frontend.base import NotFoundHandler, log_level
@@ -45,6 +46,7 @@ def management_app(sup: Any, config: Any) -> Application:
         *artifact.routes(kw),  # GET /models/<name>/<version>/artifact (.tar.gz)
         (r"/healthz", h.HealthHandler, kw),
         (r"/openapi.json", openapi.ManagementSpecHandler, kw),
+        *rollout_handlers.routes(kw),  # rollback, promote, abort, rollouts, golden, history
         *metrics_http.routes(kw),  # GET /metrics (Prometheus)
         *clusterapi.routes(kw),  # GET /cluster (cluster mode; 404 otherwise)
     ]

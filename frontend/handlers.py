@@ -129,7 +129,8 @@ class ApplyHandler(JsonHandler):
     """POST /apply {"name", "version"?, "replicas"?, "default"?}: swap that slot."""
 
     async def post(self) -> None:
-        data = self.json_object({"name", "version", "replicas", "default"})
+        from frontend.rollout_handlers import ROLLOUT_FIELDS, rollout_options
+        data = self.json_object({"name", "version", "replicas", "default"} | ROLLOUT_FIELDS)
         name = _name_field(data)
         version = None  # null or absent: the latest version
         if data.get("version") is not None:
@@ -141,7 +142,8 @@ class ApplyHandler(JsonHandler):
         if default is not None and not isinstance(default, bool):
             raise ApiError(400, "invalid_field", "'default' must be true or false")
         try:
-            result = await self.sup.apply(name, version, replicas=replicas, default=default)
+            result = await self.sup.apply(name, version, replicas=replicas, default=default,
+                                          **rollout_options(data))
         except Exception as exc:
             raise _service_error(exc) from None
         self.send_json(result)

@@ -89,25 +89,30 @@ def die_with_parent(parent_pid: int | None) -> None:
         os._exit(EXIT_OK)
 
 
-def fault(point: str, model: str = "", sock: socket.socket | None = None) -> None:
+def fault(point: str, model: str = "", sock: socket.socket | None = None) -> bool:
     """Test-only fault injection; does nothing unless TEXTSWAP_TEST_FAULT is set.
 
     The crash-loop, hang and garbage-frame tests need a model that kills or
     hangs its process; a real Keras model loaded in safe mode cannot, so the
     tests set ``TEXTSWAP_TEST_FAULT=point:action:model[:once_file]`` (point:
-    load|predict; action: crash|hang|garbage; with once_file, it fires once;
-    several specs are separated by commas).
+    load|predict; action: crash|hang|garbage|error; model: a name, or
+    name@version for one version; with once_file, it fires once; several
+    specs are separated by commas). True when an "error" fault fires: the
+    caller then fails the request as a model error would.
     """
     for spec in os.environ.get("TEXTSWAP_TEST_FAULT", "").split(","):
         want, action, target, once = (spec.split(":") + ["", "", "", ""])[:4]
-        if want != point or (target and target != model):
+        if want != point or (target and target not in (model, model.split("@")[0])):
             continue
         if once:
             try:
                 os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
                 continue
+        if action == "error":
+            return True
         _do_fault(action, sock)
+    return False
 
 
 def _do_fault(action: str, sock: socket.socket | None) -> None:
@@ -129,6 +134,7 @@ class Worker:
         self.predict_fn: Callable[[list[str]], Any] | None = None
         self.labels: list[str] = []
         self.model_name = ""
+        self.model_version: Any = None
         self.restore_nice: int | None = None  # priority to return to when serving
 
     def send(self, msg: dict[str, Any]) -> None:
@@ -166,7 +172,7 @@ class Worker:
         if not isinstance(labels, list) or len(labels) < 2 or not all(
                 isinstance(x, str) for x in labels):
             raise ValueError("meta.json has no valid 'labels' list (two or more strings)")
-        fault("load", str(msg.get("name")))
+        fault("load", f"{msg.get('name')}@{msg.get('version')}")
         model = keras.saving.load_model(os.path.join(path, "model.keras"), safe_mode=True)
         predict_fn = textmodel.make_predict_fn(model)
         t1 = time.monotonic()
@@ -177,6 +183,7 @@ class Worker:
         t2 = time.monotonic()
         self.predict_fn, self.labels = predict_fn, labels
         self.model_name = str(msg.get("name"))
+        self.model_version = msg.get("version")
         self.send({"t": "ready", "labels": labels, "load_s": t1 - t0, "warm_s": t2 - t1,
                    "pid": os.getpid()})
 
@@ -209,8 +216,10 @@ class Worker:
         texts: list[str] = []
         for req in batch:
             texts.extend(req["texts"])
-        fault("predict", self.model_name, self.sock)
+        failing = fault("predict", f"{self.model_name}@{self.model_version}", self.sock)
         try:
+            if failing:
+                raise RuntimeError("test fault: this model version fails every request")
             rows = []
             in_model = 0.0
             for i in range(0, len(texts), self.max_batch):

@@ -90,6 +90,9 @@ class Service:
     def mpost(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
         return request(self.mport, "POST", path, body, **kw)
 
+    def request_put(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+        return request(self.mport, "PUT", path, body, **kw)
+
     def request_delete(self, path: str, **kw: Any) -> tuple[int, Any]:
         return request(self.mport, "DELETE", path, **kw)
 

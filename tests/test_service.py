@@ -16,9 +16,12 @@ from helpers import Service, pid_gone, wait_for
 
 @pytest.fixture(scope="module")
 def svc(tiny_store, tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("svc") / "models")
+    base = tmp_path_factory.mktemp("svc")
+    root = str(base / "models")
     shutil.copytree(tiny_store, root)
-    s = Service(root)
+    cfg = base / "config.yaml"  # old workers stop right after a swap (no probation)
+    cfg.write_text("rollout:\n  probation_s: 0\n")
+    s = Service(root, args=["--config", str(cfg)])
     yield s
     s.stop()
 

@@ -53,9 +53,15 @@ class Load:
 
 @pytest.fixture(scope="module")
 def svc(tiny_store, tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("slots") / "models")
+    base = tmp_path_factory.mktemp("slots")
+    root = str(base / "models")
     shutil.copytree(tiny_store, root)
-    s = Service(root)
+    # no probation: a kill -9 here must be met by a replacement replica, not by
+    # the automatic rollback that probation adds (tested in test_rollouts.py)
+    cfg = base / "config.yaml"
+    cfg.write_text("rollout:\n  probation_s: 0\n")
+    s = Service(root, args=["--config", str(cfg)])
+    s.cfg = str(cfg)
     yield s
     s.stop()
 
@@ -149,7 +155,7 @@ def test_default_model_survives_a_restart(svc):
     assert svc.mpost("/apply", {"name": "topic", "default": False})[0] == 200
     assert svc.mpost("/apply", {"name": "sent", "version": 1, "replicas": 1})[0] == 200
     assert svc.stop() == 0
-    again = Service(svc.models_dir)
+    again = Service(svc.models_dir, args=["--config", svc.cfg])
     try:
         wait_for(lambda: again.get("/readyz")[0] == 200, 120, "the restarted service")
         wait_for(lambda: set(again.status()["models"]) == {"sent", "topic"} and all(
@@ -173,7 +179,8 @@ def budget(tiny_store, tmp_path_factory):
     with open(os.path.join(root, ".applied.json"), "w") as fh:  # an old-format record
         json.dump({"name": "sent", "version": 1, "applied_at": "2026-01-01T00:00:00Z"}, fh)
     cfg = base / "config.yaml"
-    cfg.write_text("worker:\n  max_workers: 3\n  standby_pool: 1\n  max_requests: 150\n")
+    cfg.write_text("worker:\n  max_workers: 3\n  standby_pool: 1\n  max_requests: 150\n"
+                   "rollout:\n  probation_s: 0\n")
     s = Service(root, args=["--config", str(cfg)])
     yield s
     s.stop()

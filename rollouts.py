@@ -1,0 +1,212 @@
+"""Rollout state of a slot: probation, shadow and canary candidates, the
+figures that judge them, and the quality gate's scoring.
+
+Rollout modes are routing policies of a slot, not new machinery (see
+ARCHITECTURE.md): after a swap the previous version's workers stay loaded
+and idle in *probation* (a rollback is one assignment); a *shadow*
+candidate gets a sampled copy of live traffic whose answers are compared and
+dropped; a *canary* candidate answers a share of real traffic. The classes
+here only hold state and figures; the Supervisor makes the moves.
+Imports no TensorFlow.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from store import write_json_atomic
+
+# Figures per version keep at most this many recent latencies.
+WINDOW = 2048
+
+
+def percentile(values: list[float] | collections.deque, q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class VersionStats:
+    """Requests, errors and recent latencies of one version in one role."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.errors = 0
+        self.latencies: collections.deque = collections.deque(maxlen=WINDOW)
+
+    def observe(self, seconds: float) -> None:
+        self.requests += 1
+        self.latencies.append(seconds)
+
+    def error(self) -> None:
+        self.requests += 1
+        self.errors += 1
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def p(self, q: float) -> float | None:
+        return percentile(self.latencies, q)
+
+    def describe(self) -> dict[str, Any]:
+        p50, p99 = self.p(0.5), self.p(0.99)
+        return {"requests": self.requests, "errors": self.errors,
+                "error_rate": round(self.error_rate, 4),
+                "p50_ms": None if p50 is None else round(1000 * p50, 3),
+                "p99_ms": None if p99 is None else round(1000 * p99, 3)}
+
+
+@dataclass
+class Probation:
+    """The previous version's workers, idle, until `until` (monotonic)."""
+    version: int                # the previous version, kept loaded
+    workers: list               # its WorkerHandles (state IDLE)
+    new_version: int            # the version now serving, being watched
+    until: float
+    old_p99: float | None       # the previous version's p99 before the swap
+    started: float = field(default_factory=time.time)
+    new_stats: VersionStats = field(default_factory=VersionStats)
+    timer: Any = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"version": self.version, "watching_version": self.new_version,
+                "workers": [w.pid for w in self.workers],
+                "remaining_s": round(max(0.0, self.until - time.monotonic()), 3),
+                "previous_p99_ms": None if self.old_p99 is None else round(1000 * self.old_p99, 3),
+                "new_version": self.new_stats.describe()}
+
+
+@dataclass
+class Candidate:
+    """A version loaded beside the serving one, in shadow or canary mode."""
+    version: int
+    workers: list
+    mode: str                   # "shadow" | "canary"
+    fraction: float
+    keep_examples: int = 0
+    started: float = field(default_factory=time.time)
+    stats: VersionStats = field(default_factory=VersionStats)          # the candidate's
+    serving_stats: VersionStats = field(default_factory=VersionStats)  # canary: the other
+    mirrored: int = 0
+    compared: int = 0
+    agreed: int = 0
+    score_diff_sum: float = 0.0
+    dropped: int = 0            # mirrors skipped: the candidate was busy
+    examples: collections.deque = field(default_factory=lambda: collections.deque(maxlen=100))
+
+    def compare(self, texts: list[str], labels: list[str], cand_labels: list[str],
+                serving: list, candidate: list) -> None:
+        """Agreement of the candidate's answers with the serving version's, by
+        label name (the versions may order or even name their labels apart).
+        The score difference is on the label the serving version chose."""
+        index = {lab: i for i, lab in enumerate(cand_labels)}
+        for text, a, b in zip(texts, serving, candidate):
+            ia = max(range(len(a)), key=a.__getitem__)
+            ib = max(range(len(b)), key=b.__getitem__)
+            same = index.get(labels[ia])
+            self.compared += 1
+            self.score_diff_sum += abs(a[ia] - (b[same] if same is not None else 0.0))
+            if cand_labels[ib] == labels[ia]:
+                self.agreed += 1
+            elif self.keep_examples and len(self.examples) < self.keep_examples:
+                self.examples.append({"text": text, "serving": {"label": labels[ia],
+                                                                "score": a[ia]},
+                                      "candidate": {"label": cand_labels[ib],
+                                                    "score": b[ib]}})
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "version": self.version, "mode": self.mode, "fraction": self.fraction,
+            "workers": [w.pid for w in self.workers], "started_at": self.started,
+            "candidate": self.stats.describe()}
+        if self.mode == "shadow":
+            out.update({
+                "mirrored": self.mirrored, "compared": self.compared,
+                "skipped_busy": self.dropped,
+                "agreement_rate": round(self.agreed / self.compared, 4) if self.compared else None,
+                "mean_score_diff": (round(self.score_diff_sum / self.compared, 6)
+                                    if self.compared else None),
+                "disagreements": list(self.examples) if self.keep_examples else None})
+        else:
+            out["serving"] = self.serving_stats.describe()
+        return out
+
+
+def score(labels: list[str], scores: list, truth: list[str]) -> dict[str, Any]:
+    """Accuracy and per-label recall of predictions against a golden set."""
+    per: dict[str, list[int]] = {}
+    correct = 0
+    for row, want in zip(scores, truth):
+        got = labels[max(range(len(row)), key=row.__getitem__)]
+        hit = int(got == want)
+        correct += hit
+        cell = per.setdefault(want, [0, 0])
+        cell[0] += hit
+        cell[1] += 1
+    n = len(truth)
+    return {"accuracy": round(correct / n, 6) if n else None, "examples": n,
+            "per_label": {lab: {"recall": round(c / t, 6), "support": t}
+                          for lab, (c, t) in sorted(per.items())}}
+
+
+def label_changes(serving: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for lab, cand in candidate["per_label"].items():
+        before = serving["per_label"].get(lab, {}).get("recall")
+        out[lab] = {"serving": before, "candidate": cand["recall"],
+                    "change": None if before is None else round(cand["recall"] - before, 6)}
+    return out
+
+
+class GoldenSets:
+    """Golden sets of the quality gate, one per model name, kept in the
+    model store (`.golden/<name>.json`, written atomically) so they survive
+    restarts and every node sharing the store sees them."""
+
+    def __init__(self, root: str) -> None:
+        self.dir = os.path.join(root, ".golden")
+        self._cache: dict[str, dict[str, Any] | None] = {}
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.dir, f"{name}.json")
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        if name not in self._cache:
+            try:
+                with open(self._path(name), encoding="utf-8") as fh:
+                    self._cache[name] = json.load(fh)
+            except (OSError, ValueError):
+                self._cache[name] = None
+        return self._cache[name]
+
+    def put(self, name: str, texts: list[str], labels: list[str], source: str,
+            sha256: str, min_accuracy: float | None) -> dict[str, Any]:
+        entry = {"name": name, "texts": texts, "labels": labels, "source": source,
+                 "sha256": sha256, "min_accuracy": min_accuracy, "created_at": time.time()}
+        os.makedirs(self.dir, exist_ok=True)
+        write_json_atomic(self._path(name), entry)
+        self._cache[name] = entry
+        return summary(entry)
+
+    def delete(self, name: str) -> bool:
+        self._cache.pop(name, None)
+        try:
+            os.remove(self._path(name))
+            return True
+        except FileNotFoundError:
+            return False
+
+
+def summary(entry: dict[str, Any]) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for lab in entry["labels"]:
+        counts[lab] = counts.get(lab, 0) + 1
+    return {"name": entry["name"], "examples": len(entry["texts"]), "label_counts": counts,
+            "source": entry["source"], "sha256": entry["sha256"],
+            "min_accuracy": entry["min_accuracy"], "created_at": entry["created_at"]}

@@ -1,0 +1,297 @@
+"""Safe rollouts with real processes, each under load: instant rollback in
+probation, automatic rollback of a crashing and of an erroring version, the
+quality gate, shadow and canary candidates, promote and abort, and the
+durable history across a kill -9.
+
+Versions that crash or fail every request cannot come from a real Keras
+model in safe mode, so this module sets TEXTSWAP_TEST_FAULT for two versions
+of the model "roll" (see model_worker/worker.py `fault`); everything else is
+real.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+
+from helpers import Service, pid_gone, wait_for
+from tinymodels import EXAMPLES
+
+
+class Load:
+    """Client threads predicting for one model; records (start, end, code, body)."""
+
+    def __init__(self, svc: Service, model: str, threads: int = 3, text: str = "很好") -> None:
+        self.svc, self.body = svc, {"text": text, "model": model}
+        self.results: list[tuple[float, float, int, dict]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            code, body = self.svc.predict(self.body, timeout=60)
+            self.results.append((t0, time.monotonic(), code, body))
+
+    def __enter__(self) -> "Load":
+        for t in self._threads:
+            t.start()
+        wait_for(lambda: len(self.results) > 10, 60, "load to flow")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+    def more(self, n: int = 30) -> None:
+        start = len(self.results)
+        wait_for(lambda: len(self.results) > start + n, 60, f"{n} more requests")
+
+
+def _copy_version(store: str, src: str, name: str, version: int,
+                  labels: list[str] | None = None) -> None:
+    dst = os.path.join(store, name, str(version))
+    shutil.copytree(os.path.join(store, src), dst)
+    meta_path = os.path.join(dst, "meta.json")
+    with open(meta_path) as fh:
+        meta = json.load(fh)
+    meta.update(name=name, version=version)
+    if labels:
+        meta["labels"] = labels
+    with open(meta_path, "w") as fh:
+        json.dump(meta, fh)
+
+
+@pytest.fixture(scope="module")
+def svc(tiny_store, tmp_path_factory):
+    base = tmp_path_factory.mktemp("rollouts")
+    root = str(base / "models")
+    shutil.copytree(tiny_store, root)
+    # roll: v1 good, v2 crashes on use, v3 fails every request (test faults)
+    _copy_version(root, "sent/1", "roll", 1)
+    _copy_version(root, "sent/2", "roll", 2)
+    _copy_version(root, "sent/2", "roll", 3)
+    # gated: v1 good, v2 answers with its labels swapped (a bad model), v3 good
+    _copy_version(root, "sent/1", "gated", 1)
+    _copy_version(root, "sent/1", "gated", 2, labels=["pos", "neg"])
+    _copy_version(root, "sent/2", "gated", 3)
+    cfg = base / "config.yaml"
+    cfg.write_text("rollout:\n  probation_s: 120\n  min_requests: 20\n"
+                   "worker:\n  standby_pool: 2\n")
+    env = {"TEXTSWAP_TEST_FAULT": "predict:crash:roll@2,predict:error:roll@3"}
+    s = Service(root, args=["--config", str(cfg)], env=env)
+    s.cfg = str(cfg)
+    yield s
+    s.stop()
+
+
+def _rollouts(svc: Service, name: str) -> dict:
+    code, body = svc.mget(f"/rollouts/{name}")
+    assert code == 200, body
+    return body
+
+
+def test_rollback_within_probation_is_one_assignment(svc):
+    svc.wait_standby()
+    assert svc.mpost("/apply", {"name": "sent", "version": 1})[0] == 200
+    code, body = svc.mpost("/apply", {"name": "sent", "version": 2})
+    assert code == 200 and body["probation"]["version"] == 1, body
+    old_pids = {w["pid"] for w in body["old_workers"]}
+    with Load(svc, "sent") as load:
+        load.more()
+        t_call = time.monotonic()
+        code, body = svc.mpost("/rollback", {"name": "sent"})
+        t_answer = time.monotonic()
+        assert code == 200 and body["instant"] is True, body
+        assert (body["from_version"], body["to_version"]) == (2, 1)
+        assert body["took_s"] <= 0.05, body  # one routing assignment
+        load.more()
+    assert [r for r in load.results if r[2] != 200] == []
+    after = [r[3]["model"]["version"] for r in load.results if r[0] > t_answer]
+    assert after and set(after) == {1}
+    before = [r[3]["model"]["version"] for r in load.results if r[1] < t_call]
+    assert set(before) == {2}
+    st = svc.status()["models"]["sent"]
+    assert st["version"] == 1 and {w["pid"] for w in st["workers"]} == old_pids
+    assert st["rolled_back"][-1]["version"] == 2 and st["rolled_back"][-1]["auto"] is False
+
+
+def test_apply_back_to_the_version_in_probation_reuses_its_workers(svc):
+    code, body = svc.mpost("/apply", {"name": "sent", "version": 2})
+    assert code == 200 and body["from_probation"] is False
+    code, body = svc.mpost("/apply", {"name": "sent", "version": 1})
+    assert code == 200 and body["from_probation"] is True, body
+    assert body["phases_s"]["spawn"] < 0.5, body
+    assert svc.predict({"text": "很好", "model": "sent"})[1]["model"]["version"] == 1
+
+
+def test_crashing_new_version_is_rolled_back_automatically(svc):
+    assert svc.mpost("/apply", {"name": "roll", "version": 1, "default": False})[0] == 200
+    with Load(svc, "roll") as load:
+        code, body = svc.mpost("/apply", {"name": "roll", "version": 2, "default": False})
+        assert code == 200, body
+
+        def rolled_back():
+            return [r for r in _rollouts(svc, "roll")["rolled_back"] if r["version"] == 2]
+        (info,) = wait_for(rolled_back, 60, "the automatic rollback of roll v2")
+        load.more()
+    assert info["auto"] is True and "crashed" in info["reason"], info
+    assert [r for r in load.results if r[2] != 200] == [], "the rollback failed requests"
+    assert load.results[-1][3]["model"] == {"name": "roll", "version": 1}
+    # neither the watcher nor preloading brings it back
+    record = os.path.join(svc.models_dir, ".applied.json")
+    with open(record) as fh:
+        rec = json.load(fh)
+    rec["models"]["roll"]["version"] = 2
+    with open(record + ".op", "w") as fh:
+        json.dump(rec, fh)
+    os.replace(record + ".op", record)
+    wait_for(lambda: "was rolled back automatically" in svc.log(), 30,
+             "the watcher to refuse roll v2")
+    assert svc.status()["models"]["roll"]["version"] == 1
+    assert all(not (w["model"] or {}) == {"name": "roll", "version": 2}
+               for w in svc.status()["pool"])
+
+
+def test_erroring_new_version_is_rolled_back_automatically(svc):
+    with Load(svc, "roll") as load:
+        code, body = svc.mpost("/apply", {"name": "roll", "version": 3, "default": False})
+        assert code == 200, body
+
+        def rolled_back():
+            return [r for r in _rollouts(svc, "roll")["rolled_back"] if r["version"] == 3]
+        (info,) = wait_for(rolled_back, 60, "the automatic rollback of roll v3")
+        t_back = time.monotonic()
+        load.more()
+    assert info["auto"] is True and "error rate" in info["reason"], info
+    assert info["figures"]["new_version"]["errors"] >= 20
+    failed = [r for r in load.results if r[2] != 200]
+    # only the failing version's own answers failed; none after the rollback
+    assert all(r[3]["error"]["code"] == "predict_failed" for r in failed)
+    assert [r for r in failed if r[0] > t_back] == []
+    assert load.results[-1][3]["model"] == {"name": "roll", "version": 1}
+
+
+def test_quality_gate_refuses_and_passes(svc):
+    examples = [{"text": t, "label": lab} for lab in ("pos", "neg") for t in EXAMPLES[lab]]
+    code, body = svc.request_put("/models/gated/golden", {"data": {"examples": examples}})
+    assert code == 200 and body["golden"]["examples"] == len(examples), body
+    code, body = svc.mpost("/apply", {"name": "gated", "version": 1, "default": False})
+    assert code == 200 and body["gate"]["passed"] and body["gate"]["serving"] is None, body
+    assert body["gate"]["candidate"]["accuracy"] >= 0.9
+    with Load(svc, "gated") as load:
+        code, body = svc.mpost("/apply", {"name": "gated", "version": 2, "default": False})
+        assert code == 409 and body["error"]["code"] == "quality_gate", body
+        gate = body["error"]["gate"]
+        assert gate["candidate"]["accuracy"] < gate["serving"]["accuracy"]
+        assert gate["serving"]["version"] == 1 and gate["candidate"]["version"] == 2
+        assert set(gate["per_label_changes"]) == {"pos", "neg"}
+        code, body = svc.mpost("/apply", {"name": "gated", "version": 3, "default": False,
+                                          "min_accuracy": 1.01})
+        assert code == 400, body  # not a fraction
+        code, body = svc.mpost("/apply", {"name": "gated", "version": 3, "default": False,
+                                          "min_accuracy": 0.5})
+        assert code == 200 and body["gate"]["passed"], body
+        load.more(10)
+    assert [r for r in load.results if r[2] != 200] == []
+    code, body = svc.mpost("/apply", {"name": "gated", "version": 2, "default": False,
+                                      "gate": False})
+    assert code == 200 and body["gate"] == {"skipped": True}, body
+    kinds = [h["kind"] for h in svc.mget("/history?name=gated")[1]["history"]]
+    assert "gate_refused" in kinds and kinds.count("apply") == 3
+
+
+def test_shadow_compares_without_slowing_clients(svc):
+    assert svc.mpost("/apply", {"name": "sent", "version": 1})[0] == 200
+
+    def median_latency(n: int = 60) -> float:
+        took = []
+        for _ in range(n):
+            t0 = time.monotonic()
+            assert svc.predict({"text": "很好", "model": "sent"})[0] == 200
+            took.append(time.monotonic() - t0)
+        return sorted(took)[n // 2]
+    base = median_latency()
+    code, body = svc.mpost("/apply", {"name": "sent", "version": 2, "mode": "shadow",
+                                      "fraction": 1.0, "keep_examples": 5})
+    assert code == 200 and body["candidate"]["version"] == 2, body
+    shadowed = median_latency()
+    for text in ("terrible", "今天下雨", "love it"):
+        body = svc.predict({"text": text, "model": "sent"})[1]
+        assert body["model"]["version"] == 1  # the serving version answers
+    figures = wait_for(lambda: (c := _rollouts(svc, "sent")["candidate"]) and
+                       c["compared"] >= 60 and c, 30, "shadow comparisons")
+    assert figures["mode"] == "shadow" and figures["mirrored"] >= 60
+    assert 0.0 <= figures["agreement_rate"] <= 1.0 and figures["mean_score_diff"] >= 0.0
+    assert figures["candidate"]["requests"] >= 60 and figures["candidate"]["p50_ms"] > 0
+    assert len(figures["disagreements"]) <= 5
+    # the client's latency does not carry the shadow (loose bound: shared CPU)
+    assert shadowed <= 2 * base + 0.005, (base, shadowed)
+    cand_pids = figures["workers"]
+    code, body = svc.mpost("/abort", {"name": "sent"})
+    assert code == 200 and body["aborted_version"] == 2, body
+    assert _rollouts(svc, "sent")["candidate"] is None
+    for pid in cand_pids:
+        wait_for(lambda: pid_gone(pid), 30, "the shadow's worker to stop")
+
+
+def test_canary_share_and_promote(svc):
+    code, body = svc.mpost("/apply", {"name": "sent", "version": 2, "mode": "canary",
+                                      "fraction": 0.1})
+    assert code == 200, body
+    versions: list[int] = []
+    lock = threading.Lock()
+
+    def client(n: int) -> None:
+        for _ in range(n):
+            code, body = svc.predict({"text": "很好", "model": "sent"})
+            assert code == 200, body
+            with lock:
+                versions.append(body["model"]["version"])
+    threads = [threading.Thread(target=client, args=(500,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(versions) == 2000
+    share = versions.count(2) / len(versions)
+    assert 0.07 <= share <= 0.13, share
+    figures = _rollouts(svc, "sent")["candidate"]
+    assert figures["candidate"]["requests"] == versions.count(2)
+    assert figures["serving"]["requests"] >= versions.count(1)
+    code, body = svc.mpost("/promote", {"name": "sent"})
+    assert code == 200 and body["to_version"] == 2 and body["swap_s"] < 0.05, body
+    assert svc.predict({"text": "很好", "model": "sent"})[1]["model"]["version"] == 2
+    assert _rollouts(svc, "sent")["probation"]["version"] == 1
+    code, body = svc.mpost("/promote", {"name": "sent"})
+    assert code == 409 and body["error"]["code"] == "no_candidate"
+    code, body = svc.mpost("/abort", {"name": "sent"})
+    assert code == 409
+
+
+def test_history_survives_kill_9(svc):
+    code, body = svc.mget("/history?limit=500")
+    assert code == 200
+    rows = body["history"]
+    kinds = {r["kind"] for r in rows}
+    assert {"apply", "rollback", "gate_refused", "shadow", "abort", "canary",
+            "promote"} <= kinds, kinds
+    auto = [r for r in rows if r["kind"] == "rollback" and r["source"] == "auto"]
+    assert {r["from_version"] for r in auto} == {2, 3}
+    assert svc.mget("/history?limit=0")[0] == 400
+    assert svc.mget("/history?name=../x")[0] == 400
+    svc.stop(signal.SIGKILL)
+    again = Service(svc.models_dir, args=["--config", svc.cfg])
+    try:
+        code, body = again.mget("/history?limit=500")
+        assert code == 200
+        kept = {r["id"] for r in body["history"]}
+        assert {r["id"] for r in rows} <= kept
+    finally:
+        again.stop()
