@@ -142,7 +142,6 @@ def main(sock: socket.socket, spec: dict[str, Any]) -> None:
                         format="%(asctime)s %(levelname)s [trainer %(process)d] %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     _limit_resources(spec)
-    sys.path.insert(0, spec["root"])  # the store module lives at the top level
     code = 0
     try:
         run(sock, spec)
