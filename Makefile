@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test venv bench bench-slots bench-accuracy clean cluster
+.PHONY: serve test venv bench bench-slots bench-rollouts bench-accuracy clean cluster
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,9 +32,13 @@ bench: $(STAMP)
 	$(PY) bench/serving.py
 	$(PY) bench/cluster.py  # nginx + Redis + 1-3 nodes (needs redis-server, nginx)
 	$(PY) bench/slots.py    # two models, swaps beside load, replica kills, recycling
+	$(PY) bench/rollouts.py # rollback in probation, shadow, canary, automatic rollback, gate
 
 bench-slots: $(STAMP)
 	$(PY) bench/slots.py
+
+bench-rollouts: $(STAMP)
+	$(PY) bench/rollouts.py
 
 bench-accuracy: $(STAMP)
 	$(PY) -m pip install --quiet -r bench/requirements.txt
