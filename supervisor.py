@@ -280,6 +280,12 @@ class Supervisor:
         p = slot.probation
         if p is not None and w.model and w.model["version"] == p.new_version:
             p.new_stats.error()
+            r = self.cfg["rollout"]
+            if (p.new_stats.requests >= r["min_requests"]
+                    and p.new_stats.error_rate > r["max_error_rate"]):
+                # judged now, not at the next sweep: a version failing every
+                # request would fail a second's worth of them meanwhile
+                self._check_probations()
 
     def _mirror(self, slot: Slot, cand: Candidate, texts: list[str], labels: list[str],
                 primary: Any) -> None:

@@ -175,6 +175,9 @@ def test_erroring_new_version_is_rolled_back_automatically(svc):
     # only the failing version's own answers failed; none after the rollback
     assert all(r[3]["error"]["code"] == "predict_failed" for r in failed)
     assert [r for r in failed if r[0] > t_back] == []
+    # judged as soon as min_requests (20) were counted, not at the next
+    # once-a-second sweep: at most the 3 clients' in-flight requests more
+    assert len(failed) <= 20 + 3, len(failed)
     assert load.results[-1][3]["model"] == {"name": "roll", "version": 1}
 
 
