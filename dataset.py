@@ -63,6 +63,12 @@ def resolve_path(path: Any, roots: list[str]) -> str:
         raise DataError("'data.path' must be a non-empty string")
     if "\x00" in path:
         raise DataError("'data.path' contains a NUL character")
+    if not path.isascii():
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (a JSON "\ud800" escape)
+            raise DataError("'data.path' contains an unpaired surrogate, which is not "
+                            "valid Unicode") from None
     real = os.path.realpath(path)
     for root in roots:
         root_real = os.path.realpath(root)

@@ -21,11 +21,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
-from test_openapi import (AUTH, run_schemathesis, server_errors,  # noqa: E402
-                          start_service, summarize)
+from test_openapi import (AUTH, restore_default, run_schemathesis,  # noqa: E402
+                          server_errors, start_service, summarize)
 
 # schemathesis's --max-examples counts per operation; the management API has
-# ten operations and a stateful phase, so it needs fewer per operation
+# twenty operations and a stateful phase, so it needs fewer per operation
 PER_OPERATION_SHARE = {"inference": 1.0, "management": 0.1}
 
 
@@ -56,6 +56,9 @@ def main() -> int:
             if result["test_cases"]["generated"] < args.cases:
                 print(f"{api}: fewer than {args.cases} cases generated", flush=True)
                 failed = True
+            if api == "management":  # the fuzzer may unload the default model
+                print(restore_default(svc) or "the default model served throughout",
+                      flush=True)
             if result["failures"] or result["errors"] or errors_logged:
                 failed = True
                 print(result["output"][-8000:])

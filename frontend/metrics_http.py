@@ -22,7 +22,10 @@ class MetricsHandler(JsonHandler):
         m = getattr(self.sup, "metrics", None)
         if m is None or not m.enabled:
             raise ApiError(404, "not_found", "metrics are off (metrics.enabled: false)")
-        body, content_type = m.exposition(self.request.headers.get("Accept"))
+        try:
+            body, content_type = m.exposition(self.request.headers.get("Accept"))
+        except (TypeError, ValueError):  # an unparsable version= in Accept: plain text
+            body, content_type = m.exposition(None)
         self.set_header("Content-Type", content_type)
         self.finish(body)
 

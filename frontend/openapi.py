@@ -16,6 +16,7 @@ from typing import Any
 
 import dataset
 from frontend.base import JsonHandler
+from frontend.handlers import MAX_REPLICAS
 from frontend.oip_spec import oip_paths
 from jobs import STATES
 # the validation tables themselves, so the document cannot drift from them
@@ -41,10 +42,16 @@ ANY_OBJECT: S = {"type": "object"}
 ERROR: S = {
     "type": "object", "required": ["error"], "additionalProperties": False,
     "properties": {"error": {
-        "type": "object", "required": ["code", "message"], "additionalProperties": False,
+        "type": "object", "required": ["code", "message"],
+        "description": "some errors add details beside code and message: 'serving' (the "
+                       "models that serve) on model_not_serving, 'gate' (the figures) on "
+                       "quality_gate, the worker counts on memory_budget, 'this_node' on a "
+                       "cluster error",
         "properties": {"code": {"type": "string", "example": "invalid_field"},
                        "message": {"type": "string"}}}},
 }
+# a number from 0 to 1 (NaN and infinities are not JSON)
+FRACTION: S = {"type": "number", "minimum": 0, "maximum": 1}
 
 
 def _json(schema: S, description: str, headers: S | None = None) -> S:
@@ -120,6 +127,9 @@ def inference_spec(cfg: Any) -> S:
             "top_k": {"type": "integer", "minimum": 1, "maximum": lim["max_top_k"],
                       "default": lim["default_top_k"],
                       "description": "entries in 'top' (at most the number of labels)"},
+            "model": {"type": "string", "nullable": True, "example": "sent",
+                      "description": "the serving model to ask (null or absent: the default "
+                                     "model); 404 model_not_serving when it does not serve"},
         },
         "example": {"text": "非常好用", "top_k": 2},
     }
@@ -143,6 +153,8 @@ def inference_spec(cfg: Any) -> S:
                 **_body_errors(cfg),
                 "413": _err(f"body over limits.max_body_bytes, or more than "
                             f"{lim['max_texts']} texts"),
+                "404": _err("'model' names a model that does not serve here (code "
+                            "model_not_serving; 'serving' lists those that do)"),
                 "422": _err(f"a text over limits.max_text_chars ({lim['max_text_chars']} "
                             "characters; code text_too_long)"),
                 "500": _err("the model failed on this request (the worker lives on)"),
@@ -153,8 +165,13 @@ def inference_spec(cfg: Any) -> S:
         "/readyz": _get("Readiness: a model is serving.",
                         _json({"type": "object", "required": ["status", "model"],
                                "properties": {"status": {"type": "string", "enum": ["ready"]},
-                                              "model": MODEL_REF}}, "serving"),
-                        **{"503": _err("no model is serving yet")}),
+                                              "model": MODEL_REF,
+                                              "models": {"type": "array",
+                                                         "items": {"type": "string"},
+                                                         "description": "every serving "
+                                                                        "model"}}},
+                               "the default model serves"),
+                        **{"503": _err("the default model is not serving (yet)")}),
         "/openapi.json": SPEC,
     }
     oip, oip_schemas = oip_paths(lim, text, NAME)  # Open Inference Protocol v2
@@ -184,7 +201,15 @@ def _params_schema() -> S:
             "description": "training parameters; absent ones take the defaults"}
 
 
-def _train_request() -> S:
+# a valid data set: fuzzing's examples phase trains one tiny model and
+# registers one golden set with it
+_EXAMPLE_TEXTS = {"pos": ["great, love it", "works well"], "neg": ["broken again", "awful"]}
+EXAMPLE_DATA: S = {"examples": [{"text": t, "label": label}
+                                for label, ts in _EXAMPLE_TEXTS.items() for t in ts]}
+
+
+def _data_schema() -> S:
+    """The 'data' field of POST /train and PUT /models/{name}/golden (dataset.load)."""
     example: S = {"type": "object", "required": ["text", "label"],
                   "properties": {"text": {"type": "string", "minLength": 1,
                                           "maxLength": dataset.MAX_TEXT_CHARS,
@@ -210,15 +235,16 @@ def _train_request() -> S:
                                       "label must be declared"},
         },
     }
-    # a valid request: fuzzing's examples phase trains one tiny model with it
-    texts = {"pos": ["great, love it", "works well"], "neg": ["broken again", "awful"]}
+    data["example"] = copy.deepcopy(EXAMPLE_DATA)
+    return data
+
+
+def _train_request() -> S:
     request_example = {"name": "example", "apply": False, "params": {"epochs": 1},
-                       "data": {"examples": [{"text": t, "label": label}
-                                             for label, ts in texts.items() for t in ts]}}
-    data["example"] = request_example["data"]
+                       "data": copy.deepcopy(EXAMPLE_DATA)}
     return {"type": "object", "additionalProperties": False, "required": ["name", "data"],
             "example": request_example,
-            "properties": {"name": NAME, "data": data,
+            "properties": {"name": NAME, "data": _data_schema(),
                            "params": {"allOf": [{"$ref": "#/components/schemas/TrainParams"}],
                                       "nullable": True, "description": "null: the defaults"},
                            "apply": {"type": "boolean", "default": False,
@@ -264,15 +290,128 @@ def management_spec(cfg: Any) -> S:
     id_param = {"name": "id", "in": "path", "required": True,
                 "schema": {"type": "string", "pattern": "^[^/]{1,64}$"}}
     bad_path = _err("invalid model name, or a path not valid UTF-8 once %-decoded")
-    apply_request: S = {"type": "object", "additionalProperties": False, "required": ["name"],
-                        "properties": {"name": NAME,
-                                       "version": {**VERSION, "nullable": True,
-                                                   "description": "null or absent: latest"}},
-                        "example": {"name": "sent", "version": 1}}
+    nullable_obj: S = {"type": "object", "nullable": True}
+    workers: S = {"type": "array", "items": ANY_OBJECT}
+    apply_request: S = {
+        "type": "object", "additionalProperties": False, "required": ["name"],
+        "properties": {
+            "name": NAME,
+            "version": {**VERSION, "nullable": True, "description": "null or absent: latest"},
+            "replicas": {"type": "integer", "minimum": 1, "maximum": MAX_REPLICAS,
+                         "nullable": True,
+                         "description": "worker processes for the model (null or absent: "
+                                        "its current count, else serving.replicas)"},
+            "default": {"type": "boolean", "nullable": True,
+                        "description": "whether the model becomes the default one (null or "
+                                       "absent: yes)"},
+            "mode": {"type": "string", "enum": ["normal", "shadow", "canary"],
+                     "default": "normal",
+                     "description": "normal: blue/green swap; shadow: the version gets a "
+                                    "copy of a share of the requests, compared off the "
+                                    "request path; canary: it answers a share of them"},
+            "fraction": {**FRACTION, "exclusiveMinimum": True, "nullable": True,
+                         "description": "the share of requests of a shadow or canary "
+                                        "(null or absent: 1 for shadow, 0.1 for canary); "
+                                        "only with mode shadow or canary"},
+            "keep_examples": {"type": "integer", "minimum": 0, "maximum": 100, "default": 0,
+                              "description": "shadow: disagreements to keep"},
+            "gate": {"type": "boolean", "default": True,
+                     "description": "false skips the quality gate"},
+            "min_accuracy": {**FRACTION, "nullable": True,
+                             "description": "the gate's accuracy floor on the golden set "
+                                            "(null or absent: the golden set's own); needs "
+                                            "a golden set"},
+        },
+        # a numeric fraction needs mode shadow or canary
+        "anyOf": [{"not": {"required": ["fraction"],
+                           "properties": {"fraction": {"type": "number"}}}},
+                  {"required": ["mode"],
+                   "properties": {"mode": {"type": "string", "enum": ["shadow", "canary"]}}}],
+        "example": {"name": "sent", "version": 1}}
     apply_result: S = {"type": "object", "required": ["previous", "current"],
                        "properties": {"previous": {**MODEL_REF, "nullable": True},
-                                      "current": MODEL_REF, "phases_s": ANY_OBJECT,
+                                      "current": MODEL_REF, "replicas": {"type": "integer"},
+                                      "default": {"type": "boolean"}, "phases_s": ANY_OBJECT,
+                                      "probation": nullable_obj, "gate": nullable_obj,
                                       "total_s": {"type": "number"}}}
+    candidate_result: S = {"type": "object",
+                           "required": ["name", "mode", "serving", "candidate", "fraction"],
+                           "properties": {"name": {"type": "string"},
+                                          "mode": {"type": "string",
+                                                   "enum": ["shadow", "canary"]},
+                                          "serving": MODEL_REF, "candidate": MODEL_REF,
+                                          "fraction": {"type": "number"}, "workers": workers,
+                                          "total_s": {"type": "number"}}}
+    name_request: S = {"type": "object", "additionalProperties": False, "required": ["name"],
+                       "properties": {"name": NAME}, "example": {"name": "sent"}}
+    name_errors: S = {
+        "400": _err("not JSON, not an object, unknown field, 'name' missing or not a string"),
+        "404": _err("no model of that name serves here (code model_not_serving)"),
+        **_body_errors(cfg)}
+    version_or_null: S = {"type": "integer", "nullable": True}
+    rollback_result: S = {"type": "object",
+                          "required": ["name", "from_version", "to_version", "instant", "took_s"],
+                          "properties": {"name": {"type": "string"},
+                                         "from_version": version_or_null,
+                                         "to_version": {"type": "integer"},
+                                         "instant": {"type": "boolean"},
+                                         "took_s": {"type": "number"},
+                                         "apply": apply_result}}
+    promote_result: S = {"type": "object",
+                         "required": ["name", "from_version", "to_version", "mode", "swap_s"],
+                         "properties": {"name": {"type": "string"},
+                                        "from_version": version_or_null,
+                                        "to_version": {"type": "integer"},
+                                        "mode": {"type": "string", "enum": ["shadow", "canary"]},
+                                        "swap_s": {"type": "number"}, "gate": nullable_obj,
+                                        "old_workers": workers, "figures": ANY_OBJECT}}
+    abort_result: S = {"type": "object", "required": ["name", "aborted_version", "mode"],
+                       "properties": {"name": {"type": "string"},
+                                      "aborted_version": {"type": "integer"},
+                                      "mode": {"type": "string", "enum": ["shadow", "canary"]},
+                                      "figures": ANY_OBJECT, "workers": workers}}
+    unload_result: S = {"type": "object", "required": ["unloaded", "default", "was_default"],
+                        "properties": {"unloaded": {"type": "object", "required": ["name"],
+                                                    "properties": {
+                                                        "name": {"type": "string"},
+                                                        "version": version_or_null}},
+                                       "workers": workers,
+                                       "default": {"type": "string", "nullable": True},
+                                       "was_default": {"type": "boolean"}}}
+    rollout: S = {"type": "object",
+                  "required": ["name", "version", "previous_version", "probation", "candidate",
+                               "serving", "rolled_back"],
+                  "properties": {"name": {"type": "string"}, "version": version_or_null,
+                                 "previous_version": version_or_null,
+                                 "probation": nullable_obj, "candidate": nullable_obj,
+                                 "serving": ANY_OBJECT,
+                                 "rolled_back": {"type": "array", "items": ANY_OBJECT}}}
+    golden: S = {"type": "object", "required": ["golden"], "properties": {"golden": {
+        "type": "object",
+        "required": ["name", "examples", "label_counts", "source", "sha256", "min_accuracy",
+                     "created_at"],
+        "properties": {"name": {"type": "string"}, "examples": {"type": "integer"},
+                       "label_counts": {"type": "object",
+                                        "additionalProperties": {"type": "integer"}},
+                       "source": {"type": "string"}, "sha256": {"type": "string"},
+                       "min_accuracy": {"type": "number", "nullable": True},
+                       "created_at": {"type": "number"}}}}}
+    golden_request: S = {
+        "type": "object", "additionalProperties": False, "required": ["data"],
+        "properties": {"data": _data_schema(),
+                       "min_accuracy": {**FRACTION, "nullable": True,
+                                        "description": "the gate's accuracy floor for this "
+                                                       "model (null or absent: none)"}},
+        "example": {"data": copy.deepcopy(EXAMPLE_DATA)}}
+    nullable_str: S = {"type": "string", "nullable": True}
+    history_row: S = {"type": "object",
+                      "required": ["id", "at", "name", "kind", "source", "from_version",
+                                   "to_version", "phases", "reason", "details"],
+                      "properties": {"id": {"type": "integer"}, "at": {"type": "number"},
+                                     "name": nullable_str, "kind": {"type": "string"},
+                                     "source": nullable_str, "from_version": version_or_null,
+                                     "to_version": version_or_null, "phases": nullable_obj,
+                                     "reason": nullable_str, "details": nullable_obj}}
     status: S = {"type": "object", "required": ["supervisor", "serving", "workers", "standby",
                                                 "restarts", "failed_models", "jobs"],
                  "properties": {"supervisor": ANY_OBJECT,
@@ -285,24 +424,118 @@ def management_spec(cfg: Any) -> S:
     paths: S = {
         "/apply": {"post": {
             "summary": "Blue/green switch to a model version (the latest when none given).",
+            "description": "mode normal swaps the model's slot (the previous version "
+                           "stays loaded in probation: POST /rollback is then instant); "
+                           "shadow and canary load the version beside the serving one "
+                           "until POST /promote or POST /abort. With a golden set, the "
+                           "quality gate scores the version before it serves.",
             "requestBody": _body(apply_request),
             "responses": {
-                "200": _json(apply_result, "now serving; previous, current and phase times"),
-                "400": _err("not JSON, unknown field, missing or invalid name, bad version"),
+                "200": _json({"anyOf": [apply_result, candidate_result]},
+                             "mode normal: now serving, previous, current and phase "
+                             "times; shadow or canary: the candidate beside the serving "
+                             "version"),
+                "400": _err("not JSON, unknown field, missing or invalid name, a field of "
+                            "the wrong type or out of range, fraction without mode shadow "
+                            "or canary"),
                 "404": _err("no such model or version in the store"),
+                "409": _err("refused by the service's state: the quality gate (code "
+                            "quality_gate, with the figures), worker.max_workers (code "
+                            "memory_budget), a shadow or canary of a model that does not "
+                            "serve yet (not_serving) or of the version that serves "
+                            "(already_serving), the model was unloaded meanwhile"),
                 **_body_errors(cfg),
-                "422": _err("the version's files are invalid, or the model failed to "
-                            "load or warm up; the serving model serves on"),
+                "422": _err("the version's files are invalid, the model failed to load "
+                            "or warm up (the serving model serves on), or min_accuracy "
+                            "without a golden set (code no_golden_set)"),
                 "503": _err("no worker process could be started in time (worker."
-                            "boot_timeout), or the service is shutting down"),
+                            "boot_timeout), the service is shutting down, or the cluster "
+                            "store is unreachable"),
                 "504": _err("the model did not load and warm up within "
                             "worker.load_timeout"),
             }}},
+        "/unload": {"post": {
+            "summary": "Stop serving a model (the store keeps its versions).",
+            "requestBody": _body({**name_request, "example": {"name": "topic"}}),
+            "responses": {"200": _json(unload_result, "unloaded; its workers drained"),
+                          **name_errors,
+                          "503": _err("the cluster store is unreachable")}}},
+        "/rollback": {"post": {
+            "summary": "The previous version serves again.",
+            "description": "Within probation one routing assignment (instant: true); "
+                           "after it, an apply of the previous version.",
+            "requestBody": _body(name_request),
+            "responses": {
+                "200": _json(rollback_result, "rolled back"),
+                **name_errors,
+                "409": _err("no previous version (code no_previous), or the apply back "
+                            "was refused (memory_budget, ...)"),
+                "422": _err("the previous version failed to load again"),
+                "503": _err("no worker process could be started in time"),
+                "504": _err("the previous version did not load within "
+                            "worker.load_timeout")}}},
+        "/promote": {"post": {
+            "summary": "The shadow or canary candidate serves all traffic.",
+            "requestBody": _body({**name_request, "properties": {
+                "name": NAME, "gate": {"type": "boolean", "default": True,
+                                       "description": "false skips the quality gate"}}}),
+            "responses": {
+                "200": _json(promote_result, "promoted"),
+                **name_errors,
+                "409": _err("no candidate (code no_candidate), or the quality gate "
+                            "refused it (quality_gate)")}}},
+        "/abort": {"post": {
+            "summary": "Drop the shadow or canary candidate.",
+            "requestBody": _body(name_request),
+            "responses": {"200": _json(abort_result, "the candidate's workers stopped"),
+                          **name_errors,
+                          "409": _err("no candidate (code no_candidate)")}}},
+        "/rollouts/{name}": {
+            "parameters": [name_param],
+            **_get("Probation, candidate and serving figures, rollbacks of a serving "
+                   "model.", _json(rollout, "the model's rollout state"),
+                   **{"400": bad_path, "404": _err("the model does not serve here")})},
+        "/history": {"get": {
+            "summary": "Applies, rollbacks, unloads, crashes... newest first (durable).",
+            "parameters": [
+                {"name": "name", "in": "query", "required": False, "schema": NAME,
+                 "description": "only this model's events"},
+                {"name": "limit", "in": "query", "required": False,
+                 "schema": {"type": "integer", "minimum": 1, "maximum": 1000,
+                            "default": 100}}],
+            "responses": {
+                "200": _json({"type": "object", "required": ["history"],
+                              "properties": {"history": {"type": "array",
+                                                         "items": history_row}}},
+                             "the events"),
+                "400": _err("an invalid model name or limit")}}},
+        "/cluster": _get("Cluster mode: the record, every node, what each serves, "
+                         "stragglers.",
+                         _json(ANY_OBJECT, "the cluster"),
+                         **{"404": _err("cluster mode is off"),
+                            "503": _err("the cluster store is unreachable (the error "
+                                        "holds this node's own view, this_node)")}),
+        "/metrics": _get(
+            "Prometheus figures (the text exposition format; OpenMetrics when Accept "
+            "asks for application/openmetrics-text).",
+            {"description": "the exposition",
+             "content": {"text/plain": {"schema": {"type": "string"}},
+                         "application/openmetrics-text": {"schema": {"type": "string"}}}},
+            **{"404": _err("metrics are off (metrics.enabled: false)")}),
         "/status": _get("Supervisor, workers, standby, restarts, jobs.", _json(status, "status")),
-        "/models": _get("Every model in the store, and the serving one.",
+        "/models": _get("Every model in the store, and what serves.",
                         _json({"type": "object", "required": ["models", "serving"],
                                "properties": {"models": {"type": "array", "items": model},
-                                              "serving": {**MODEL_REF, "nullable": True}}},
+                                              "serving": {**MODEL_REF, "nullable": True,
+                                                          "description": "the default "
+                                                                         "model"},
+                                              "default": nullable_str,
+                                              "serving_versions": {
+                                                  "type": "object",
+                                                  "additionalProperties": {
+                                                      "type": "integer"},
+                                                  "description": "name -> version of "
+                                                                 "every serving model"}}},
                               "the store")),
         "/models/{name}": {
             "parameters": [name_param],
@@ -321,6 +554,30 @@ def management_spec(cfg: Any) -> S:
                     "content": {"application/gzip": {"schema": {"type": "string",
                                                                 "format": "binary"}}}},
                    **{"400": bad_path, "404": _err("no such model or version")})},
+        "/models/{name}/golden": {
+            "parameters": [name_param],
+            "put": {"summary": "Register the golden set of the model's quality gate.",
+                    "description": "Later applies of the model are scored on it first; "
+                                   "one that scores below the serving version (minus "
+                                   "rollout.gate_tolerance) or below min_accuracy is "
+                                   "refused with 409 quality_gate.",
+                    "requestBody": _body(golden_request),
+                    "responses": {"200": _json(golden, "registered (replaces any)"),
+                                  "400": _err("not JSON, unknown field, 'data' missing or "
+                                              "invalid (as for POST /train), bad "
+                                              "min_accuracy; or a path not valid UTF-8"),
+                                  "404": _err("an invalid model name"),
+                                  **_body_errors(cfg)}},
+            "get": {"summary": "The golden set's summary.",
+                    "responses": {"200": _json(golden, "the golden set"), "400": bad_path,
+                                  "404": _err("no golden set for this name")}},
+            "delete": {"summary": "Remove the golden set.",
+                       "responses": {"200": _json({"type": "object", "required": ["deleted"],
+                                                   "properties": {"deleted": {
+                                                       "type": "string"}}}, "removed"),
+                                     "400": bad_path,
+                                     "404": _err("no golden set for this name")}},
+        },
         "/train": {
             "post": {
                 "summary": "Queue a training job.",
@@ -360,7 +617,8 @@ def management_spec(cfg: Any) -> S:
         "/openapi.json": SPEC,
     }
     return _doc("textswap management API",
-                "Apply models, inspect the store and the service, train.", paths,
+                "Apply, roll out and roll back models, inspect the store and the service, "
+                "train.", paths,
                 {"TrainRequest": _train_request(), "TrainParams": _params_schema(),
                  "Job": _job_schema()}, security=bool(cfg.token))
 

@@ -4,6 +4,7 @@ durable history."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import dataset
@@ -145,7 +146,8 @@ class HistoryHandler(JsonHandler):
             except InvalidName as exc:
                 raise ApiError(400, "invalid_name", str(exc)) from None
         raw = self.get_query_argument("limit", "100")
-        if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        # ASCII digits only: str.isdigit() also takes '²', which int() refuses
+        if not re.fullmatch(r"[0-9]{1,4}", raw) or not 1 <= int(raw) <= 1000:
             raise ApiError(400, "invalid_field", "'limit' must be an integer from 1 to 1000")
         rows = await self.sup.loop.run_in_executor(None, self.sup.history, name, int(raw))
         self.send_json({"history": rows})

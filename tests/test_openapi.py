@@ -24,8 +24,19 @@ Cost control, for `make test` on 2 cores (one service, a config for fuzzing):
   to import TensorFlow, and an apply that would wait for it answers 503
   (documented, code worker_boot_failed) within 3 s instead. The serving
   model is never dropped.
+- worker.max_workers 4 (two serving models, one standby, one more): POST
+  /apply takes up to 64 replicas, and a generated count beyond the budget
+  is refused at once with 409 memory_budget instead of starting dozens of
+  TensorFlow processes.
 - Only the well-behaved tiny models are in the store: the fuzzer learns
   names from GET /models and would otherwise apply the crashing ones.
+- Both `sent` (the default) and `topic` serve when fuzzing starts, so
+  /predict's "model", /unload (its example unloads `topic`), /rollouts and
+  /rollback reach their 200 answers. The fuzzer may unload any model it
+  names, the default too: /predict then answers 503 and /readyz 503, which
+  the documents allow. The management run is the last one; after it the
+  test checks from GET /history that an unload through the API is why the
+  default stopped serving (any other reason fails), then applies it again.
 - The test runs CASES cases per API; bench/fuzz.py runs 1,000+ per API with
   the same code and prints the counts.
 """
@@ -61,6 +72,7 @@ limits:
   default_top_k: 3
 worker:
   boot_timeout: 3.0
+  max_workers: 4
 training:
   max_concurrent: 0
   demo_on_empty_store: false
@@ -75,7 +87,13 @@ training:
 # - positive_data_acceptance on the Open Inference Protocol's infer: a
 #   schema-valid tensor can still be refused with 400 when its element count
 #   does not match its shape, which a schema cannot say.
-# - not_a_server_error on POST /apply: 503 worker_boot_failed is the
+# - positive_data_acceptance on PUT /models/{name}/golden: its 'data' is
+#   checked as POST /train's is (400 for what a schema cannot say).
+# - positive_data_acceptance on POST /apply also expects 422: min_accuracy
+#   without a golden set registered is refused with 422 no_golden_set, and
+#   whether one is registered is state, not schema.
+# - not_a_server_error on POST /apply and POST /rollback (which applies the
+#   previous version once probation is over): 503 worker_boot_failed is the
 #   documented answer that worker.boot_timeout above provokes on purpose.
 # - use_after_free (excluded on the command line): DELETE /train/{id}
 #   cancels a job and keeps its record, so GET /train/{id} still answers 200.
@@ -106,7 +124,19 @@ include-method = "GET"
 generation.max-examples = {OIP_GET_CASES}
 
 [[operations]]
+include-path = "/models/{{name}}/golden"
+include-method = "PUT"
+{_per_phase("checks.positive_data_acceptance.enabled = false")}
+
+[[operations]]
 include-path = "/apply"
+include-method = "POST"
+{_per_phase('checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "503"]')}
+{_per_phase('checks.positive_data_acceptance.expected-statuses = '
+            '["2xx", "401", "404", "409", "422", "5xx"]')}
+
+[[operations]]
+include-path = "/rollback"
 include-method = "POST"
 {_per_phase('checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "503"]')}
 """
@@ -165,6 +195,24 @@ def summarize(result: dict[str, Any]) -> str:
     return line
 
 
+def restore_default(svc: Service) -> str | None:
+    """After a management run: if the default model `sent` no longer serves,
+    the history must show that the fuzzer unloaded it through the API (any
+    other way of losing it is a bug); apply it again. Returns what happened."""
+    if svc.get("/readyz")[0] == 200:
+        return None
+    code, body = svc.mget("/history?name=sent&limit=1000", headers=AUTH)
+    assert code == 200, body
+    unloads = [e for e in body["history"] if e["kind"] == "unload" and e["source"] == "api"]
+    assert unloads, ("the default model stopped serving without an API unload: "
+                     f"{body['history'][:10]}")
+    def applied() -> bool:  # a standby may still be booting: 503 until it is
+        return svc.mpost("/apply", {"name": "sent", "default": True, "gate": False},
+                         headers=AUTH, timeout=120)[0] == 200
+    wait_for(applied, 180, "the default model applied again", interval=2.0)
+    return f"the fuzzer unloaded sent ({len(unloads)} time(s)); applied again"
+
+
 def server_errors(log: str) -> list[str]:
     """Lines where the service logged a 500 answer or an exception a handler let
     escape (documented 503/504 answers are fine)."""
@@ -174,7 +222,7 @@ def server_errors(log: str) -> list[str]:
 
 def start_service(tiny_store: str, workdir: str) -> Service:
     """The service on free ports with the fuzzing config and a management token,
-    a warm standby worker, and `sent` applied so /predict answers."""
+    a warm standby worker, `sent` applied (the default) and `topic` beside it."""
     store = os.path.join(workdir, "models")
     os.makedirs(store)
     for name in MODELS:
@@ -188,9 +236,11 @@ def start_service(tiny_store: str, workdir: str) -> Service:
         return standby.get("state") == "STANDBY"
 
     try:
-        wait_for(standby_booted, 120, "a booted standby worker", interval=0.2)
-        code, body = svc.mpost("/apply", {"name": "sent"}, headers=AUTH, timeout=120)
-        assert code == 200, body
+        for name, default in (("sent", True), ("topic", False)):
+            wait_for(standby_booted, 120, "a booted standby worker", interval=0.2)
+            code, body = svc.mpost("/apply", {"name": name, "default": default},
+                                   headers=AUTH, timeout=120)
+            assert code == 200, body
         # the apply used the standby: let its successor boot before fuzzing
         wait_for(standby_booted, 120, "the next standby worker", interval=0.2)
     except BaseException:
@@ -217,15 +267,29 @@ def test_documents_are_served_and_match_the_routes(svc):
     assert set(doc["paths"]) == {"/predict", "/healthz", "/readyz", "/openapi.json"} | oip
     predict = doc["components"]["schemas"]["PredictRequest"]
     assert predict["properties"]["texts"]["maxItems"] == 8  # from the config's limits
+    assert set(predict["properties"]) == {"text", "texts", "top_k", "model"}
     assert predict["additionalProperties"] is False
     assert svc.mget("/openapi.json")[0] == 401  # the management document needs the token
     code, doc = svc.mget("/openapi.json", headers=AUTH)
     assert code == 200
+    # every route of frontend/app.py's management_app except the dashboard's
+    # static page (GET / and /ui/*: no token, no data; tests/test_dashboard.py)
     assert set(doc["paths"]) == {
-        "/apply", "/status", "/models", "/models/{name}", "/models/{name}/{version}", "/train",
-        "/train/{id}", "/healthz", "/openapi.json", "/models/{name}/{version}/artifact"}
+        "/apply", "/unload", "/status", "/models", "/models/{name}", "/models/{name}/{version}",
+        "/models/{name}/{version}/artifact", "/models/{name}/golden", "/rollback", "/promote",
+        "/abort", "/rollouts/{name}", "/history", "/cluster", "/metrics", "/train",
+        "/train/{id}", "/healthz", "/openapi.json"}
     assert doc["security"] == [{"bearer": []}]
     assert doc["paths"]["/apply"]["post"]["responses"]["401"]
+    apply = doc["paths"]["/apply"]["post"]["requestBody"]["content"]["application/json"]
+    props = apply["schema"]["properties"]
+    assert set(props) == {"name", "version", "replicas", "default", "mode", "fraction",
+                          "keep_examples", "gate", "min_accuracy"}
+    assert props["mode"]["enum"] == ["normal", "shadow", "canary"]
+    assert props["replicas"]["maximum"] == 64 and props["fraction"]["maximum"] == 1
+    assert set(doc["paths"]["/models/{name}/golden"]) == {"parameters", "put", "get", "delete"}
+    assert set(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {
+        "text/plain", "application/openmetrics-text"}
 
 
 def test_405_names_the_allowed_methods(svc):
@@ -259,7 +323,7 @@ def test_fuzz(svc, api, tmp_path):
         # would only chain the protocol's name lookups, for minutes)
         phases = "examples,coverage,fuzzing"
     else:
-        # ten operations, and the stateful phase adds chains of calls
+        # twenty operations, and the stateful phase adds chains of calls
         port, headers, per_operation = svc.mport, AUTH, max(10, CASES // 10)
     log_before = len(svc.log())
     result = run_schemathesis(f"http://127.0.0.1:{port}/openapi.json", str(tmp_path / api),
@@ -271,6 +335,8 @@ def test_fuzz(svc, api, tmp_path):
         summary + "\n" + result["output"][-6000:])
     assert result["returncode"] == 0, result["output"][-6000:]
     assert not server_errors(svc.log()[log_before:])
+    if api == "management":
+        print(restore_default(svc) or "the default model served throughout")
     assert svc.get("/healthz")[0] == 200 and svc.get("/readyz")[0] == 200
     if api == "management":  # jobs were queued and cancelled, never trained
         jobs = svc.mget("/train", headers=AUTH)[1]["jobs"]
