@@ -7,11 +7,6 @@ let token = sessionStorage.getItem(KEY) || "";
 let authListener = () => {};
 export const stats = {requests: 0, since: performance.now()};
 
-// Routes that answered "no such endpoint" (not built yet on this service):
-// skipped until `retryAt`, then probed again, so a newer service lights them up.
-const missing = new Map();
-const RETRY_MS = 30000;
-
 export class ApiError extends Error {
   constructor(status, code, message, body) {
     super(message);
@@ -30,14 +25,7 @@ export function setToken(value) {
   else sessionStorage.removeItem(KEY);
 }
 
-export function routeMissing(path) {
-  const until = missing.get(path);
-  return until !== undefined && performance.now() < until;
-}
-
 export async function call(method, path, body) {
-  const route = path.split("?")[0];
-  if (routeMissing(route)) throw new ApiError(404, "no_route", route + " is not available on this service");
   const headers = {Accept: "application/json"};
   if (token) headers.Authorization = "Bearer " + token;
   const init = {method, headers, cache: "no-store", credentials: "omit"};
@@ -75,24 +63,13 @@ export async function call(method, path, body) {
   if (!resp.ok) {
     const err = data && typeof data === "object" && data.error ? data.error : {};
     const message = typeof err.message === "string" ? err.message : resp.status + " " + resp.statusText;
-    if (resp.status === 404 && /^no such endpoint/.test(message)) missing.set(route, performance.now() + RETRY_MS);
-    if (resp.status === 405) missing.set(route, performance.now() + RETRY_MS);
     throw new ApiError(resp.status, typeof err.code === "string" ? err.code : "error", message, data);
   }
-  missing.delete(route);
   return data;
 }
 
 export const get = (path) => call("GET", path);
 export const post = (path, body) => call("POST", path, body === undefined ? {} : body);
+export const put = (path, body) => call("PUT", path, body === undefined ? {} : body);
 export const del = (path) => call("DELETE", path);
 
-// A GET that answers null when the route does not exist (yet) on this service
-export async function optional(path) {
-  try {
-    return await get(path);
-  } catch (e) {
-    if (e instanceof ApiError && (e.code === "no_route" || e.status === 404 || e.status === 405)) return null;
-    throw e;
-  }
-}

@@ -1,90 +1,120 @@
-// History: a timeline of applies, rollbacks, unloads, crashes and restarts
-// with each apply's phase timings. From GET /history (the durable record)
-// when the service has it; otherwise from what this tab saw change in
-// /status, labelled as such.
+// History: the durable timeline from GET /history, newest first. Each record
+// is {id, at, name, kind, source, from_version, to_version, phases, reason,
+// details}; kind is one of apply, apply_failed, rollback, promote, abort,
+// gate_refused, unload, crash, restart, recycle, failed, shadow, canary,
+// probation_ended. An apply shows its phase timings as a bar.
 
-import {h, isObj, num, fmtSecs, fmtTime, renderInto} from "./ui.js";
+import {h, isObj, num, fmtNum, fmtSecs, fmtMs, fmtTime, renderInto} from "./ui.js";
 
-const PHASE_COLORS = {queued: "#adb5bd", spawn: "#74c0fc", load: "#1c7ed6", warmup: "#4dabf7", swap: "#2f9e44",
-  drain: "#fab005", stop: "#e8590c", gate: "#ae3ec9", preload: "#0c8599"};
-const color = (p, i) => PHASE_COLORS[p] || ["#c2255c", "#5c940d", "#868e96"][i % 3];
+const PHASE_COLORS = {queued: "#adb5bd", spawn: "#74c0fc", gate: "#ae3ec9", swap: "#2f9e44", drain_stop: "#fab005"};
+const color = (p, i) => PHASE_COLORS[p] || ["#c2255c", "#5c940d", "#868e96", "#0c8599"][i % 4];
+const cls = (s) => String(s ?? "event").toLowerCase().replace(/[^a-z_]/g, "");
+const v = (x) => (x === undefined || x === null ? "v?" : "v" + x);
+const pct = (x) => (num(x) === null ? "—" : (x * 100).toFixed(1) + "%");
 
 export function recordsOf(data) {
-  const list = Array.isArray(data) ? data : isObj(data) ? (data.history ?? data.events ?? data.records ?? data.items) : null;
-  return Array.isArray(list) ? list.filter(isObj) : [];
+  return isObj(data) && Array.isArray(data.history) ? data.history.filter(isObj) : [];
 }
 
-// What this tab noticed in /status: used only when GET /history is absent
-export class LocalHistory {
-  constructor() { this.events = []; this.seenApply = null; this.seenExits = new Set(); this.seenFailed = new Set(); this.primed = false; }
-
-  observe(status) {
-    const add = (e) => this.events.push({at: Date.now() / 1000, ...e});
-    const applies = [];
-    if (isObj(status.last_apply)) applies.push(status.last_apply);
-    if (isObj(status.models)) for (const m of Object.values(status.models)) if (isObj(m?.last_apply)) applies.push(m.last_apply);
-    for (const a of applies) {
-      const sig = JSON.stringify(a);
-      if (this.seenApply === null) this.seenApply = new Set();
-      if (this.seenApply.has(sig)) continue;
-      this.seenApply.add(sig);
-      const cur = isObj(a.current) ? a.current : {};
-      add({kind: a.kind ?? "apply", name: cur.name, from_version: isObj(a.previous) && a.previous.name === cur.name ? a.previous.version : null,
-        to_version: cur.version, source: a.source, phases: a.phases_s ?? a.phases, reason: a.unchanged ? "already serving" : null});
-    }
-    for (const e of Array.isArray(status.recent_exits) ? status.recent_exits : []) {
-      const sig = JSON.stringify(e);
-      if (this.seenExits.has(sig)) continue;
-      this.seenExits.add(sig);
-      // code 0 is a worker stopped on purpose (after a swap, an unload)
-      const code = isObj(e) ? e.exitcode ?? e.code : null;
-      if (this.primed && isObj(e) && code !== 0 && code !== null && code !== undefined) add({kind: "crash", name: e.model?.name, to_version: e.model?.version, reason: "pid " + (e.pid ?? "?") + " exited with code " + (e.exitcode ?? e.code ?? "?")});
-    }
-    for (const f of Array.isArray(status.failed_models) ? status.failed_models : []) {
-      const sig = JSON.stringify(f);
-      if (this.seenFailed.has(sig)) continue;
-      this.seenFailed.add(sig);
-      if (this.primed && isObj(f)) add({kind: "failed", name: f.name, to_version: f.version, reason: f.reason});
-    }
-    this.primed = true;
-    if (this.events.length > 200) this.events.splice(0, this.events.length - 200);
-  }
+// apply answers also carry the old single-worker names (drain = drain_stop,
+// stop and load = 0) for older clients: not phases of their own
+function phasesOf(phases) {
+  if (!isObj(phases)) return [];
+  let parts = Object.entries(phases).filter(([, x]) => num(x) !== null && x >= 0);
+  if ("drain_stop" in phases) parts = parts.filter(([p]) => !["drain", "stop", "load"].includes(p));
+  return parts;
 }
 
 function phasesBar(phases) {
-  if (!isObj(phases)) return null;
-  const parts = Object.entries(phases).filter(([, v]) => num(v) !== null && v >= 0);
-  const total = parts.reduce((a, [, v]) => a + v, 0);
+  const parts = phasesOf(phases);
   if (!parts.length) return null;
+  const total = parts.reduce((a, [, x]) => a + x, 0);
   return h("div", {class: "phases"},
-    h("div", {class: "pbar", title: "total " + fmtSecs(total)}, parts.map(([p, v], i) => h("span", {
-      class: "pseg", title: p + " " + fmtSecs(v),
-      style: {width: (total > 0 ? Math.max(0.5, (100 * v) / total) : 100 / parts.length).toFixed(2) + "%", background: color(p, i)}}))),
-    h("div", {class: "plegend"}, parts.map(([p, v], i) => h("span", {class: "pl"}, h("i", {style: {background: color(p, i)}}), p + " " + fmtSecs(v)))));
+    h("div", {class: "pbar", title: "total " + fmtSecs(total)}, parts.map(([p, x], i) => h("span", {
+      class: "pseg", title: p + " " + fmtSecs(x),
+      style: {width: (total > 0 ? Math.max(0.5, (100 * x) / total) : 100 / parts.length).toFixed(2) + "%", background: color(p, i)}}))),
+    h("div", {class: "plegend"}, parts.map(([p, x], i) => h("span", {class: "pl"}, h("i", {style: {background: color(p, i)}}), p.replace("_", "+") + " " + fmtSecs(x))),
+      h("span", {class: "pl ptotal"}, "total " + fmtSecs(total))));
 }
 
+// what moved, in words: "v1 → v2", "v2 beside v1"...
 function versions(r) {
-  const f = r.from_version ?? r.previous?.version, t = r.to_version ?? r.version ?? r.current?.version;
-  if (f !== undefined && f !== null && t !== undefined && t !== null) return "v" + f + " → v" + t;
-  if (t !== undefined && t !== null) return "v" + t;
-  if (f !== undefined && f !== null) return "v" + f;
-  return "";
+  const f = r.from_version, t = r.to_version;
+  switch (r.kind) {
+    case "apply": case "rollback": case "promote":
+      return f !== null && f !== undefined && f !== t ? v(f) + " → " + v(t) : v(t);
+    case "shadow": case "canary": return v(t) + " beside " + v(f);
+    case "abort": return "candidate " + v(t) + " dropped" + (f !== null && f !== undefined ? ", " + v(f) + " serves on" : "");
+    case "gate_refused": return v(t) + " refused" + (f !== null && f !== undefined ? ", " + v(f) + " serves on" : "");
+    case "probation_ended": return v(f) + " unloaded, " + v(t) + " kept";
+    default: return t !== null && t !== undefined ? v(t) : f !== null && f !== undefined ? v(f) : "";
+  }
 }
 
-export function renderHistory(root, records, local, names, filter) {
-  const key = JSON.stringify([records, local, filter, names]);
+function gateText(g) {
+  if (!isObj(g)) return null;
+  if (g.skipped) return "quality gate skipped on request";
+  const c = isObj(g.candidate) ? g.candidate : {}, s = isObj(g.serving) ? g.serving : null;
+  return "quality gate " + (g.passed === false ? "refused" : "passed") + ": accuracy " + fmtNum(c.accuracy, 4) +
+    (s ? " vs " + fmtNum(s.accuracy, 4) + " for " + v(s.version) : "") + " on " + fmtNum(g.golden_examples) + " golden examples";
+}
+
+function statsText(st) {
+  if (!isObj(st)) return null;
+  return fmtNum(st.requests) + " req, " + fmtNum(st.errors) + " errors, p99 " + fmtMs(st.p99_ms);
+}
+
+// the details worth a line, per kind
+function detailText(r) {
+  const d = isObj(r.details) ? r.details : {};
+  const out = [];
+  switch (r.kind) {
+    case "apply":
+      if (d.from_probation) out.push("instant: the version was still loaded");
+      if (num(d.replicas) !== null && d.replicas !== 1) out.push(d.replicas + " replicas");
+      out.push(gateText(d.gate));
+      break;
+    case "gate_refused": out.push(gateText(d.gate)); break;
+    case "shadow": case "canary": if (num(d.fraction) !== null) out.push(pct(d.fraction) + " of requests"); break;
+    case "promote": case "abort":
+      if (r.kind === "promote" && d.mode) out.push("from " + d.mode);
+      if (num(d.agreement_rate) !== null) out.push("agreement " + pct(d.agreement_rate) + " over " + fmtNum(d.compared) + " compared");
+      if (isObj(d.candidate) && num(d.candidate.requests)) out.push("candidate " + statsText(d.candidate));
+      if (r.kind === "promote") out.push(gateText(d.gate));
+      break;
+    case "rollback":
+      if (isObj(d.new_version)) out.push(v(r.from_version) + " had answered " + statsText(d.new_version));
+      if (num(d.exitcode) !== null) out.push("exit code " + d.exitcode);
+      break;
+    case "probation_ended": if (num(d.requests) !== null) out.push(v(r.to_version) + " answered " + statsText(d)); break;
+    case "crash": case "restart": case "recycle":
+      if (num(d.pid) !== null) out.push("pid " + d.pid);
+      if (num(d.exitcode) !== null) out.push("exit code " + d.exitcode);
+      break;
+    default: break;
+  }
+  return out.filter(Boolean).join(" · ");
+}
+
+export function renderHistory(root, records, error, filter) {
+  const key = JSON.stringify([records, error, filter]);
   renderInto(root.querySelector("#history"), key, () => {
-    const rows = records.slice().sort((a, b) => (num(b.id) ?? 0) - (num(a.id) ?? 0) || String(b.at).localeCompare(String(a.at)));
+    const rows = records.slice().sort((a, b) => (num(b.id) ?? 0) - (num(a.id) ?? 0) || (num(b.at) ?? 0) - (num(a.at) ?? 0));
     return [
-      local ? h("p", {class: "muted"}, "GET /history is not available on this service: showing what this tab saw change since it opened.") : null,
-      rows.length ? h("ol", {class: "timeline"}, rows.map((r) => h("li", {class: "ev ev-" + String(r.kind ?? "event").toLowerCase().replace(/[^a-z_]/g, "")},
-        h("div", {class: "ev-head"},
-          h("span", {class: "ev-time"}, fmtTime(r.at ?? r.time ?? r.created_at)),
-          h("span", {class: "badge b-" + String(r.kind ?? "event").toLowerCase().replace(/[^a-z_]/g, "")}, String(r.kind ?? "event")),
-          h("strong", {class: "ev-name"}, String(r.name ?? "")), " ", versions(r),
-          r.source ? h("span", {class: "muted"}, " · " + String(r.source)) : null),
-        r.reason ? h("div", {class: "ev-reason"}, String(r.reason)) : null,
-        phasesBar(r.phases ?? r.phases_s)))) : h("p", {class: "empty"}, "Nothing has happened yet."),
+      error ? h("p", {class: "error"}, "History unavailable: " + error) : null,
+      rows.length ? h("ol", {class: "timeline"}, rows.map((r) => {
+        const detail = detailText(r);
+        return h("li", {class: "ev ev-" + cls(r.kind), "data-kind": cls(r.kind)},
+          h("div", {class: "ev-head"},
+            h("span", {class: "ev-time"}, fmtTime(r.at)),
+            h("span", {class: "badge b-" + cls(r.kind)}, String(r.kind ?? "event").replace("_", " ")),
+            h("strong", {class: "ev-name"}, String(r.name ?? "")),
+            h("span", {class: "ev-versions"}, versions(r)),
+            r.source ? h("span", {class: "ev-source muted"}, String(r.source)) : null),
+          r.reason ? h("div", {class: "ev-reason"}, String(r.reason)) : null,
+          detail ? h("div", {class: "ev-detail muted"}, detail) : null,
+          phasesBar(r.phases));
+      })) : error ? null : h("p", {class: "empty"}, filter ? "Nothing has happened to " + filter + " yet." : "Nothing has happened yet."),
     ];
   });
 }

@@ -1,8 +1,9 @@
 // The dashboard's loop: one tick a second at most (none while the tab is
 // hidden), each tick one GET /status plus what changed: /metrics every other
-// tick, /train/<id> for charted running jobs, /models and /history when the
-// status says something changed (or every 15 s / 10 s). Actions (apply, roll
-// back, unload, train, cancel) refresh at once.
+// tick (not while it answers 404: metrics.enabled is false), /train/<id> for
+// charted running jobs, /models and /history when the status says something
+// changed (or every 15 s / 5 s). Actions (apply, roll back, promote, abort,
+// unload, train, cancel) refresh at once.
 
 import * as api from "./api.js";
 import {h, isObj, toast} from "./ui.js";
@@ -10,19 +11,18 @@ import {LiveFigures} from "./metrics.js";
 import {renderServing, slotsOf, servedByModel} from "./serving.js";
 import {renderModels, setOnLoaded} from "./models.js";
 import {renderJobs, renderCharts, setupForm, cancelJob, isActive} from "./training.js";
-import {renderHistory, recordsOf, LocalHistory} from "./history.js";
+import {renderHistory, recordsOf} from "./history.js";
 
 const TICK_MS = 1000;
 const $ = (sel) => document.querySelector(sel);
 
 const state = {
-  status: null, listing: null, history: null, historyRoute: null, routes: {},
+  status: null, listing: null, history: [], historyError: null,
   selectedModel: null, selectedJob: null, jobDetails: new Map(), tick: 0,
   modelsSig: null, historySig: null, paused: false, historyFilter: "",
-  lastModelsTick: -99, lastHistoryTick: -99, routesTick: -99, armed: new Map(),
+  lastModelsTick: -99, lastHistoryTick: -99, metricsOffUntil: 0, armed: new Map(),
 };
 const live = new LiveFigures();
-const local = new LocalHistory();
 
 // -- token ---------------------------------------------------------------------------
 api.onAuthNeeded((why) => {
@@ -71,16 +71,30 @@ async function act(what, fn) {
   }
 }
 
+const secs = (x) => (typeof x === "number" ? " (" + (x < 0.1 ? (x * 1000).toFixed(1) + " ms" : x.toFixed(2) + " s") + ")" : "");
+
 const actions = {
-  apply: async (name, version) => {
-    toast("Applying " + name + " v" + version + "…");
-    const res = await act("Apply", () => api.post("/apply", {name, version}));
-    if (res) toast(name + " v" + (res.current?.version ?? version) + " serves" + (typeof res.total_s === "number" ? " (" + res.total_s.toFixed(2) + " s)" : "") + ".", "ok");
+  // mode: "normal", or {mode: "shadow"|"canary", fraction}
+  apply: async (name, version, rollout) => {
+    const body = {name, version};
+    if (rollout && rollout.mode !== "normal") Object.assign(body, rollout);
+    const how = body.mode ? " as a " + body.mode + " candidate" : "";
+    toast("Applying " + name + " v" + version + how + "…");
+    const res = await act("Apply", () => api.post("/apply", body));
+    if (res && body.mode) toast(name + " v" + version + " runs as a " + body.mode + " beside v" + (res.serving?.version ?? "?") + secs(res.total_s) + ".", "ok");
+    else if (res) toast(name + " v" + (res.current?.version ?? version) + " serves" + secs(res.total_s) + ".", "ok");
   },
   rollback: async (name) => {
     const res = await act("Roll back", () => api.post("/rollback", {name}));
-    const to = res ? res.to_version ?? res.current?.version : null;
-    if (res) toast("Rolled back " + name + (to !== null && to !== undefined ? " to v" + to : "") + ".", "ok");
+    if (res) toast("Rolled back " + name + " v" + res.from_version + " → v" + res.to_version + (res.instant ? ", instantly" : "") + secs(res.took_s) + ".", "ok");
+  },
+  promote: async (name) => {
+    const res = await act("Promote", () => api.post("/promote", {name}));
+    if (res) toast(name + " v" + res.to_version + " promoted from " + res.mode + secs(res.swap_s) + ".", "ok");
+  },
+  abort: async (name) => {
+    const res = await act("Abort", () => api.post("/abort", {name}));
+    if (res) toast(name + " v" + res.aborted_version + " (" + res.mode + ") aborted.", "ok");
   },
   unload: async (name) => {
     // two clicks within 5 s: an unload stops serving that model
@@ -150,17 +164,14 @@ async function loop() {
     const status = await api.get("/status");
     state.status = isObj(status) ? status : {};
     live.addStatus(servedByModel(state.status));
-    local.observe(state.status);
-    if (t === 1 || t - state.routesTick >= 60) await checkRoutes(t);
-    if (t % 2 === 1 && state.routes.metrics !== false && !api.routeMissing("/metrics")) {
+    if (t % 2 === 1 && t >= state.metricsOffUntil) {
       try {
         const text = await api.get("/metrics");
         if (typeof text === "string") live.addMetrics(text);
-      } catch (e) { if (e.status === 401) throw e; }
-    }
-    if (!Array.isArray(state.status.jobs) && t % 2 === 1) {
-      const j = await api.optional("/train");
-      if (isObj(j) && Array.isArray(j.jobs)) state.status.jobs = j.jobs;
+      } catch (e) {
+        if (e.status === 401) throw e;
+        if (e.status === 404) state.metricsOffUntil = t + 60;  // metrics are off: ask again in a minute
+      }
     }
     const jobs = jobsOf(state.status);
     for (const job of chartedJobs(jobs)) {
@@ -181,12 +192,17 @@ async function loop() {
       state.modelsSig = modelsSig;
       state.lastModelsTick = t;
     }
-    const historySig = JSON.stringify([state.status.last_apply, state.status.restarts, state.status.failed_models, slots.map((s) => [s.name, s.version, s.state])]);
-    if (historySig !== state.historySig || t - state.lastHistoryTick >= 10) {
+    const historySig = JSON.stringify([state.status.restarts, state.status.failed_models, slots.map((s) => [s.name, s.version, s.state,
+      s.probation?.version, s.candidate?.version, (s.rolled_back || []).length, s.last_apply?.total_s])]);
+    if (historySig !== state.historySig || t - state.lastHistoryTick >= 5) {
       const q = "/history?limit=50" + (state.historyFilter ? "&name=" + encodeURIComponent(state.historyFilter) : "");
-      const data = state.routes.history === false ? null : await api.optional(q);
-      state.historyRoute = data !== null;
-      state.history = data === null ? null : recordsOf(data);
+      try {
+        state.history = recordsOf(await api.get(q));
+        state.historyError = null;
+      } catch (e) {
+        if (e.status === 401) throw e;
+        state.historyError = e.message;
+      }
       state.historySig = historySig;
       state.lastHistoryTick = t;
     }
@@ -204,28 +220,10 @@ async function loop() {
   if (!state.paused) schedule(Math.max(0, TICK_MS - (performance.now() - started)));
 }
 
-async function checkRoutes(t) {
-  // Which optional routes this service has: those its OpenAPI document lists,
-  // and those a probe (once a minute) finds although the document does not
-  // list them yet. Absent ones are not polled; the page shows what it can.
-  state.routesTick = t;
-  let spec = null;
-  try { spec = await api.optional("/openapi.json"); } catch (e) { if (e.status === 401) throw e; }
-  const paths = isObj(spec?.paths) ? spec.paths : {};
-  const routes = {};
-  for (const [name, probe] of [["metrics", "/metrics"], ["history", "/history?limit=1"]]) {
-    if ("/" + name in paths) { routes[name] = true; continue; }
-    try { routes[name] = (await api.optional(probe)) !== null; } catch (e) { if (e.status === 401) throw e; routes[name] = false; }
-  }
-  state.routes = routes;
-}
-
 function draw() {
   const status = state.status;
   if (!status) return;
-  // buttons show even when the spec does not list their route (it may lag
-  // behind the handlers); a click on a missing one says so
-  renderServing(document, status, live, actions, {armed: new Set(state.armed.keys())});
+  renderServing(document, status, live, actions, new Set(state.armed.keys()));
   const slots = slotsOf(status);
   const servingVersions = Object.fromEntries(slots.map((s) => [s.name, Number.isInteger(s.version) ? s.version : null]));
   const withVersion = slots.filter((s) => Number.isInteger(s.version));
@@ -244,8 +242,7 @@ function draw() {
     sel.replaceChildren(h("option", {value: ""}, "all models"), ...names.map((n) => h("option", {value: n}, n)));
     sel.value = names.includes(cur) ? cur : "";
   }
-  const records = state.historyRoute ? state.history || [] : local.events.filter((e) => !state.historyFilter || e.name === state.historyFilter);
-  renderHistory(document, records, !state.historyRoute, names, state.historyFilter);
+  renderHistory(document, state.history, state.historyError, state.historyFilter);
 }
 
 setOnLoaded(() => draw());

@@ -13,6 +13,11 @@ let active = 0;
 let onLoaded = () => {};
 const SHOWN = 6;           // versions listed per model before "show all"
 const expanded = new Set();
+// how the Apply buttons of a serving model apply: a plain swap (the previous
+// version stays loaded in probation), or beside it as a shadow or canary
+const MODES = [["normal", "swap", null], ["shadow", "shadow", {mode: "shadow", fraction: 1.0}],
+  ["canary10", "canary 10%", {mode: "canary", fraction: 0.1}], ["canary50", "canary 50%", {mode: "canary", fraction: 0.5}]];
+const modes = new Map();   // model name -> MODES key
 
 export function setOnLoaded(fn) { onLoaded = fn; }
 
@@ -128,19 +133,25 @@ export function renderModels(root, listing, servingVersions, selected, actions) 
   }
   if (selected) want(selected.name, selected.version);
   const metaKey = [...metas.keys()].join(",");
-  const key = JSON.stringify([models.map((m) => [m.name, (m.versions || []).map((v) => v.version)]), servingVersions, metaKey, [...expanded], selected]);
+  const key = JSON.stringify([models.map((m) => [m.name, (m.versions || []).map((v) => v.version)]), servingVersions, metaKey, [...expanded], selected, [...modes]]);
   renderInto(root.querySelector("#models"), key, () => {
     if (!models.length) return h("p", {class: "empty"}, "The store holds no model yet.");
     return models.map((m) => {
       const versions = (Array.isArray(m.versions) ? m.versions : []).filter(isObj).slice().reverse();
       const shown = expanded.has(m.name) ? versions : versions.slice(0, SHOWN);
       const serving = servingVersions[m.name];
+      const modeKey = Number.isInteger(serving) && modes.has(m.name) ? modes.get(m.name) : "normal";
+      const [, modeLabel, rollout] = MODES.find(([k]) => k === modeKey);
       return h("div", {class: "model card", "data-model": m.name},
         h("div", {class: "model-head"}, h("span", {class: "model-name"}, m.name),
           serving === undefined ? h("span", {class: "badge b-idle"}, "not serving")
             : serving === null ? h("span", {class: "badge b-applying"}, "applying")
               : h("span", {class: "badge b-serving"}, "serves v" + serving),
-          h("span", {class: "muted"}, versions.length + " version" + (versions.length === 1 ? "" : "s"))),
+          h("span", {class: "muted"}, versions.length + " version" + (versions.length === 1 ? "" : "s")),
+          Number.isInteger(serving) ? h("label", {class: "apply-how"}, "apply as ",
+            h("select", {class: "apply-mode", "aria-label": "how Apply applies " + m.name,
+              onchange: (ev) => { modes.set(m.name, ev.target.value); actions.rerender(); }},
+            MODES.map(([k, label]) => h("option", {value: k, selected: k === modeKey}, label)))) : null),
         table(["ver", "accuracy", "macro-F1", "chosen config", h("span", {class: "c-created"}, "created"), ""], shown.map((v) => {
           const meta = metas.get(m.name + "/" + v.version);
           const met = metricsOf(meta, v);
@@ -153,7 +164,8 @@ export function renderModels(root, listing, servingVersions, selected, actions) 
             h("td", {class: "cfg"}, meta ? (meta.error ? "error: " + meta.error : chosenOf(meta)) : "…"),
             h("td", {class: "nowrap c-created"}, meta ? fmtTime(meta.created_at) : "…"),
             h("td", {class: "nowrap"},
-              h("button", {class: "btn small apply", type: "button", disabled: isServing, onclick: () => actions.apply(m.name, v.version)}, isServing ? "serving" : "Apply"),
+              h("button", {class: "btn small apply", type: "button", disabled: isServing, onclick: () => actions.apply(m.name, v.version, rollout)},
+                isServing ? "serving" : rollout ? modeLabel[0].toUpperCase() + modeLabel.slice(1) : "Apply"),
               " ",
               h("button", {class: "btn small ghost matrix", type: "button", onclick: () => actions.select(m.name, v.version)}, "Matrix")));
         }), {class: "versions"}),

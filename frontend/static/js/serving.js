@@ -1,58 +1,54 @@
-// Serving: model slots with live figures, workers, the standby pool, and
-// anything FAILED or rolled back. Reads /status in either shape: per-model
-// slots ("models": {...}) or the older single "serving" model.
+// Serving: one card per model slot (GET /status "models") with live figures,
+// its rollout state and the buttons that act on it: probation (the previous
+// version kept loaded after a swap: "Roll back" is one routing assignment),
+// a shadow or canary candidate (Promote, Abort), or a plain rollback that
+// loads the previous version again. Then workers, the standby pool, and the
+// versions rolled back or FAILED.
+//
+// A card's markup is rebuilt only when its structure changes (version,
+// state, probation, candidate, buttons); the figures that move every second
+// (req/s, latencies, time left, mirrored counts) are written into the
+// existing elements, so buttons stay put under the pointer between polls.
 
 import {h, table, badge, isObj, num, fmtBytes, fmtMs, fmtNum, fmtTime, fmtSecs, modelRef, renderInto} from "./ui.js";
 
-const list = (v) => (Array.isArray(v) ? v : isObj(v) ? Object.values(v) : []);
+const list = (v) => (Array.isArray(v) ? v : []);
+const pct = (x, digits = 1) => (num(x) === null ? "—" : (x * 100).toFixed(digits) + "%");
 
 export function workersOf(status) {
-  const seen = new Map();
-  for (const w of list(status.workers)) if (isObj(w)) seen.set(w.pid ?? w.generation ?? seen.size, w);
-  for (const m of list(status.models)) for (const w of list(m && m.workers)) if (isObj(w) && !seen.has(w.pid ?? w.generation)) seen.set(w.pid ?? w.generation, w);
-  return [...seen.values()];
+  return list(status.workers).filter(isObj);
 }
 
 export function slotsOf(status) {
-  const workers = workersOf(status);
-  const mine = (name) => workers.filter((w) => isObj(w.model) && w.model.name === name);
-  if (isObj(status.models)) {
-    return Object.entries(status.models).filter(([, m]) => isObj(m)).map(([key, m]) => {
-      const name = typeof m.name === "string" ? m.name : key;
-      return {...m, name, isDefault: status.default === name, workers: Array.isArray(m.workers) ? m.workers : mine(name)};
-    });
-  }
-  if (isObj(status.serving) && status.serving.name !== undefined) {
-    const s = status.serving;
-    const ws = mine(s.name).filter((w) => w.state !== "DRAINING");
-    return [{name: s.name, version: s.version, replicas: ws.length || 1, state: "SERVING", labels: s.labels, isDefault: true, workers: ws}];
-  }
-  return [];
+  if (!isObj(status.models)) return [];
+  return Object.entries(status.models).filter(([, m]) => isObj(m)).map(([key, m]) => ({
+    ...m, name: typeof m.name === "string" ? m.name : key, isDefault: status.default === (m.name ?? key),
+    workers: list(m.workers).filter(isObj)}));
 }
 
 export function poolOf(status) {
-  if (Array.isArray(status.pool)) return status.pool.filter(isObj);
-  return isObj(status.standby) ? [status.standby] : [];
+  return list(status.pool).filter(isObj);
 }
 
-// FAILED models and rolled-back versions, whatever field they arrive in
+// Versions rolled back (per slot) and FAILED ones, newest first
 export function problemsOf(status) {
   const out = [];
-  const add = (kind, o, name) => {
-    if (!isObj(o)) return;
-    out.push({kind, name: o.name ?? name, version: o.version ?? o.to_version ?? o.from_version,
-              reason: o.reason ?? o.error ?? o.message ?? "", at: o.at ?? o.time ?? o.failed_at});
-  };
-  for (const f of list(status.failed_models)) add("FAILED", f);
-  for (const f of list(status.rolled_back)) add("ROLLED BACK", f);
-  if (isObj(status.models)) {
-    for (const [name, m] of Object.entries(status.models)) {
-      if (!isObj(m)) continue;
-      if (isObj(m.failed) && !out.some((p) => p.name === (m.failed.name ?? name) && p.version === m.failed.version)) add("FAILED", m.failed, name);
-      for (const r of [].concat(m.rolled_back || [], m.last_rollback || [])) add(isObj(r) && r.auto ? "ROLLED BACK (auto)" : "ROLLED BACK", r, name);
+  const seen = new Set();
+  for (const s of slotsOf(status)) {
+    for (const r of list(s.rolled_back).filter(isObj)) {
+      out.push({kind: "rolled_back", name: s.name, version: r.version, back_to: r.back_to, auto: r.auto === true,
+        reason: r.reason, figures: r.figures, at: r.at});
+    }
+    if (isObj(s.failed)) {
+      seen.add(s.name + "/" + s.failed.version);
+      out.push({kind: "failed", name: s.name, version: s.failed.version, reason: s.failed.reason, at: s.failed.at, slot: true});
     }
   }
-  return out;
+  for (const f of list(status.failed_models).filter(isObj)) {
+    if (seen.has(f.name + "/" + f.version)) continue;
+    out.push({kind: "failed", name: f.name, version: f.version, reason: f.reason, at: f.at});
+  }
+  return out.sort((a, b) => (num(b.at) ?? 0) - (num(a.at) ?? 0));
 }
 
 export function servedByModel(status) {
@@ -63,55 +59,126 @@ export function servedByModel(status) {
   return out;
 }
 
-// probation (previous version kept loaded) and shadow / canary candidates
-function rolloutLine(s) {
-  const parts = [];
-  const p = s.probation;
-  if (isObj(p)) {
-    parts.push("probation: v" + (p.version ?? "?") + " kept loaded" + (num(p.remaining_s) !== null ? ", " + Math.ceil(p.remaining_s) + " s left" : ""));
-  }
-  const c = s.candidate;
-  if (isObj(c)) {
-    let t = String(c.mode ?? "candidate") + " v" + (c.version ?? "?");
-    if (num(c.fraction) !== null) t += " (" + Math.round(c.fraction * 100) + "%)";
-    if (num(c.agreement_rate) !== null) t += ", agrees " + (c.agreement_rate * 100).toFixed(1) + "%";
-    parts.push(t);
-  }
-  return parts.length ? h("p", {class: "rollout muted"}, parts.join(" · ")) : null;
+// short figures of one version in one role (rollouts.VersionStats.describe())
+function statsText(st) {
+  if (!isObj(st)) return "—";
+  return fmtNum(st.requests) + " req · " + fmtNum(st.errors) + " errors" + (num(st.requests) ? " (" + pct(st.error_rate) + ")" : "") +
+    " · p50 " + fmtMs(st.p50_ms) + " · p99 " + fmtMs(st.p99_ms);
 }
 
-function workerModel(w) { return isObj(w.model) ? modelRef(w.model) : "—"; }
+const field = (f, text) => h("span", {"data-f": f}, text ?? "");
 
-export function renderServing(root, status, live, actions, routes) {
+function probationBox(s, p, actions) {
+  return h("div", {class: "rollout probation", "data-version": p.version},
+    h("div", {class: "ro-head"},
+      h("span", {class: "badge b-probation"}, "probation"),
+      h("span", {}, "v" + p.version + " kept loaded"),
+      h("span", {class: "ro-left muted"}, field("remaining"))),
+    h("div", {class: "ro-figs muted"}, "v" + (p.watching_version ?? s.version) + " since the swap: ", field("watch"),
+      num(p.previous_p99_ms) !== null ? " · v" + p.version + " p99 was " + fmtMs(p.previous_p99_ms) : null),
+    h("div", {class: "actions"},
+      h("button", {class: "btn rollback", type: "button", title: "Route " + s.name + " back to v" + p.version + " (still loaded)",
+        onclick: () => actions.rollback(s.name)}, "Roll back to v" + p.version),
+      h("span", {class: "muted hint"}, "instant: one routing switch")));
+}
+
+function candidateBox(s, c, actions) {
+  const shadow = c.mode === "shadow";
+  const share = num(c.fraction) === null ? "" : Math.round(c.fraction * 1000) / 10 + "%";
+  const examples = list(c.disagreements).filter(isObj).slice(0, 3);
+  return h("div", {class: "rollout candidate", "data-mode": String(c.mode), "data-version": c.version},
+    h("div", {class: "ro-head"},
+      h("span", {class: "badge b-" + (shadow ? "shadow" : "canary")}, String(c.mode)),
+      h("span", {}, "v" + c.version + " beside v" + (s.version ?? "?") + (shadow ? ": gets a copy of " + share + " of requests, answers dropped"
+        : ": answers " + share + " of requests"))),
+    shadow
+      ? h("div", {class: "ro-figs muted"}, "mirrored ", field("mirrored"), " · compared ", field("compared"), " · agreement ",
+          h("strong", {"data-f": "agreement"}), " · mean score diff ", field("scorediff"), " · skipped (busy) ", field("skipped"))
+      : h("div", {class: "ro-figs muted"}, "v" + c.version + ": ", field("cand"), h("br"), "v" + (s.version ?? "?") + ": ", field("serv")),
+    examples.length ? h("div", {class: "tablewrap"}, h("table", {class: "compact disagree"},
+      h("thead", {}, h("tr", {}, h("th", {}, "text"), h("th", {}, "v" + (s.version ?? "?")), h("th", {}, "v" + c.version))),
+      h("tbody", {}, examples.map((e) => h("tr", {},
+        h("td", {class: "dtext"}, String(e.text ?? "")),
+        h("td", {}, String(e.serving?.label ?? "?")), h("td", {}, String(e.candidate?.label ?? "?"))))))) : null,
+    h("div", {class: "actions"},
+      h("button", {class: "btn promote", type: "button", title: "v" + c.version + " serves all requests (the quality gate runs first when a golden set exists)",
+        onclick: () => actions.promote(s.name)}, "Promote v" + c.version),
+      h("button", {class: "btn ghost abort", type: "button", onclick: () => actions.abort(s.name)}, "Abort")));
+}
+
+function slotCard(s, actions, armed) {
+  const p = isObj(s.probation) ? s.probation : null;
+  const c = isObj(s.candidate) ? s.candidate : null;
+  const prev = Number.isInteger(s.previous_version) && s.previous_version !== s.version ? s.previous_version : null;
+  return h("div", {class: "slot card", "data-model": s.name},
+    h("div", {class: "slot-head"},
+      h("span", {class: "slot-name"}, s.name),
+      h("span", {class: "slot-version"}, Number.isInteger(s.version) ? "v" + s.version : "v?"),
+      badge(s.state || "?"),
+      s.isDefault ? h("span", {class: "badge b-default"}, "default") : null),
+    h("dl", {class: "figs"},
+      h("div", {}, h("dt", {}, "replicas"), h("dd", {class: "replicas"}, fmtNum(s.replicas) + (num(s.replicas_wanted) !== null && s.replicas_wanted !== s.replicas ? "/" + s.replicas_wanted : ""))),
+      h("div", {}, h("dt", {}, "req/s"), h("dd", {class: "rps"}, "—")),
+      h("div", {}, h("dt", {}, "p50"), h("dd", {class: "p50"}, "—")),
+      h("div", {}, h("dt", {}, "p99"), h("dd", {class: "p99"}, "—"))),
+    isObj(s.failed) ? h("p", {class: "slot-failed"}, h("span", {class: "badge b-failed"}, "FAILED"), " v" + (s.failed.version ?? "?") + ": " + String(s.failed.reason ?? "")) : null,
+    p ? probationBox(s, p, actions) : null,
+    c ? candidateBox(s, c, actions) : null,
+    h("div", {class: "actions"},
+      !p && prev !== null ? h("button", {class: "btn ghost rollback", type: "button", title: "v" + prev + " is no longer loaded: this loads it again",
+        onclick: () => actions.rollback(s.name)}, "Roll back to v" + prev) : null,
+      h("button", {class: "btn warn unload", type: "button", onclick: () => actions.unload(s.name)},
+        armed.has(s.name) ? "Confirm unload" : "Unload")));
+}
+
+// the moving figures of one card, written in place
+function fillCard(card, s, fig) {
+  const set = (sel, text) => { const el = card.querySelector(sel); if (el && el.textContent !== text) el.textContent = text; };
+  set("dd.rps", fig.rps === null ? "—" : fig.rps.toFixed(1));
+  set("dd.p50", fmtMs(fig.p50));
+  set("dd.p99", fmtMs(fig.p99));
+  const p = s.probation, c = s.candidate;
+  if (isObj(p)) {
+    set('.probation [data-f="remaining"]', num(p.remaining_s) === null ? "" : (p.remaining_s < 120 ? Math.ceil(p.remaining_s) + " s" : fmtSecs(p.remaining_s)) + " left");
+    set('.probation [data-f="watch"]', statsText(p.new_version));
+  }
+  if (isObj(c)) {
+    set('.candidate [data-f="mirrored"]', fmtNum(c.mirrored));
+    set('.candidate [data-f="compared"]', fmtNum(c.compared));
+    set('.candidate [data-f="agreement"]', pct(c.agreement_rate));
+    set('.candidate [data-f="scorediff"]', fmtNum(c.mean_score_diff, 4));
+    set('.candidate [data-f="skipped"]', fmtNum(c.skipped_busy));
+    set('.candidate [data-f="cand"]', statsText(c.candidate));
+    set('.candidate [data-f="serv"]', statsText(c.serving));
+  }
+}
+
+function problemItem(p) {
+  const rolled = p.kind === "rolled_back";
+  const st = isObj(p.figures) && isObj(p.figures.new_version) ? p.figures.new_version : null;
+  return h("li", {class: "problem p-" + p.kind, "data-model": p.name, "data-version": p.version},
+    rolled ? h("span", {class: "badge b-rollback"}, "rolled back") : h("span", {class: "badge b-failed"}, "FAILED"),
+    rolled ? h("span", {class: "badge " + (p.auto ? "b-auto" : "b-manual")}, p.auto ? "auto" : "manual") : null,
+    " ", h("strong", {}, String(p.name ?? "?")), " v" + (p.version ?? "?"),
+    rolled && p.back_to !== undefined && p.back_to !== null ? " → back to v" + p.back_to : "",
+    p.at ? h("span", {class: "muted"}, " · " + fmtTime(p.at)) : null,
+    h("div", {class: "p-reason"}, String(p.reason || "no reason given")),
+    st ? h("div", {class: "muted p-figs"}, "it answered " + statsText(st)) : null);
+}
+
+export function renderServing(root, status, live, actions, armed) {
   const slots = slotsOf(status);
-  const figures = Object.fromEntries(slots.map((s) => {
+  const slotKey = JSON.stringify([slots.map((s) => [s.name, s.version, s.state, s.replicas, s.replicas_wanted, s.isDefault, s.previous_version,
+    s.failed, s.probation && [s.probation.version, s.probation.watching_version, s.probation.previous_p99_ms],
+    s.candidate && [s.candidate.version, s.candidate.mode, s.candidate.fraction, list(s.candidate.disagreements).length]]), [...armed]]);
+  const box = root.querySelector("#slots");
+  renderInto(box, slotKey, () => (slots.length ? slots.map((s) => slotCard(s, actions, armed)) : h("p", {class: "empty"}, "No model serves yet.")));
+  for (const s of slots) {
+    const card = box.querySelector('.slot[data-model="' + CSS.escape(s.name) + '"]');
+    if (!card) continue;
     const f = live.figures(s.name);
-    // figures the status may carry itself win over our estimates
-    const rps = num(s.rps) ?? num(s.requests_per_s) ?? f.rps;
-    const p50 = num(s.p50_ms) ?? (num(s.latency_s?.p50) !== null ? s.latency_s.p50 * 1000 : f.p50);
-    const p99 = num(s.p99_ms) ?? (num(s.latency_s?.p99) !== null ? s.latency_s.p99 * 1000 : f.p99);
-    return [s.name, {rps, p50, p99}];
-  }));
-  const slotKey = JSON.stringify([slots.map((s) => [s.name, s.version, s.replicas, s.state, s.isDefault, (s.workers || []).length, s.probation, s.candidate]), figures, routes.rollback, routes.unload, [...(routes.armed || [])]]);
-  renderInto(root.querySelector("#slots"), slotKey, () => {
-    if (!slots.length) return h("p", {class: "empty"}, "No model serves yet.");
-    return slots.map((s) => h("div", {class: "slot card", "data-model": s.name},
-      h("div", {class: "slot-head"},
-        h("span", {class: "slot-name"}, s.name),
-        h("span", {class: "slot-version"}, s.version !== undefined && s.version !== null ? "v" + s.version : "v?"),
-        badge(s.state || "SERVING"),
-        s.isDefault ? h("span", {class: "badge b-default"}, "default") : null),
-      h("dl", {class: "figs"},
-        h("div", {}, h("dt", {}, "replicas"), h("dd", {class: "replicas"}, fmtNum(num(s.replicas) ?? (s.workers || []).length))),
-        h("div", {}, h("dt", {}, "req/s"), h("dd", {class: "rps"}, figures[s.name].rps === null ? "—" : figures[s.name].rps.toFixed(1))),
-        h("div", {}, h("dt", {}, "p50"), h("dd", {class: "p50"}, fmtMs(figures[s.name].p50))),
-        h("div", {}, h("dt", {}, "p99"), h("dd", {class: "p99"}, fmtMs(figures[s.name].p99)))),
-      rolloutLine(s),
-      h("div", {class: "actions"},
-        routes.rollback !== false ? h("button", {class: "btn rollback", type: "button", onclick: () => actions.rollback(s.name)}, "Roll back") : null,
-        routes.unload !== false ? h("button", {class: "btn warn unload", type: "button", onclick: () => actions.unload(s.name)},
-          routes.armed && routes.armed.has(s.name) ? "Confirm unload" : "Unload") : null)));
-  });
+    fillCard(card, s, {rps: f.rps, p50: f.p50, p99: f.p99});
+  }
 
   const workers = workersOf(status);
   const wKey = JSON.stringify(workers.map((w) => [w.generation, w.pid, w.state, w.model, w.served, w.inflight, w.rss_bytes, w.uss_bytes]));
@@ -119,18 +186,18 @@ export function renderServing(root, status, live, actions, routes) {
     ["gen", "pid", "state", "model", "in flight", "served", "RSS", "private"],
     workers.map((w) => h("tr", {},
       h("td", {}, fmtNum(w.generation)), h("td", {}, fmtNum(w.pid)), h("td", {}, badge(w.state)),
-      h("td", {}, workerModel(w)), h("td", {class: "r"}, fmtNum(w.inflight)), h("td", {class: "r"}, fmtNum(w.served)),
-      h("td", {class: "r"}, fmtBytes(w.rss_bytes)), h("td", {class: "r"}, fmtBytes(w.uss_bytes ?? w.private_bytes)))),
+      h("td", {}, isObj(w.model) ? modelRef(w.model) : "—"), h("td", {class: "r"}, fmtNum(w.inflight)), h("td", {class: "r"}, fmtNum(w.served)),
+      h("td", {class: "r"}, fmtBytes(w.rss_bytes)), h("td", {class: "r"}, fmtBytes(w.uss_bytes)))),
     {empty: "no workers"}));
 
   const pool = poolOf(status);
   const budget = isObj(status.budget) ? status.budget : null;
-  const pKey = JSON.stringify([pool.map((w) => [w.pid, w.state, w.model, w.rss_bytes, w.uss_bytes]), budget]);
+  const pKey = JSON.stringify([pool.map((w) => [w.pid, w.state, w.model, w.rss_bytes]), budget]);
   renderInto(root.querySelector("#pool"), pKey, () => [
     budget ? h("p", {class: "muted"}, "workers " + fmtNum(budget.workers) + (budget.max_workers ? " of at most " + budget.max_workers : " (no cap)")) : null,
     pool.length ? h("ul", {class: "pool"}, pool.map((w) => h("li", {},
       badge(w.state), " pid ", fmtNum(w.pid),
-      isObj(w.model) || isObj(w.preloaded) ? " · preloaded " + modelRef(w.model || w.preloaded) : " · no model",
+      isObj(w.model) ? " · preloaded " + modelRef(w.model) : " · no model",
       " · ", fmtBytes(w.rss_bytes)))) : h("p", {class: "empty"}, "no standby worker"),
   ]);
 
@@ -138,12 +205,9 @@ export function renderServing(root, status, live, actions, routes) {
   const exits = list(status.recent_exits).slice(-5);
   const fKey = JSON.stringify([problems, exits, status.restarts]);
   renderInto(root.querySelector("#failures"), fKey, () => [
-    problems.length ? h("ul", {class: "problems"}, problems.map((p) => h("li", {class: "problem"},
-      h("span", {class: "badge b-failed"}, p.kind), " ", h("strong", {}, p.name ?? "?"),
-      p.version !== undefined && p.version !== null ? " v" + p.version : "", " — ", String(p.reason || "no reason given"),
-      p.at ? h("span", {class: "muted"}, " (" + fmtTime(p.at) + ")") : null))) : h("p", {class: "empty ok"}, "Nothing failed or rolled back."),
+    problems.length ? h("ul", {class: "problems"}, problems.map(problemItem)) : h("p", {class: "empty ok"}, "Nothing failed or rolled back."),
     h("p", {class: "muted"}, "restarts: " + fmtNum(num(status.restarts) ?? 0) +
-      (exits.length ? " · last exits: " + exits.map((e) => (isObj(e) ? "pid " + (e.pid ?? "?") + " code " + (e.exitcode ?? e.code ?? "?") : String(e))).join(", ") : "")),
+      (exits.length ? " · last exits: " + exits.map((e) => (isObj(e) ? "pid " + (e.pid ?? "?") + " code " + (e.exitcode ?? "?") : String(e))).join(", ") : "")),
   ]);
 
   const sup = isObj(status.supervisor) ? status.supervisor : {};
