@@ -145,7 +145,12 @@ class Job:
 
 def _progress_line(info: dict[str, Any]) -> str:
     if "candidate" in info:
-        where = f"candidate {info.get('candidate')}/{info.get('candidates')}"
+        # a search frame: {candidate, of, name, score, best, best_score}
+        where = f"candidate {info.get('candidate')}/{info.get('of', info.get('candidates'))}"
+        score, best = info.get("score"), info.get("best_score")
+        return (f"{where} {info.get('name')} score {score:.4f}" if isinstance(score, float) else
+                f"{where} {info.get('name')}") + \
+            (f" best {info.get('best')} {best:.4f}" if isinstance(best, float) else "")
     else:
         where = f"epoch {info.get('epoch')}/{info.get('epochs')}"
     loss = info.get("loss")
