@@ -1,6 +1,12 @@
 """The `textswap` command (textswap_cli/), run as a real subprocess against a real
 service with a management token: train --wait, apply, predict from stdin,
-status, models, jobs, logs, and the exit codes scripts rely on."""
+status, models, jobs, logs, rollback, shadow/canary with promote and abort,
+rollout, history, golden sets and the quality gate, and the exit codes
+scripts rely on.
+
+One service for the module; the trained models come from module fixtures and
+each test first puts the service in the state it needs, so any test runs
+alone or in any order."""
 from __future__ import annotations
 
 import csv
@@ -11,7 +17,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, Service, free_port, request
+from helpers import ROOT, Service, free_port, request, wait_for
 
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
 TOKEN = "cli-token"
@@ -59,13 +65,58 @@ def data_csv(tmp_path_factory) -> str:
     return path
 
 
-def test_train_wait_apply_predict_status(svc, data_csv):
-    # train: the CSV is read by the CLI (it is outside the server's data roots)
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def api(svc: Service, method: str, path: str, body=None) -> dict:
+    code, answer = request(svc.mport, method, path, body, headers=AUTH, timeout=300)
+    assert code == 200, (method, path, code, answer)
+    return answer
+
+
+@pytest.fixture(scope="module")
+def reviews(svc, data_csv) -> dict:
+    """`train --wait` of reviews v1 (the CSV is read by the CLI: it is outside
+    the server's data roots); the finished job."""
     p = run(svc, "train", "reviews", data_csv, "--param", "epochs=3", "-p", "refit=false",
             "-p", "architecture=bow",
             "--wait", "--json")
     assert p.returncode == 0, p.stderr
-    job = json.loads(p.stdout)["job"]
+    return json.loads(p.stdout)["job"]
+
+
+@pytest.fixture(scope="module")
+def rb(svc, data_csv) -> list[dict]:
+    """rb v1 and v2, each by `train --apply --wait`; the two finished jobs."""
+    jobs = []
+    for version in (1, 2):
+        p = run(svc, "train", "rb", data_csv, "-p", "architecture=bow", "-p", "epochs=1",
+                "--apply", "--wait", "--json")
+        assert p.returncode == 0, p.stderr
+        job = json.loads(p.stdout)["job"]
+        assert job["result"]["version"] == version
+        jobs.append(job)
+    return jobs
+
+
+def rb_swapped(svc) -> None:
+    """rb v2 serves after a swap from v1, which stays loaded in probation; no
+    candidate, no golden set."""
+    request(svc.mport, "DELETE", "/models/rb/golden", headers=AUTH)
+    if api(svc, "GET", "/rollouts/rb")["candidate"]:
+        api(svc, "POST", "/abort", {"name": "rb"})
+    api(svc, "POST", "/apply", {"name": "rb", "version": 1})
+    api(svc, "POST", "/apply", {"name": "rb", "version": 2})
+
+
+def served_by(svc, text: str = "好") -> int:
+    p = run(svc, "predict", "--model", "rb", text)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)["model"]["version"]
+
+
+def test_train_wait_apply_predict_status(svc, reviews):
+    job = reviews
     assert job["state"] == "succeeded" and job["result"] == {"name": "reviews", "version": 1}
     assert job["params"]["epochs"] == 3 and job["params"]["refit"] is False
     assert job["data"]["examples"] == 300 and job["data"]["source"] == "inline"
@@ -101,7 +152,7 @@ def test_train_wait_apply_predict_status(svc, data_csv):
     p = run(svc, "jobs")
     assert p.returncode == 0 and job["id"] in p.stdout and "succeeded" in p.stdout
     p = run(svc, "--json", "jobs")
-    assert json.loads(p.stdout)["jobs"][0]["id"] == job["id"]
+    assert job["id"] in [j["id"] for j in json.loads(p.stdout)["jobs"]]
     p = run(svc, "logs", job["id"])
     assert p.returncode == 0 and "val_accuracy" in p.stdout and "reviews v1" in p.stdout
 
@@ -171,10 +222,9 @@ def test_progress_line_for_epochs_and_candidates(monkeypatch):
     assert "candidate" in text and "word/svm C=1" in text and "best_score" in text
 
 
-def test_export_writes_the_artifact(svc, tmp_path):
+def test_export_writes_the_artifact(svc, reviews, tmp_path):
     """`export` unpacks GET /models/<name>/<version>/artifact into DIR; a server
-    whose spec has no such route gets a clear refusal instead. Exports the
-    version the first test trained (tests of a module run in order)."""
+    whose spec has no such route gets a clear refusal instead."""
     code, doc = request(svc.mport, "GET", "/openapi.json",
                         headers={"Authorization": f"Bearer {TOKEN}"})
     assert code == 200
@@ -190,26 +240,146 @@ def test_export_writes_the_artifact(svc, tmp_path):
     assert p.returncode == 2 and "not empty" in p.stderr
 
 
-def test_train_apply_wait_then_rollback(svc, data_csv):
+def test_train_apply_wait_then_rollback(svc, rb):
     """--apply --wait returns once the new version serves; `rollback` brings the
-    previous one back (where the server has POST /rollback)."""
-    for version in (1, 2):
-        p = run(svc, "train", "rb", data_csv, "-p", "architecture=bow", "-p", "epochs=1",
-                "--apply", "--wait", "--json")
-        assert p.returncode == 0, p.stderr
-        job = json.loads(p.stdout)["job"]
-        assert job["result"]["version"] == version
-        assert job["applied"] and "error" not in job["applied"]
-        p = run(svc, "predict", "--model", "rb", "好")
-        assert json.loads(p.stdout)["model"] == {"name": "rb", "version": version}
-    p = run(svc, "rollback", "rb")
-    if p.returncode == 1:  # a server without POST /rollback: said so plainly
-        assert "does not support rollback" in p.stderr, p.stderr
-        return
+    previous one back at once (still loaded in probation), and `history`,
+    `rollout` and `status` say so."""
+    assert all(j["applied"] and "error" not in j["applied"] for j in rb)
+    rb_swapped(svc)
+    assert served_by(svc) == 2
+    p = run(svc, "rollout", "rb")
     assert p.returncode == 0, p.stderr
-    assert "rb v2 -> v1" in p.stdout
-    p = run(svc, "predict", "--model", "rb", "好")
-    assert json.loads(p.stdout)["model"] == {"name": "rb", "version": 1}
+    assert "rb: probation, v1 kept loaded" in p.stdout, p.stdout
+
+    p = run(svc, "rollback", "rb")
+    assert p.returncode == 0, p.stderr
+    assert "rolled back rb v2 -> v1 instantly" in p.stdout, p.stdout
+    assert served_by(svc) == 1
+    # v1 is no longer kept anywhere: nothing left to roll back to
+    p = run(svc, "rollback", "rb")
+    assert p.returncode == 1 and "no previous version" in p.stderr, p.stderr
+
+    p = run(svc, "rollout", "rb", "--json")
+    assert p.returncode == 0, p.stderr
+    state = json.loads(p.stdout)
+    assert state["version"] == 1 and state["probation"] is None
+    assert [(r["version"], r["back_to"], r["auto"]) for r in state["rolled_back"]] == [
+        (2, 1, False)]
+    p = run(svc, "status")
+    assert "rb: v2 rolled back to v1 (manual" in p.stdout, p.stdout
+
+    def newest():
+        p = run(svc, "history", "--name", "rb", "--limit", "3", "--json")
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["history"]
+    rows = wait_for(lambda: (lambda h: h if h and h[0]["kind"] == "rollback" else None)(
+        newest()), 30, "the rollback in the history")  # written by a thread: poll
+    assert len(rows) == 3 and all(r["name"] == "rb" for r in rows)
+    assert (rows[0]["from_version"], rows[0]["to_version"], rows[0]["source"]) == (2, 1, "api")
+    assert rows[1]["kind"] == "apply" and (rows[1]["from_version"], rows[1]["to_version"]) == (
+        1, 2)
+    assert rows[1]["phases"]["swap"] >= 0
+    p = run(svc, "history", "--name", "rb", "--limit", "2")
+    assert p.returncode == 0, p.stderr
+    assert "rollback" in p.stdout and "v2 -> v1" in p.stdout and "manual rollback" in p.stdout
+    p = run(svc, "history", "--limit", "0")
+    assert p.returncode == 2
+
+
+def test_shadow_promote_canary_abort(svc, rb):
+    """`apply --mode shadow` runs v2 beside v1 (v1 answers; v2's answers are
+    compared), `promote` makes it serve; `apply --mode canary --fraction`
+    and `abort` drop a candidate again. `history` lists each step."""
+    rb_swapped(svc)
+    api(svc, "POST", "/apply", {"name": "rb", "version": 1})  # v1 serves, no candidate
+    p = run(svc, "apply", "rb", "2", "--mode", "shadow")
+    assert p.returncode == 0, p.stderr
+    assert "rb v2 runs as a shadow beside rb v1" in p.stdout, p.stdout
+    texts = [f"很好，推荐 {i}" for i in range(6)]
+    p = run(svc, "predict", "--model", "rb", *texts)
+    assert p.returncode == 0 and all(json.loads(x)["model"]["version"] == 1
+                                     for x in p.stdout.splitlines()), p.stdout
+
+    def compared():
+        c = api(svc, "GET", "/rollouts/rb")["candidate"]
+        return c if c and c["compared"] >= len(texts) else None
+    cand = wait_for(compared, 30, "the shadow's answers to be compared")
+    assert cand["mode"] == "shadow" and cand["version"] == 2 and cand["mirrored"] >= 1
+    p = run(svc, "rollout", "rb")
+    assert p.returncode == 0 and "shadow candidate v2" in p.stdout and "agreement" in p.stdout
+    p = run(svc, "promote", "rb")
+    assert p.returncode == 0, p.stderr
+    assert "promoted rb v2 from shadow" in p.stdout and "compared" in p.stdout, p.stdout
+    assert served_by(svc) == 2
+
+    p = run(svc, "apply", "rb", "1", "--mode", "canary", "--fraction", "0.5", "--json")
+    assert p.returncode == 0, p.stderr
+    answer = json.loads(p.stdout)
+    assert (answer["mode"], answer["fraction"], answer["candidate"]["version"]) == (
+        "canary", 0.5, 1)
+    p = run(svc, "status")
+    assert "rb: canary candidate v1 (50.0%)" in p.stdout, p.stdout
+    p = run(svc, "abort", "rb")
+    assert p.returncode == 0 and "aborted the canary of rb v1" in p.stdout, p.stdout
+    assert api(svc, "GET", "/rollouts/rb")["candidate"] is None and served_by(svc) == 2
+    # nothing to promote or abort now; --fraction alone is a usage error
+    p = run(svc, "abort", "rb")
+    assert p.returncode == 1 and "no_candidate" in p.stderr, p.stderr
+    p = run(svc, "promote", "rb", "--json")
+    assert p.returncode == 1 and json.loads(p.stdout)["error"]["code"] == "no_candidate"
+    p = run(svc, "apply", "rb", "1", "--fraction", "0.5")
+    assert p.returncode == 2 and "--mode" in p.stderr
+
+    def kinds():
+        rows = json.loads(run(svc, "history", "--name", "rb", "--limit", "6", "--json"
+                              ).stdout)["history"]
+        # (a probation that ran out meanwhile is listed too)
+        got = [r["kind"] for r in rows if r["kind"] != "probation_ended"][:4]
+        return got if got[0] == "abort" else None
+    assert wait_for(kinds, 30, "the abort in the history") == [
+        "abort", "canary", "promote", "shadow"]
+
+
+def test_golden_set_gates_apply(svc, rb, tmp_path):
+    """`golden NAME DATA` registers a golden set; an apply that scores below
+    its min accuracy is refused (exit 1, the server's reason), --no-gate
+    applies anyway; `golden --delete` removes it."""
+    rb_swapped(svc)
+    api(svc, "POST", "/apply", {"name": "rb", "version": 1})
+    # the labels are flipped: any real model scores far below 0.9 on them
+    flipped = tmp_path / "golden.jsonl"
+    with open(DEMO, encoding="utf-8") as src, open(flipped, "w", encoding="utf-8") as fh:
+        for _, line in zip(range(40), src):
+            row = json.loads(line)
+            row["label"] = {"pos": "neg", "neg": "pos"}[row["label"]]
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    try:
+        p = run(svc, "golden", "rb", str(flipped), "--min-accuracy", "0.9")
+        assert p.returncode == 0, p.stderr
+        assert "golden set of rb: 40 examples" in p.stdout and "min accuracy 0.9" in p.stdout
+        p = run(svc, "golden", "rb", "--json")
+        assert json.loads(p.stdout)["golden"]["examples"] == 40
+
+        p = run(svc, "apply", "rb", "2")
+        assert p.returncode == 1 and "quality gate refused rb v2" in p.stderr, p.stderr
+        assert served_by(svc) == 1
+        p = run(svc, "apply", "rb", "2", "--json")
+        assert p.returncode == 1 and json.loads(p.stdout)["error"]["code"] == "quality_gate"
+        p = run(svc, "apply", "rb", "2", "--no-gate")
+        assert p.returncode == 0, p.stderr
+        assert "now serving rb v2" in p.stdout and "quality gate: skipped" in p.stdout
+        assert "`textswap rollback rb` is instant" in p.stdout, p.stdout
+        assert served_by(svc) == 2
+        rows = json.loads(run(svc, "history", "--name", "rb", "--limit", "10", "--json"
+                              ).stdout)["history"]
+        assert "gate_refused" in [r["kind"] for r in rows]
+    finally:
+        p = run(svc, "golden", "rb", "--delete")
+    assert p.returncode == 0 and "removed" in p.stdout, p.stderr
+    p = run(svc, "golden", "rb")
+    assert p.returncode == 1 and "404" in p.stderr
+    p = run(svc, "golden", "rb", "--delete", str(flipped))
+    assert p.returncode == 2
 
 
 def test_ctrl_c_during_wait_offers_to_cancel(svc, tmp_path):

@@ -95,6 +95,9 @@ class Api:
     def post(self, path: str, body: Any = None, **kw: Any) -> Any:
         return self.call("POST", path, body, **kw)
 
+    def put(self, path: str, body: Any = None, **kw: Any) -> Any:
+        return self.call("PUT", path, body, **kw)
+
     def delete(self, path: str, **kw: Any) -> Any:
         return self.call("DELETE", path, **kw)
 

@@ -251,26 +251,47 @@ def logs(ctx: Ctx, job_id: str) -> None:
 @click.argument("version", type=click.IntRange(min=1), required=False)
 @click.option("--replicas", type=click.IntRange(min=1), help="Worker processes for it.")
 @click.option("--no-default", is_flag=True, help="Serve it beside the default model.")
+@click.option("--mode", type=click.Choice(["normal", "shadow", "canary"]), default="normal",
+              show_default=True, help="normal: swap (the previous version stays loaded in "
+              "probation); shadow: a copy of requests goes to it, answers compared and "
+              "dropped; canary: it answers a share of requests.")
+@click.option("--fraction", type=click.FloatRange(0.0, 1.0, min_open=True),
+              help="Share of requests for a shadow or canary (default 1 and 0.1).")
+@click.option("--no-gate", is_flag=True,
+              help="Skip the quality gate (the golden set of `textswap golden`).")
+@click.option("--min-accuracy", type=click.FloatRange(0.0, 1.0),
+              help="Refuse the version below this golden-set accuracy.")
 @command
 def apply(ctx: Ctx, name: str, version: int | None, replicas: int | None,
-          no_default: bool) -> None:
-    """Serve model NAME (its latest version unless VERSION is given)."""
+          no_default: bool, mode: str, fraction: float | None, no_gate: bool,
+          min_accuracy: float | None) -> None:
+    """Serve model NAME (its latest version unless VERSION is given).
+
+    A golden set registered with `textswap golden` gates the apply: a version
+    that scores worse than the serving one is refused (exit 1).
+    """
+    if fraction is not None and mode == "normal":
+        raise click.UsageError("--fraction needs --mode shadow or canary")
     body: dict[str, Any] = {"name": name, "version": version}
     if replicas is not None:  # sent only when given: older servers refuse unknown fields
         body["replicas"] = replicas
     if no_default:
         body["default"] = False
+    if mode != "normal":
+        body["mode"] = mode
+    if fraction is not None:
+        body["fraction"] = fraction
+    if no_gate:
+        body["gate"] = False
+    if min_accuracy is not None:
+        body["min_accuracy"] = min_accuracy
     answer = ctx.manage.post("/apply", body, timeout=max(ctx.manage.timeout, 300.0))
     if ctx.json:
         emit_json(answer)
-        return
-    phases = answer.get("phases_s") or {}
-    took = f" in {answer['total_s']:.2f} s" if isinstance(answer.get("total_s"), float) else ""
-    render.out.print(f"now serving {render._ref(answer.get('current'))}{took} "
-                     f"(previous: {render._ref(answer.get('previous'))})")
-    if phases:
-        render.out.print("phases: " + ", ".join(f"{k} {v:.3f} s" for k, v in phases.items()
-                                                if isinstance(v, (int, float))))
+    elif mode != "normal":
+        render.candidate_started(answer)
+    else:
+        render.applied(answer)
 
 
 def _needs_route(exc: CliError, what: str) -> CliError:
@@ -312,6 +333,96 @@ def rollback(ctx: Ctx, name: str) -> None:
         render.out.print(f"rolled back {answer.get('name', name)} v{answer.get('from_version')}"
                          f" -> v{answer.get('to_version')} {how}"
                          + (f" in {took:.3f} s" if isinstance(took, (int, float)) else ""))
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--no-gate", is_flag=True, help="Skip the quality gate.")
+@command
+def promote(ctx: Ctx, name: str, no_gate: bool) -> None:
+    """The shadow or canary candidate of NAME serves all requests."""
+    body: dict[str, Any] = {"name": name}
+    if no_gate:
+        body["gate"] = False
+    answer = ctx.manage.post("/promote", body, timeout=max(ctx.manage.timeout, 300.0))
+    if ctx.json:
+        emit_json(answer)
+        return
+    render.out.print(f"promoted {name} v{answer.get('to_version')} from {answer.get('mode')} "
+                     f"(v{answer.get('from_version')} before; swap "
+                     f"{render.secs(answer.get('swap_s'))})")
+    render.candidate_figures(answer.get("figures"))
+    render.gate(answer.get("gate"))
+
+
+@cli.command()
+@click.argument("name")
+@command
+def abort(ctx: Ctx, name: str) -> None:
+    """Drop the shadow or canary candidate of NAME (its workers stop)."""
+    answer = ctx.manage.post("/abort", {"name": name})
+    if ctx.json:
+        emit_json(answer)
+        return
+    render.out.print(f"aborted the {answer.get('mode')} of {name} "
+                     f"v{answer.get('aborted_version')}")
+    render.candidate_figures(answer.get("figures"))
+
+
+@cli.command()
+@click.argument("name")
+@command
+def rollout(ctx: Ctx, name: str) -> None:
+    """Rollout state of NAME: probation, a shadow/canary candidate's figures,
+    versions rolled back."""
+    answer = ctx.manage.get(f"/rollouts/{quote(name)}")
+    emit_json(answer) if ctx.json else render.rollout(answer)
+
+
+@cli.command()
+@click.option("--name", "name", help="Only this model's events.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True,
+              help="Newest events listed.")
+@command
+def history(ctx: Ctx, name: str | None, limit: int) -> None:
+    """Applies, rollbacks, promotions, crashes... newest first (kept across restarts)."""
+    query = f"?limit={limit}" + (f"&name={quote(name)}" if name else "")
+    answer = ctx.manage.get("/history" + query)
+    emit_json(answer) if ctx.json else render.history(answer.get("history") or [])
+
+
+@cli.command()
+@click.argument("name")
+@click.argument("data", required=False)
+@click.option("--min-accuracy", type=click.FloatRange(0.0, 1.0),
+              help="Also refuse any version below this accuracy on the set.")
+@click.option("--server-path", is_flag=True,
+              help="DATA is a path on the server (under its data roots), not a local file.")
+@click.option("--delete", "delete_", is_flag=True, help="Remove NAME's golden set.")
+@command
+def golden(ctx: Ctx, name: str, data: str | None, min_accuracy: float | None,
+           server_path: bool, delete_: bool) -> None:
+    """Register DATA (CSV or JSONL, as for train) as NAME's golden set: applies
+    and promotions of NAME are refused when a version scores worse on it than
+    the serving one. Without DATA: show the set."""
+    path = f"/models/{quote(name)}/golden"
+    if delete_:
+        if data is not None:
+            raise click.UsageError("--delete takes no DATA")
+        answer = ctx.manage.delete(path)
+        emit_json(answer) if ctx.json else render.out.print(f"golden set of {name} removed")
+        return
+    if data is None:
+        if min_accuracy is not None or server_path:
+            raise click.UsageError("--min-accuracy and --server-path need DATA")
+        answer = ctx.manage.get(path)
+    else:
+        body: dict[str, Any] = {"data": {"path": data} if server_path
+                                else {"examples": read_examples(data)}}
+        if min_accuracy is not None:
+            body["min_accuracy"] = min_accuracy
+        answer = ctx.manage.put(path, body)
+    emit_json(answer) if ctx.json else render.golden(answer.get("golden") or {})
 
 
 @cli.command()

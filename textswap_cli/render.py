@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape as rich_escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -64,11 +65,167 @@ def status(s: dict[str, Any]) -> None:
                        _ref(w.get("model")), str(w.get("inflight", "-")),
                        str(w.get("served", "-")), _mb(w.get("rss_bytes")))
         out.print(wt)
+    for name, m in sorted((models or {}).items()):
+        rollout_lines(str(name), m)
     for f in s.get("failed_models") or []:
-        out.print(f"[red]FAILED[/] {_ref(f)}: {f.get('reason') or f}")
+        out.print(f"[red]FAILED[/] {_ref(f)}: " + rich_escape(str(f.get("reason") or f)))
     active = [j for j in s.get("jobs") or [] if j.get("state") in ("queued", "running")]
     if active:
         jobs(active, title="active jobs")
+
+
+# -- applies and rollouts ------------------------------------------------------------
+def secs(x: Any) -> str:
+    if not isinstance(x, (int, float)):
+        return "-"
+    return f"{1000 * x:.1f} ms" if x < 0.1 else f"{x:.2f} s"
+
+
+def _pct(x: Any) -> str:
+    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "-"
+
+
+def _stats(st: Any) -> str:
+    """rollouts.VersionStats.describe(): requests, errors, latencies."""
+    if not isinstance(st, dict):
+        return "-"
+    ms = lambda v: f"{v:.1f} ms" if isinstance(v, (int, float)) else "-"  # noqa: E731
+    return (f"{st.get('requests', 0)} req, {st.get('errors', 0)} errors "
+            f"({_pct(st.get('error_rate'))}), p50 {ms(st.get('p50_ms'))}, "
+            f"p99 {ms(st.get('p99_ms'))}")
+
+
+def _phases(phases: Any) -> str:
+    """An apply's phase timings; the old single-worker names (drain, stop,
+    load) repeat drain_stop and zeros for older clients: left out."""
+    if not isinstance(phases, dict):
+        return ""
+    skip = {"drain", "stop", "load"} if "drain_stop" in phases else set()
+    return ", ".join(f"{k} {secs(v)}" for k, v in phases.items()
+                     if k not in skip and isinstance(v, (int, float)))
+
+
+def gate(info: Any) -> None:
+    if not isinstance(info, dict):
+        return
+    if info.get("skipped"):
+        out.print("quality gate: skipped on request")
+        return
+    cand, serv = info.get("candidate") or {}, info.get("serving")
+    line = (f"quality gate: {'passed' if info.get('passed') else 'refused'}, accuracy "
+            f"{_num(cand.get('accuracy'))} on {info.get('golden_examples')} golden examples")
+    if isinstance(serv, dict):
+        line += f" (serving v{serv.get('version')}: {_num(serv.get('accuracy'))})"
+    out.print(line)
+
+
+def applied(answer: dict[str, Any]) -> None:
+    took = f" in {answer['total_s']:.2f} s" if isinstance(answer.get("total_s"), float) else ""
+    how = " (instant: it was still loaded)" if answer.get("from_probation") else ""
+    out.print(f"now serving {_ref(answer.get('current'))}{took}{how} "
+              f"(previous: {_ref(answer.get('previous'))})")
+    phases = _phases(answer.get("phases_s"))
+    if phases:
+        out.print("phases: " + phases)
+    gate(answer.get("gate"))
+    p = answer.get("probation")
+    if isinstance(p, dict):
+        name = (answer.get("current") or {}).get("name", "NAME")
+        out.print(f"v{p.get('version')} stays loaded for {p.get('remaining_s', 0):.0f} s: "
+                  f"`textswap rollback {name}` is instant until then")
+
+
+def candidate_started(answer: dict[str, Any]) -> None:
+    mode, frac = answer.get("mode"), answer.get("fraction")
+    what = "gets a copy of" if mode == "shadow" else "answers"
+    out.print(f"{_ref(answer.get('candidate'))} runs as a {mode} beside "
+              f"{_ref(answer.get('serving'))}: it {what} {_pct(frac)} of requests "
+              f"(ready in {secs(answer.get('total_s'))}); then `textswap promote "
+              f"{answer.get('name')}` or `textswap abort {answer.get('name')}`")
+
+
+def candidate_figures(c: Any) -> None:
+    if not isinstance(c, dict):
+        return
+    if c.get("mode") == "shadow":
+        out.print(f"shadow v{c.get('version')}: mirrored {c.get('mirrored')}, compared "
+                  f"{c.get('compared')}, agreement {_pct(c.get('agreement_rate'))}, mean "
+                  f"score diff {_num(c.get('mean_score_diff'))}, skipped (busy) "
+                  f"{c.get('skipped_busy')}")
+    else:
+        out.print(f"canary v{c.get('version')} ({_pct(c.get('fraction'))}): "
+                  f"{_stats(c.get('candidate'))}")
+        out.print(f"  serving: {_stats(c.get('serving'))}")
+    for d in c.get("disagreements") or []:
+        out.print(f"  differs: {d.get('text')!r}: {(d.get('serving') or {}).get('label')} -> "
+                  f"{(d.get('candidate') or {}).get('label')}", markup=False)
+
+
+def rollout_lines(name: str, m: dict[str, Any]) -> None:
+    """Probation, candidate and rollbacks of one model, one line each."""
+    p = m.get("probation")
+    if isinstance(p, dict):
+        out.print(f"{name}: probation, v{p.get('version')} kept loaded "
+                  f"{p.get('remaining_s', 0):.0f} s more (v{p.get('watching_version')}: "
+                  f"{_stats(p.get('new_version'))})", markup=False)
+    c = m.get("candidate")
+    if isinstance(c, dict):
+        extra = (f", agreement {_pct(c.get('agreement_rate'))} over {c.get('compared')}"
+                 if c.get("mode") == "shadow" else "")
+        out.print(f"{name}: {c.get('mode')} candidate v{c.get('version')} "
+                  f"({_pct(c.get('fraction'))}){extra}", markup=False)
+    for r in m.get("rolled_back") or []:
+        out.print(f"{name}: v{r.get('version')} rolled back to v{r.get('back_to')} "
+                  f"({'auto' if r.get('auto') else 'manual'}, {_when(r.get('at'))}): "
+                  f"{r.get('reason')}", markup=False)
+
+
+def rollout(answer: dict[str, Any]) -> None:
+    name = str(answer.get("name"))
+    out.print(f"[bold]{rich_escape(name)}[/] serves v{answer.get('version')} "
+              f"(previous: v{answer.get('previous_version')}); since the swap: "
+              f"{_stats(answer.get('serving'))}", markup=True)
+    rollout_lines(name, answer)
+    candidate_figures(answer.get("candidate"))
+    if not (answer.get("probation") or answer.get("candidate") or answer.get("rolled_back")):
+        out.print("no probation, no candidate, nothing rolled back")
+
+
+def _versions(r: dict[str, Any]) -> str:
+    f, t, kind = r.get("from_version"), r.get("to_version"), r.get("kind")
+    if kind in ("shadow", "canary"):
+        return f"v{t} beside v{f}"
+    if kind in ("abort", "gate_refused"):
+        return f"v{t}" + (f" (v{f} serves)" if f is not None else "")
+    if kind == "probation_ended":
+        return f"v{f} unloaded"
+    if f is not None and t is not None and f != t:
+        return f"v{f} -> v{t}"
+    return f"v{t}" if t is not None else (f"v{f}" if f is not None else "")
+
+
+def history(rows: list[dict[str, Any]]) -> None:
+    table = Table(title="history (newest first)", title_justify="left")
+    for col in ("time", "event", "model", "versions", "source", "reason / phases"):
+        table.add_column(col, overflow="fold")
+    colours = {"rollback": "red", "crash": "red", "failed": "red", "gate_refused": "red",
+               "apply_failed": "red", "apply": "cyan", "promote": "cyan", "abort": "yellow"}
+    for r in rows:
+        kind = str(r.get("kind"))
+        colour = colours.get(kind, "white")
+        detail = r.get("reason") or _phases(r.get("phases"))
+        table.add_row(_when(r.get("at")), f"[{colour}]{kind}[/]", str(r.get("name") or "-"),
+                      _versions(r), str(r.get("source") or "-"),
+                      rich_escape(str(detail or "")))
+    out.print(table if rows else "no events yet")
+
+
+def golden(g: dict[str, Any]) -> None:
+    counts = ", ".join(f"{k} {v}" for k, v in (g.get("label_counts") or {}).items())
+    floor = g.get("min_accuracy")
+    out.print(f"golden set of {g.get('name')}: {g.get('examples')} examples ({counts}); "
+              f"min accuracy {floor if floor is not None else '-'}; source {g.get('source')}; "
+              f"sha256 {str(g.get('sha256'))[:12]}", markup=False)
 
 
 # -- models --------------------------------------------------------------------------
