@@ -651,7 +651,10 @@ class Supervisor:
         if slot.version is not None and slot.version != version:
             slot.previous = slot.version
         slot.version, slot.labels, slot.wanted = version, list(workers[0].labels), replicas
-        slot.stats_before_swap = slot.stats.p(0.99)
+        # the old version's p99 is the yardstick of the automatic rollback: a
+        # version that served only a few requests (swapped right back) has none
+        enough = len(slot.stats.latencies) >= max(100, self.cfg["rollout"]["min_requests"])
+        slot.stats_before_swap = slot.stats.p(0.99) if enough else None
         slot.stats = VersionStats()
         slot.failed = None
         slot.wake_all()

@@ -125,8 +125,12 @@ def test_rollback_within_probation_is_one_assignment(svc):
 def test_apply_back_to_the_version_in_probation_reuses_its_workers(svc):
     code, body = svc.mpost("/apply", {"name": "sent", "version": 2})
     assert code == 200 and body["from_probation"] is False
+    for _ in range(3):
+        assert svc.predict({"text": "很好", "model": "sent"})[0] == 200
     code, body = svc.mpost("/apply", {"name": "sent", "version": 1})
     assert code == 200 and body["from_probation"] is True, body
+    # 3 requests make no p99 to judge v1's latency by (it would be their max)
+    assert body["probation"]["previous_p99_ms"] is None, body
     assert body["phases_s"]["spawn"] < 0.5, body
     assert svc.predict({"text": "很好", "model": "sent"})[1]["model"]["version"] == 1
 
