@@ -53,12 +53,17 @@ def views_for(tokenize: str) -> dict[str, View]:
     "char" standardizer, so there it means character 1-2-grams across the
     text) as 1-2-grams. "char": character n-grams inside words, 2-5 for
     Latin scripts, 1-3 for CJK runs (which the word standardizer keeps whole).
+    "punct": the char view's n-grams with punctuation and symbols kept, inside
+    whitespace-separated tokens (lowercased only): for texts whose signal
+    lies partly in "%s", "--option", "E123:", emoticons.
     """
     if tokenize == "char":
         return {"word": View("word", "char", "whitespace", (1, 2)),
-                "char": View("char", "word", textmodel.split_char_1_3, None)}
+                "char": View("char", "word", textmodel.split_char_1_3, None),
+                "punct": View("punct", "lower", textmodel.split_char_1_3, None)}
     return {"word": View("word", "word", "whitespace", (1, 2)),
-            "char": View("char", "word", textmodel.split_char_2_5, None)}
+            "char": View("char", "word", textmodel.split_char_2_5, None),
+            "punct": View("punct", "lower", textmodel.split_char_2_5, None)}
 
 
 @dataclass
@@ -126,12 +131,26 @@ def weigh(counts: sp.csr_matrix, idf: np.ndarray) -> sp.csr_matrix:
 # --------------------------------------------------------------------------
 
 def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input) -> keras.KerasTensor:
-    """TextVectorization (sparse counts) -> TermWeighting for one view."""
-    vec = keras.layers.TextVectorization(
-        max_tokens=len(vocabulary) + 1, standardize=textmodel._STANDARDIZERS[view.standardize],
-        split=view.split, ngrams=view.ngrams, output_mode="count", sparse=True,
-        name=f"vectorizer_{view.name}")
-    vec.set_vocabulary(vocabulary)
+    """Sparse counts -> TermWeighting for one view.
+
+    Counts come from TextVectorization, or for character n-grams from
+    textmodel.CharNgramCounts: the same counts without building n-gram
+    strings (the char view cost ~3x more than the word view through
+    TextVectorization; `bench/autoserve.py` measures the served model).
+    Its tables need the vocabulary's characters to pack into 64 bits
+    (at most 4,094 distinct characters for 2-5-grams); a vocabulary with
+    more keeps TextVectorization.
+    """
+    widths = textmodel.CHAR_SPLIT_WIDTHS.get(view.split)
+    if widths is not None and view.ngrams is None and textmodel.CharNgramCounts.fits(vocabulary, widths[0]):
+        vec = textmodel.CharNgramCounts(widths[0], widths[1], view.standardize, vocabulary,
+                                        name=f"vectorizer_{view.name}")
+    else:
+        vec = keras.layers.TextVectorization(
+            max_tokens=len(vocabulary) + 1, standardize=textmodel._STANDARDIZERS[view.standardize],
+            split=view.split, ngrams=view.ngrams, output_mode="count", sparse=True,
+            name=f"vectorizer_{view.name}")
+        vec.set_vocabulary(vocabulary)
     weighting = textmodel.TermWeighting(len(vocabulary) + 1, "tf_idf", True, True,
                                         name=f"weighting_{view.name}")
     weights = np.zeros(len(vocabulary) + 1, dtype="float32")
