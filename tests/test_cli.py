@@ -360,11 +360,10 @@ def test_golden_set_gates_apply(svc, rb, tmp_path):
         p = run(svc, "golden", "rb", "--json")
         assert json.loads(p.stdout)["golden"]["examples"] == 40
 
-        p = run(svc, "apply", "rb", "2")
-        assert p.returncode == 1 and "quality gate refused rb v2" in p.stderr, p.stderr
-        assert served_by(svc) == 1
         p = run(svc, "apply", "rb", "2", "--json")
-        assert p.returncode == 1 and json.loads(p.stdout)["error"]["code"] == "quality_gate"
+        assert p.returncode == 1 and "quality gate refused rb v2" in p.stderr, p.stderr
+        assert json.loads(p.stdout)["error"]["code"] == "quality_gate"
+        assert served_by(svc) == 1
         p = run(svc, "apply", "rb", "2", "--no-gate")
         assert p.returncode == 0, p.stderr
         assert "now serving rb v2" in p.stdout and "quality gate: skipped" in p.stdout

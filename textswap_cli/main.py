@@ -45,7 +45,9 @@ def json_option(fn: Callable) -> Callable:
 def _fail(exc: CliError, ctx: Ctx) -> None:
     if ctx.json and exc.body is not None:
         emit_json(exc.body)
-    render.err.print(f"[red]error:[/] {exc}", markup=True, highlight=False)
+    # the message may quote user data: "[...]" in it is text, not rich markup
+    render.err.print("[red]error:[/] " + render.rich_escape(str(exc)), markup=True,
+                     highlight=False)
     sys.exit(exc.exit_code)
 
 
