@@ -128,7 +128,9 @@ class CharNgramCounts(keras.layers.Layer):
     and distinct across widths because a code is never 0. In that padded
     sequence the n-grams of the padded words are exactly the windows with
     no space inside (first and last position excepted) other than a lone
-    pair of spaces; windows across two texts always contain one.
+    pair of spaces; windows across two texts always contain one. "Space"
+    is whatever tf.strings.split splits on (" ", \\t, \\n, \\v, \\f, \\r), so
+    runs of them and standardizers that keep them ("lower") count alike.
     Unigrams (CJK) are the non-space characters.
 
     Needs bits * max(widths) <= 63; `fits` says whether a vocabulary does.
@@ -203,8 +205,12 @@ class CharNgramCounts(keras.layers.Layer):
         n = tf.size(points)
         top = max(self.widths)
         # (top - 1) trailing spaces: windows running past the end are invalid
-        codes = tf.concat([self.alphabet_table.lookup(points), tf.zeros([top - 1], tf.int64)], 0)
-        space = tf.concat([tf.equal(points, 32), tf.ones([top - 1], tf.bool)], 0)
+        # what tf.strings.split splits on: " " and \t \n \v \f \r; all pad as " "
+        blank = tf.logical_or(tf.equal(points, 32), tf.logical_and(points >= 9, points <= 13))
+        codes = tf.where(blank, self.alphabet_table.lookup(tf.constant(32, tf.int64)),
+                         self.alphabet_table.lookup(points))
+        codes = tf.concat([codes, tf.zeros([top - 1], tf.int64)], 0)
+        space = tf.concat([blank, tf.ones([top - 1], tf.bool)], 0)
         spaces_upto = tf.cumsum(tf.cast(space, tf.int32))  # spaces in [0, i]
         first_space = space[:n]
         key = codes[:n]

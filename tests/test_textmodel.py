@@ -179,3 +179,55 @@ def test_cancel_raises(tmp_path):
 
     with pytest.raises(textmodel.TrainingCancelled):
         textmodel.train_tiny(POS + NEG, ["pos"] * 20 + ["neg"] * 20, epochs=5, should_stop=lambda: True)
+
+
+# --------------------------------------------------------------------------
+# CharNgramCounts: the char views of `auto`, counted by number
+# --------------------------------------------------------------------------
+
+CHAR_TEXTS = [
+    "Hello, World! 123", "hello world", "iPhone很好用!!", "日本語のテキスト カタカナ", "ééé ñ ü Ǆungla İstanbul ß",
+    "tabs\tand\nnewlines\r\nand  double  spaces", "😀 emoji 😀 a-b_c", "x" * 40, "混合 text 与 中文 abc123",
+    "a", "I", " ", "", "!!!", " lead and trail ", "\u0301a\u0301 combining", "ab cd ef", "a\x0bb\x0cc",
+    "这个 手机 很好 用", "质量 太差 了", "the quick brown fox", "printf(\"%s\\n\", x);", "foo.bar() --help",
+]
+UNSEEN = ["Unseen words, ÉTÉ été!", "完全 unseen 文本\t新", "  ", "\n", "zzz qqq", "手机\n很好", "%d%%"]
+
+
+@pytest.mark.parametrize("tokenize", ["word", "char"])
+def test_char_ngram_counts_match_training_and_textvectorization(tokenize):
+    """Same counts as the training tokens (autofeatures) and as TextVectorization."""
+    import keras
+    import tensorflow as tf
+
+    from model_worker import autofeatures, textmodel
+
+    views = [v for v in autofeatures.views_for(tokenize).values() if v.split in textmodel.CHAR_SPLIT_WIDTHS]
+    assert len(views) >= 1
+    for view in views:
+        counts = autofeatures.count_matrix(view, CHAR_TEXTS, 100000)
+        widths, unigrams = textmodel.CHAR_SPLIT_WIDTHS[view.split]
+        layer = textmodel.CharNgramCounts(widths, unigrams, view.standardize, counts.vocabulary)
+        assert layer.get_vocabulary() == counts.vocabulary
+        got = tf.sparse.to_dense(layer(tf.constant(CHAR_TEXTS))).numpy()
+        assert got.shape == (len(CHAR_TEXTS), len(counts.vocabulary) + 1)
+        assert not got[:, 0].any()  # out-of-vocabulary n-grams are left out
+        np.testing.assert_array_equal(got[:, 1:], counts.matrix.toarray(), err_msg=view.name)
+        vec = keras.layers.TextVectorization(
+            max_tokens=len(counts.vocabulary) + 1, standardize=textmodel._STANDARDIZERS[view.standardize],
+            split=view.split, output_mode="count", sparse=True)
+        vec.set_vocabulary(counts.vocabulary)
+        probe = tf.constant(UNSEEN + CHAR_TEXTS)
+        want = tf.sparse.to_dense(vec(probe)).numpy()
+        np.testing.assert_array_equal(tf.sparse.to_dense(layer(probe)).numpy()[:, 1:], want[:, 1:],
+                                      err_msg=view.name)
+
+
+def test_char_ngram_counts_fall_back_when_characters_do_not_pack():
+    from model_worker import textmodel
+
+    many = [chr(0x4E00 + i) + chr(0x4E00 + i + 1) for i in range(0, 5000, 2)]  # 5,000 characters
+    assert not textmodel.CharNgramCounts.fits(many, (2, 3, 4, 5))  # 13 bits * 5 > 63
+    assert textmodel.CharNgramCounts.fits(many, (2, 3))
+    with pytest.raises(ValueError):
+        textmodel.CharNgramCounts((2, 3, 4, 5), False, "word", many)
