@@ -30,8 +30,8 @@ every model that tunes), ECE (expected calibration error of the top score, 15 bi
 gives no probabilities), and for textswap's models serving throughput at batch 256 and
 whether the artifact reloads in safe mode with the same outputs; where both ran on a set, auto
 vs bow texts/s at batch 256 measured alternately (the ratio; issue 8 asks >= 0.8). All models
-get the same
-thread count (--threads, default: config.yaml training.threads, as a training job gets).
+get the same thread count (--threads, default: config.yaml training.threads, as a training job
+gets).
 Then the verdict of issue 8: auto >= the best baseline on every set (ties within 0.3 points)
 and >= 1 point above it on average. Results also go to bench/.cache/accuracy.json.
 Bench-only dependencies: bench/requirements.txt.
