@@ -395,6 +395,125 @@ def test_dashboard_reads_prometheus_text_and_pasted_csv(locked, pw):
         b.close()
 
 
+ROLLOUT_STATUS = {
+    "default": "sent",
+    "models": {
+        "sent": {"name": "sent", "version": 2, "state": "SERVING", "replicas": 1,
+                 "replicas_wanted": 1, "labels": ["neg", "pos"], "explicit": True,
+                 "previous_version": 1, "inflight": 0, "workers": [], "failed": None,
+                 "last_apply": None, "probation": None,
+                 "candidate": {"version": 3, "mode": "canary", "fraction": 0.25, "workers": [7],
+                               "started_at": 1.0,
+                               "candidate": {"requests": 40, "errors": 2, "error_rate": 0.05,
+                                             "p50_ms": 3.1, "p99_ms": 9.0},
+                               "serving": {"requests": 120, "errors": 0, "error_rate": 0.0,
+                                           "p50_ms": 2.9, "p99_ms": 8.0}},
+                 "rolled_back": [{"version": 4, "reason": "error rate 12.0% above "
+                                  "rollout.max_error_rate 5.0%", "auto": True,
+                                  "figures": {"new_version": {"requests": 50, "errors": 6,
+                                                              "error_rate": 0.12, "p50_ms": 3.0,
+                                                              "p99_ms": 11.0}},
+                                  "at": 1700000000.0, "back_to": 2}]},
+        "<b>x</b>": {"name": "<b>x</b>", "version": 5, "state": "FAILED", "replicas": 0,
+                     "replicas_wanted": 1, "labels": [], "explicit": True,
+                     "previous_version": None, "inflight": 0, "workers": [], "last_apply": None,
+                     "failed": {"name": "<b>x</b>", "version": 5, "at": 1700000001.0,
+                                "reason": "cannot load: <img src=x onerror=window.__xss=1>"},
+                     "probation": None, "candidate": None, "rolled_back": []},
+    },
+    "workers": [], "pool": [], "restarts": 3, "recent_exits": [],
+    "failed_models": [{"name": "<b>x</b>", "version": 5, "at": 1700000001.0,
+                       "reason": "cannot load: <img src=x onerror=window.__xss=1>"}],
+    "supervisor": {"pid": 1, "uptime_s": 5, "rss_bytes": 1000000},
+}
+ROLLOUT_HISTORY = [
+    {"id": 6, "at": 1700000006.0, "name": "sent", "kind": "gate_refused", "source": "api",
+     "from_version": 2, "to_version": 6, "phases": None,
+     "reason": "quality gate refused sent v6: accuracy 0.5000 is below min_accuracy 0.9",
+     "details": {"gate": {"passed": False, "golden_examples": 40, "candidate": {
+         "version": 6, "accuracy": 0.5}, "serving": {"version": 2, "accuracy": 0.95}}}},
+    {"id": 5, "at": 1700000005.0, "name": "sent", "kind": "crash", "source": None,
+     "from_version": None, "to_version": 2, "phases": None, "reason": None,
+     "details": {"pid": 4242, "exitcode": -9}},
+    {"id": 4, "at": 1700000004.0, "name": "sent", "kind": "rollback", "source": "auto",
+     "from_version": 4, "to_version": 2, "phases": None,
+     "reason": "error rate 12.0% above rollout.max_error_rate 5.0%",
+     "details": {"new_version": {"requests": 50, "errors": 6, "p99_ms": 11.0}}},
+    {"id": 3, "at": 1700000003.0, "name": "sent", "kind": "apply", "source": "api",
+     "from_version": 2, "to_version": 4, "reason": None,
+     "phases": {"queued": 0.001, "spawn": 2.5, "gate": 0.2, "swap": 0.004, "drain_stop": 0.01,
+                "drain": 0.01, "stop": 0.0, "load": 0.0},
+     "details": {"from_probation": False, "gate": None, "replicas": 1}},
+    {"id": 2, "at": 1700000002.0, "name": "<b>x</b>", "kind": "probation_ended",
+     "source": None, "from_version": 1, "to_version": 2, "phases": None, "reason": None,
+     "details": {"requests": 9, "errors": 0, "p99_ms": 4.0}},
+]
+
+
+@browser
+def test_dashboard_renders_rollout_shapes_as_text(locked, pw):
+    """The serving panel and the timeline, run in the browser on /status and
+    /history shapes the service writes but a short test cannot provoke (an
+    automatic rollback, a FAILED slot, a canary, a refused gate, a crash),
+    with markup in names and reasons: it shows as text."""
+    b = Browser(pw)
+    try:
+        b.page.goto(f"http://127.0.0.1:{locked.mport}/")
+        got = b.page.evaluate("""async ([status, records]) => {
+            const {renderServing} = await import('/ui/js/serving.js');
+            const {renderHistory} = await import('/ui/js/history.js');
+            const root = document.createElement('div');
+            for (const id of ['slots', 'workers', 'pool', 'failures', 'history', 'sup']) {
+              const el = document.createElement('div'); el.id = id; root.appendChild(el);
+            }
+            const live = {figures: () => ({rps: null, p50: null, p99: null})};
+            const clicked = [];
+            const actions = {rollback: (n) => clicked.push('rollback ' + n),
+                             promote: (n) => clicked.push('promote ' + n),
+                             abort: (n) => clicked.push('abort ' + n), unload: () => {}};
+            renderServing(root, status, live, actions, new Set());
+            renderHistory(root, records, null, '');
+            const q = (s) => root.querySelector(s);
+            const canary = q('.slot[data-model="sent"] .rollout.candidate');
+            canary.querySelector('button.promote').click();
+            canary.querySelector('button.abort').click();
+            q('.slot[data-model="sent"] button.rollback').click();
+            return {
+              canary: canary.textContent, mode: canary.dataset.mode, clicked,
+              rollbackButton: q('.slot[data-model="sent"] button.rollback').textContent,
+              failedSlot: q('.slot[data-model="<b>x</b>"]').textContent,
+              problems: [...root.querySelectorAll('#failures li')].map((li) => [li.className, li.textContent]),
+              rows: [...root.querySelectorAll('#history .timeline > li')].map((li) => [li.dataset.kind, li.textContent]),
+              segments: root.querySelectorAll('#history .pseg').length,
+              markup: root.querySelectorAll('#slots b, #failures b, #history b, img').length,
+            };
+        }""", [ROLLOUT_STATUS, ROLLOUT_HISTORY])
+        assert got["mode"] == "canary" and "v3 beside v2: answers 25% of requests" in got["canary"]
+        assert "40 req · 2 errors (5.0%)" in got["canary"] and "120 req · 0 errors" in got["canary"]
+        assert got["clicked"] == ["promote sent", "abort sent", "rollback sent"]
+        assert got["rollbackButton"] == "Roll back to v1"  # no probation: loads v1 again
+        assert "FAILED" in got["failedSlot"] and "<img src=x onerror=" in got["failedSlot"]
+        kinds = [c for c, _ in got["problems"]]
+        assert kinds == ["problem p-failed", "problem p-rolled_back"], got["problems"]
+        auto = got["problems"][1][1]
+        assert "auto" in auto and "sent v4 → back to v2" in auto and "12.0%" in auto, auto
+        assert [k for k, _ in got["rows"]] == ["gate_refused", "crash", "rollback", "apply",
+                                               "probation_ended"]
+        text = dict(got["rows"])
+        assert "v6 refused, v2 serves on" in text["gate_refused"]
+        assert "accuracy 0.5000 vs 0.9500 for v2 on 40 golden examples" in text["gate_refused"]
+        assert "pid 4242 · exit code -9" in text["crash"]
+        assert "v4 → v2" in text["rollback"] and "auto" in text["rollback"]
+        assert "drain+stop" in text["apply"] and "load" not in text["apply"]
+        assert got["segments"] == 5  # queued, spawn, gate, swap, drain_stop: no repeats
+        assert "<b>x</b>" in text["probation_ended"] and "v1 unloaded, v2 kept" in text[
+            "probation_ended"]
+        assert got["markup"] == 0 and b.page.evaluate("window.__xss") is None
+        assert not b.js_errors, b.js_errors
+    finally:
+        b.close()
+
+
 def test_page_and_assets_are_static_strict_and_hold_no_data(locked):
     """No browser needed: what the handler answers for the page and its files."""
     import gzip

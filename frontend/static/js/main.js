@@ -9,7 +9,7 @@ import * as api from "./api.js";
 import {h, isObj, toast} from "./ui.js";
 import {LiveFigures} from "./metrics.js";
 import {renderServing, slotsOf, servedByModel} from "./serving.js";
-import {renderModels, setOnLoaded} from "./models.js";
+import {renderModels, setOnLoaded, resetApplyMode} from "./models.js";
 import {renderJobs, renderCharts, setupForm, cancelJob, isActive} from "./training.js";
 import {renderHistory, recordsOf} from "./history.js";
 
@@ -81,6 +81,7 @@ const actions = {
     const how = body.mode ? " as a " + body.mode + " candidate" : "";
     toast("Applying " + name + " v" + version + how + "…");
     const res = await act("Apply", () => api.post("/apply", body));
+    if (res && body.mode) resetApplyMode(name);
     if (res && body.mode) toast(name + " v" + version + " runs as a " + body.mode + " beside v" + (res.serving?.version ?? "?") + secs(res.total_s) + ".", "ok");
     else if (res) toast(name + " v" + (res.current?.version ?? version) + " serves" + secs(res.total_s) + ".", "ok");
   },

@@ -20,6 +20,8 @@ const MODES = [["normal", "swap", null], ["shadow", "shadow", {mode: "shadow", f
 const modes = new Map();   // model name -> MODES key
 
 export function setOnLoaded(fn) { onLoaded = fn; }
+// after a shadow or canary started, Apply swaps again (no second candidate by accident)
+export function resetApplyMode(name) { modes.delete(name); }
 
 function want(name, version) {
   if (typeof name !== "string" || !Number.isInteger(version)) return;

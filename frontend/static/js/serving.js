@@ -92,7 +92,7 @@ function candidateBox(s, c, actions) {
       h("span", {}, "v" + c.version + " beside v" + (s.version ?? "?") + (shadow ? ": gets a copy of " + share + " of requests, answers dropped"
         : ": answers " + share + " of requests"))),
     shadow
-      ? h("div", {class: "ro-figs muted"}, "mirrored ", field("mirrored"), " · compared ", field("compared"), " · agreement ",
+      ? h("div", {class: "ro-figs muted"}, field("mirrored"), " requests mirrored, ", field("compared"), " texts compared · agreement ",
           h("strong", {"data-f": "agreement"}), " · mean score diff ", field("scorediff"), " · skipped (busy) ", field("skipped"))
       : h("div", {class: "ro-figs muted"}, "v" + c.version + ": ", field("cand"), h("br"), "v" + (s.version ?? "?") + ": ", field("serv")),
     examples.length ? h("div", {class: "tablewrap"}, h("table", {class: "compact disagree"},
