@@ -843,7 +843,11 @@ class Supervisor:
                            "before a shadow or canary", code="not_serving")
         if version == slot.version:
             raise Conflict(f"{slot.name} v{version} already serves", code="already_serving")
-        if slot.candidate is not None:
+        if slot.candidate is not None:  # replaced: recorded as an abort, with its figures
+            old = slot.candidate
+            self.events.emit("abort", name=slot.name, source=source, from_version=slot.version,
+                             to_version=old.version, details=old.describe(),
+                             reason=f"replaced by a {mode} of v{version}")
             self.loop.spawn_callback(self._retire, self._drop_candidate(slot))
         fraction = fraction if fraction is not None else (1.0 if mode == "shadow" else 0.1)
         what = f"a {mode} of {slot.name} v{version}"

@@ -250,8 +250,17 @@ def test_shadow_compares_without_slowing_clients(svc):
 
 def test_canary_share_and_promote(svc):
     code, body = svc.mpost("/apply", {"name": "sent", "version": 2, "mode": "canary",
+                                      "fraction": 0.5})
+    assert code == 200, body
+    svc.wait_standby()
+    code, body = svc.mpost("/apply", {"name": "sent", "version": 2, "mode": "canary",
                                       "fraction": 0.1})
     assert code == 200, body
+    # the replaced candidate is in the history, with its figures
+    (replaced,) = [h for h in svc.mget("/history?name=sent&limit=5")[1]["history"]
+                   if h["kind"] == "abort" and h["source"] == "api"
+                   and h["reason"] == "replaced by a canary of v2"]
+    assert replaced["details"]["fraction"] == 0.5 and replaced["to_version"] == 2
     versions: list[int] = []
     lock = threading.Lock()
 
