@@ -456,7 +456,10 @@ def management_spec(cfg: Any) -> S:
             }}},
         "/unload": {"post": {
             "summary": "Stop serving a model (the store keeps its versions).",
-            "requestBody": _body({**name_request, "example": {"name": "topic"}}),
+            # examples of their own: the fuzzer's examples phase unloads `topic`, and
+            # `sent` (NAME's example) keeps serving for the rollout routes
+            "requestBody": _body({**name_request, "example": {"name": "topic"},
+                                  "properties": {"name": {**NAME, "example": "topic"}}}),
             "responses": {"200": _json(unload_result, "unloaded; its workers drained"),
                           **name_errors,
                           "503": _err("the cluster store is unreachable")}}},

@@ -24,10 +24,12 @@ Cost control, for `make test` on 2 cores (one service, a config for fuzzing):
   to import TensorFlow, and an apply that would wait for it answers 503
   (documented, code worker_boot_failed) within 3 s instead. The serving
   model is never dropped.
-- worker.max_workers 4 (two serving models, one standby, one more): POST
-  /apply takes up to 64 replicas, and a generated count beyond the budget
-  is refused at once with 409 memory_budget instead of starting dozens of
-  TensorFlow processes.
+- worker.max_workers 5 (two serving models, a standby, a version kept in
+  probation, one more): POST /apply takes up to 64 replicas, and a count
+  beyond the budget is refused at once with 409 memory_budget instead of
+  starting dozens of TensorFlow processes. With room for the probation,
+  the examples phase's apply of sent v1 keeps v2 loaded and its POST
+  /rollback is the instant one.
 - Only the well-behaved tiny models are in the store: the fuzzer learns
   names from GET /models and would otherwise apply the crashing ones.
 - Both `sent` (the default) and `topic` serve when fuzzing starts, so
@@ -72,7 +74,7 @@ limits:
   default_top_k: 3
 worker:
   boot_timeout: 3.0
-  max_workers: 4
+  max_workers: 5
 training:
   max_concurrent: 0
   demo_on_empty_store: false
