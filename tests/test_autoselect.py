@@ -81,7 +81,7 @@ def test_report_fields(english_result):
     report, metrics = result.report, result.metrics
     assert result.labels == ["food", "sport", "tech"]
     assert report["method"] == "auto" and report["folds"] == 3 and report["seed"] == 11
-    assert report["tokenize"] == "word" and set(report["views"]) == {"word", "char"}
+    assert report["tokenize"] == "word" and set(report["views"]) == {"word", "char", "punct"}
     # evaluated in full, or stopped early by racing: every planned candidate ran
     assert len(report["candidates"]) + len(report["pruned"]) >= 8
     for pruned in report["pruned"]:
@@ -91,8 +91,9 @@ def test_report_fields(english_result):
         assert 0.0 <= cand["cv_macro_f1"] <= 1.0 and cand["cv_std"] >= 0 and cand["seconds"] >= 0
         assert len(cand["fold_scores"]) == 3
         assert cand["learner"] in ("svm", "nbsvm", "lr")
-    # the screen: one learner over the three view sets, first
-    assert [h["name"].split("/")[0] for h in result.history[:3]] == ["word", "char", "word+char"]
+    # the screen: one learner over the single views, then words + the better character view
+    screen = [h["name"].split("/")[0] for h in result.history[:4]]
+    assert screen[:3] == ["word", "char", "punct"] and screen[3] in ("word+char", "word+punct")
     best = max(c["cv_macro_f1"] for c in report["candidates"])
     chosen = report["chosen"]
     assert chosen["members"] and all(m["temperature"] > 0 for m in chosen["members"])
@@ -152,6 +153,27 @@ def test_time_budget_honoured():
     assert elapsed < budget + 20, elapsed
 
 
+def test_punctuation_view_when_punctuation_decides():
+    """Labels told apart only by the end mark, dealt out in turn over texts whose
+    words say nothing about it: the views that strip punctuation see no
+    signal; the punct view sees "? ", "! " and ". "."""
+    from model_worker import textmodel
+
+    words, _ = english()
+    marks = [("ask", "?"), ("shout", "!"), ("state", ".")]
+    texts = [text + marks[i % 3][1] for i, text in enumerate(words)]
+    labels = [marks[i % 3][0] for i in range(len(words))]
+    result = textmodel.train_model(texts, labels, {"time_budget_s": 60, "folds": 3, "seed": 3})
+    report = result.report
+    best = max(report["candidates"], key=lambda c: c["cv_macro_f1"])
+    assert "punct" in best["views"] and best["cv_macro_f1"] > 0.85
+    assert all(c["cv_macro_f1"] < 0.6 for c in report["candidates"] if "punct" not in c["views"])
+    assert all("punct" in m["views"] for m in report["chosen"]["members"])
+    probs = textmodel.make_predict_fn(result.model)(["who won the tennis final?", "the chocolate cake!",
+                                                      "a laptop battery."])
+    assert [result.labels[i] for i in np.argmax(probs, axis=1)] == ["ask", "shout", "state"]
+
+
 LOAD_ALL = """
 import json, sys
 import keras
@@ -179,9 +201,10 @@ def test_every_family_loads_in_safe_mode(tmp_path):
         "word_svm": [Candidate(("word",), "svm", 1.0)],
         "char_nbsvm": [Candidate(("char",), "nbsvm", 0.3)],
         "union_lr": [Candidate(("word", "char"), "lr", 10.0)],
+        "punct_svm": [Candidate(("word", "punct"), "svm", 1.0)],
         "ensemble": [Candidate(("word",), "nbsvm", 0.1), Candidate(("word", "char"), "svm", 1.0)],
     }
-    probe = ["tennis final today", "a new laptop", "noodle soup recipe", "完全 unseen 文本"]
+    probe = ["tennis final today", "a new laptop?!", "noodle\tsoup  recipe: 100%", "完全 unseen 文本。"]
     expected, paths = {}, []
     for name, members in families.items():
         model = autoselect.final_model(search, members, [0.5] * len(members))
