@@ -302,6 +302,25 @@ def test_405_names_the_allowed_methods(svc):
     assert _headers(svc.mport, "PATCH", "/train/x", AUTH)["allow"] == "GET, DELETE"
 
 
+def test_inputs_the_fuzzer_found_get_4xx_or_a_fallback(svc):
+    """Each of these answered 500 once."""
+    # str.isdigit() takes '²' (int() does not)
+    code, body = svc.mget("/history?limit=%C2%B2", headers=AUTH)
+    assert code == 400 and body["error"]["code"] == "invalid_field", body
+    # a lone surrogate in a data path (JSON "\ud800"): not valid Unicode, for a
+    # golden set as for training
+    data = {"path": "/tmp/\ud800.jsonl"}
+    code, body = svc.request_put("/models/sent/golden", {"data": data}, headers=AUTH)
+    assert code == 400 and "surrogate" in body["error"]["message"], body
+    code, body = svc.mpost("/train", {"name": "x", "data": data}, headers=AUTH)
+    assert code == 400 and "surrogate" in body["error"]["message"], body
+    # an Accept version prometheus_client cannot parse: the text format
+    for accept in ("application/openmetrics-text; version=abc", "text/plain; version=x"):
+        code, body = request(svc.mport, "GET", "/metrics",
+                             headers={**AUTH, "Accept": accept})
+        assert code == 200 and b"textswap_" in body, (accept, body[:200])
+
+
 def _headers(port: int, method: str, path: str, headers: dict[str, str]) -> dict[str, Any]:
     import http.client
 
