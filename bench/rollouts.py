@@ -2,7 +2,7 @@
 probation, shadow and canary traffic, automatic rollback and the quality
 gate, with the real service, real worker processes and real HTTP load.
 
-    .venv/bin/python bench/rollouts.py            # full run, about 6 minutes
+    .venv/bin/python bench/rollouts.py            # full run, about 7 minutes
     .venv/bin/python bench/rollouts.py --quick    # short smoke run
     make bench-rollouts
 
