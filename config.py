@@ -116,6 +116,9 @@ DEFAULTS: dict[str, Any] = {
     "training": {
         "max_concurrent": 1,
         "nice": 10,
+        # trainers run under SCHED_IDLE (Linux): they get only CPU that serving
+        # leaves unused and never delay a serving thread's wake-up
+        "idle_priority": True,
         "threads": 1,
         "demo_on_empty_store": True,
         "data_roots": [],

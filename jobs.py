@@ -348,7 +348,8 @@ class JobManager:
                 "data_file": os.path.join(job.dir, "data.jsonl"),
                 "log_file": os.path.join(job.dir, "train.log"),
                 "data_summary": job.data_summary, "models_dir": self.sup.store.root,
-                "nice": self.cfg["nice"], "threads": self.cfg["threads"], "root": ROOT,
+                "nice": self.cfg["nice"],
+                "idle_priority": self.cfg["idle_priority"], "threads": self.cfg["threads"], "root": ROOT,
                 "parent_pid": os.getpid()}
         job.process = TrainerProcess(job, spec, self._on_exit)
         self._save(job)

@@ -36,6 +36,13 @@ def _limit_resources(spec: dict[str, Any]) -> None:
     nice = int(spec.get("nice", 10))
     if nice:
         os.nice(nice)
+    if spec.get("idle_priority") and hasattr(os, "SCHED_IDLE"):
+        # every thread there is now; threads started later inherit the policy
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+            except OSError as exc:
+                logging.warning("SCHED_IDLE not set for thread %s: %s", tid, exc)
     threads = int(spec.get("threads", 1))
     if threads:
         for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
