@@ -376,8 +376,9 @@ def test_dashboard_reads_prometheus_text_and_pasted_csv(locked, pw):
               'textswap_model_seconds_bucket{model="sent",version="1",le="+Inf"} 5', ''].join('\\n');
             const live = new LiveFigures();
             live.addMetrics(scrape(100, [0, 50, 100, 100]));
-            live.scrapes[0].t -= 2000;  // as if scraped two seconds earlier
             live.addMetrics(scrape(300, [0, 150, 296, 300]));
+            // exactly two seconds apart, however long the calls took
+            live.scrapes[0].t = live.scrapes[1].t - 2000;
             return {fig: live.figures('sent'), none: live.figures('other'),
                     csv: examplesFrom('text,label\\n"a, ""quoted"" text",pos\\nplain,neg\\r\\n"two\\nlines",<b>x</b>\\n'),
                     jsonl: examplesFrom('{"text": "x", "label": "a"}\\n{"text": "y", "label": "b"}')};
