@@ -57,7 +57,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.serving import LoadGen, log, read_texts, write_bodies  # noqa: E402
-from bench.slots import Recorder, outcome, tiny_store  # noqa: E402
+from bench.slots import Recorder, bench_args, outcome, print_table, tiny_store  # noqa: E402
 from tests.helpers import Service, request, wait_for  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -530,25 +530,13 @@ def report(res: dict[str, Any]) -> None:
          f"{ms(gt['refused']['call_s'])} / {ms(gt['passed']['call_s'])} (gate "
          f"{ms(gt['passed']['gate_s'] or 0)}), {gt['failed']} failed", "-"),
     ]
-    m = res["machine"]
-    print(f"\n== textswap rollouts bench: {m['cpus']} CPUs, load average "
-          f"{m['loadavg_at_start'][0]:.1f} -> {m['loadavg_at_end'][0]:.1f} (shared), "
-          f"load generator {res['loadgen']}, {res['seconds']:.0f} s")
-    w = max(len(r[0]) for r in rows) + 2
-    print(f"{'figure':<{w}}{'measured (vs baseline)':<72}ratio")
-    for label, measured, ratio in rows:
-        print(f"{label:<{w}}{measured:<71} {ratio}")
-    print("\nRESULT:", "PASS" if res["pass"] else "FAIL",
-          "(rollback <= 50 ms with 0 failed, apply median <= 1 s, canary within 3 points, "
-          "0 failed on crash rollback)")
+    print_table("rollouts", res, rows,
+                "rollback <= 50 ms with 0 failed, apply median <= 1 s, canary within 3 points, "
+                "0 failed on crash rollback")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="short smoke run")
-    p.add_argument("--loadgen", choices=("wrk", "python"), help="default: wrk when installed")
-    p.add_argument("--keep", action="store_true", help="keep the work dir (service logs)")
-    return run(p.parse_args(argv))
+    return run(bench_args(__doc__, argv))
 
 
 if __name__ == "__main__":

@@ -476,24 +476,35 @@ def report(res: dict[str, Any]) -> None:
          f"{rd['fresh']['rss_bytes'] / mb:.0f} / {rd['start']['rss_bytes'] / mb:.0f} / "
          f"{rd['end']['rss_bytes'] / mb:.0f} MB over {rd['requests']} requests", "-"),
     ]
+    print_table("slots", res, rows,
+                "hard guarantees: 0 failed, 0 over 2 s with 2 replicas, recycles happen")
+
+
+def print_table(bench: str, res: dict[str, Any], rows: list[tuple[str, str, Any]],
+                guarantees: str) -> None:
+    """The figures table and the verdict line (shared by the service benches)."""
     m = res["machine"]
-    print(f"\n== textswap slots bench: {m['cpus']} CPUs, load average "
+    print(f"\n== textswap {bench} bench: {m['cpus']} CPUs, load average "
           f"{m['loadavg_at_start'][0]:.1f} -> {m['loadavg_at_end'][0]:.1f} (shared), "
           f"load generator {res['loadgen']}, {res['seconds']:.0f} s")
     w = max(len(r[0]) for r in rows) + 2
     print(f"{'figure':<{w}}{'measured (vs baseline)':<72}ratio")
     for label, measured, ratio in rows:
         print(f"{label:<{w}}{measured:<71} {ratio}")
-    print("\nRESULT:", "PASS" if res["pass"] else "FAIL",
-          "(hard guarantees: 0 failed, 0 over 2 s with 2 replicas, recycles happen)")
+    print("\nRESULT:", "PASS" if res["pass"] else "FAIL", f"({guarantees})")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def bench_args(doc: str, argv: list[str] | None) -> argparse.Namespace:
+    """--quick, --loadgen, --keep: the options of the service benches."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="short smoke run")
     p.add_argument("--loadgen", choices=("wrk", "python"), help="default: wrk when installed")
     p.add_argument("--keep", action="store_true", help="keep the work dir (service logs)")
-    return run(p.parse_args(argv))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(bench_args(__doc__, argv))
 
 
 if __name__ == "__main__":
