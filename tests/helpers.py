@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -163,3 +164,34 @@ def pid_gone(pid: int) -> bool:
     except psutil.NoSuchProcess:
         return True
     return False
+
+
+class ClientLoad:
+    """Client threads calling `one(arg)` in a loop until the block ends, one
+    thread per arg; `one` appends to `results`. Entering waits (with a
+    deadline) until `ready` results came in."""
+
+    ready, ready_s = 10, 60.0
+
+    def __init__(self, args: list[Any]) -> None:
+        self.results: list[Any] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(a,)) for a in args]
+
+    def one(self, arg: Any) -> None:
+        raise NotImplementedError
+
+    def _run(self, arg: Any) -> None:
+        while not self._stop.is_set():
+            self.one(arg)
+
+    def __enter__(self):
+        for t in self._threads:
+            t.start()
+        wait_for(lambda: len(self.results) > self.ready, self.ready_s, "load to flow")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()

@@ -18,32 +18,20 @@ import time
 
 import pytest
 
-from helpers import Service, pid_gone, wait_for
+from helpers import ClientLoad, Service, pid_gone, wait_for
 
 
-class Load:
+class Load(ClientLoad):
     """Steady predict load from a few client threads; records every outcome."""
 
+    ready_s = 30.0
+
     def __init__(self, svc: Service, threads: int = 2, text: str = "很好") -> None:
+        super().__init__([None] * threads)
         self.svc, self.text = svc, text
-        self.results: list[tuple[int, dict]] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.results.append(self.svc.predict({"text": self.text}))
-
-    def __enter__(self) -> "Load":
-        for t in self._threads:
-            t.start()
-        wait_for(lambda: len(self.results) > 10, 30, "load to flow")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join()
+    def one(self, _arg: None) -> None:
+        self.results.append(self.svc.predict({"text": self.text}))
 
     @property
     def failed(self) -> list:

@@ -19,35 +19,21 @@ import time
 
 import pytest
 
-from helpers import Service, pid_gone, wait_for
+from helpers import ClientLoad, Service, pid_gone, wait_for
 from tinymodels import EXAMPLES
 
 
-class Load:
+class Load(ClientLoad):
     """Client threads predicting for one model; records (start, end, code, body)."""
 
     def __init__(self, svc: Service, model: str, threads: int = 3, text: str = "很好") -> None:
+        super().__init__([None] * threads)
         self.svc, self.body = svc, {"text": text, "model": model}
-        self.results: list[tuple[float, float, int, dict]] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            t0 = time.monotonic()
-            code, body = self.svc.predict(self.body, timeout=60)
-            self.results.append((t0, time.monotonic(), code, body))
-
-    def __enter__(self) -> "Load":
-        for t in self._threads:
-            t.start()
-        wait_for(lambda: len(self.results) > 10, 60, "load to flow")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join()
+    def one(self, _arg: None) -> None:
+        t0 = time.monotonic()
+        code, body = self.svc.predict(self.body, timeout=60)
+        self.results.append((t0, time.monotonic(), code, body))
 
     def more(self, n: int = 30) -> None:
         start = len(self.results)

@@ -7,41 +7,28 @@ import json
 import os
 import shutil
 import signal
-import threading
 import time
 
 import pytest
 
-from helpers import Service, pid_gone, wait_for
+from helpers import ClientLoad, Service, pid_gone, wait_for
 
 
-class Load:
+class Load(ClientLoad):
     """Client threads predicting for given models; records every outcome and
     how long each request took."""
 
+    ready = 20
+
     def __init__(self, svc: Service, models: list[str | None], text: str = "很好") -> None:
+        super().__init__(models)
         self.svc, self.text = svc, text
-        self.results: list[tuple[str | None, int, dict, float]] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(m,)) for m in models]
 
-    def _run(self, model: str | None) -> None:
+    def one(self, model: str | None) -> None:
         body = {"text": self.text} if model is None else {"text": self.text, "model": model}
-        while not self._stop.is_set():
-            t0 = time.monotonic()
-            code, answer = self.svc.predict(body, timeout=30)
-            self.results.append((model, code, answer, time.monotonic() - t0))
-
-    def __enter__(self) -> "Load":
-        for t in self._threads:
-            t.start()
-        wait_for(lambda: len(self.results) > 20, 60, "load to flow")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join()
+        t0 = time.monotonic()
+        code, answer = self.svc.predict(body, timeout=30)
+        self.results.append((model, code, answer, time.monotonic() - t0))
 
     def count(self) -> int:
         return len(self.results)
