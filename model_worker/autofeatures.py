@@ -130,7 +130,8 @@ def weigh(counts: sp.csr_matrix, idf: np.ndarray) -> sp.csr_matrix:
 # The served graph
 # --------------------------------------------------------------------------
 
-def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input) -> keras.KerasTensor:
+def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input,
+           standardized: bool = False) -> keras.KerasTensor:
     """Sparse counts -> TermWeighting for one view.
 
     Counts come from TextVectorization, or for character n-grams from
@@ -139,15 +140,17 @@ def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input) -> ke
     TextVectorization; `bench/autoserve.py` measures the served model).
     Its tables need the vocabulary's characters to pack into 64 bits
     (at most 4,094 distinct characters for 2-5-grams); a vocabulary with
-    more keeps TextVectorization.
+    more keeps TextVectorization. `standardized`: `text_input` is already
+    standardized the view's way (a shared textmodel.Standardize).
     """
     widths = textmodel.CHAR_SPLIT_WIDTHS.get(view.split)
     if widths is not None and view.ngrams is None and textmodel.CharNgramCounts.fits(vocabulary, widths[0]):
-        vec = textmodel.CharNgramCounts(widths[0], widths[1], view.standardize, vocabulary,
-                                        name=f"vectorizer_{view.name}")
+        vec = textmodel.CharNgramCounts(widths[0], widths[1], None if standardized else view.standardize,
+                                        vocabulary, name=f"vectorizer_{view.name}")
     else:
         vec = keras.layers.TextVectorization(
-            max_tokens=len(vocabulary) + 1, standardize=textmodel._STANDARDIZERS[view.standardize],
+            max_tokens=len(vocabulary) + 1,
+            standardize=None if standardized else textmodel._STANDARDIZERS[view.standardize],
             split=view.split, ngrams=view.ngrams, output_mode="count", sparse=True,
             name=f"vectorizer_{view.name}")
         vec.set_vocabulary(vocabulary)
@@ -159,6 +162,18 @@ def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input) -> ke
     return weighting(vec(text_input))
 
 
+def _branches(views: list[tuple[View, list[str], np.ndarray]], text_input) -> dict[str, keras.KerasTensor]:
+    """Every view's weighted bag; views that standardize alike share one Standardize."""
+    shared = {}
+    for view, _, _ in views:
+        if sum(v.standardize == view.standardize for v, _, _ in views) > 1 and view.standardize not in shared:
+            shared[view.standardize] = textmodel.Standardize(view.standardize,
+                                                             name=f"standardize_{view.standardize}")(text_input)
+    return {view.name: branch(view, vocab, idf, shared.get(view.standardize, text_input),
+                              standardized=view.standardize in shared)
+            for view, vocab, idf in views}
+
+
 def linear_graph(views: list[tuple[View, list[str], np.ndarray]],
                  members: list[tuple[dict[str, np.ndarray], np.ndarray]]) -> keras.Model:
     """One end-to-end model: each view's bag -> linear maps -> softmax.
@@ -168,23 +183,31 @@ def linear_graph(views: list[tuple[View, list[str], np.ndarray]],
     plus a bias, already divided by the member's temperature. A member's
     logits are the sum over its views, exactly a linear model on the
     concatenated features. Several members are averaged after their
-    softmax (the ensemble's averaged probabilities).
+    softmax (the ensemble's averaged probabilities). Each view has one
+    SparseLinear holding every member's block side by side, so a bag is
+    read once however many members there are.
     """
     text_input = keras.Input(shape=(), dtype="string", name="text")
-    feats = {view.name: branch(view, vocab, idf, text_input) for view, vocab, idf in views}
+    feats = _branches(views, text_input)
     sizes = {view.name: len(vocab) for view, vocab, _ in views}
-    outputs = []
-    for m, (blocks, bias) in enumerate(members):
-        n_labels = len(bias)
-        logits = []
-        for i, name in enumerate(blocks):
-            dense = keras.layers.Dense(n_labels, use_bias=(i == 0), name=f"logits_{m}_{name}")
-            out = dense(feats[name])
-            w = np.zeros((sizes[name] + 1, n_labels), dtype="float32")
-            w[1:] = blocks[name]
-            dense.set_weights([w, bias.astype("float32")] if i == 0 else [w])
-            logits.append(out)
-        total = logits[0] if len(logits) == 1 else keras.layers.Add(name=f"logits_{m}")(logits)
-        outputs.append(keras.layers.Activation("softmax", name=f"probs_{m}")(total))
-    probs = outputs[0] if len(outputs) == 1 else keras.layers.Average(name="probs")(outputs)
-    return keras.Model(text_input, probs, name="textswap_auto")
+    n_members, n_labels = len(members), len(members[0][1])
+    names = [name for name in feats if any(name in blocks for blocks, _ in members)]
+    logits = []
+    for i, name in enumerate(names):
+        linear = textmodel.SparseLinear(n_members * n_labels, use_bias=(i == 0), name=f"logits_{name}")
+        out = linear(feats[name])
+        kernel = np.zeros((sizes[name] + 1, n_members * n_labels), dtype="float32")
+        for m, (blocks, _) in enumerate(members):
+            if name in blocks:  # a member without this view keeps zeros there
+                kernel[1:, m * n_labels:(m + 1) * n_labels] = blocks[name]
+        bias = np.concatenate([b for _, b in members]).astype("float32")
+        linear.set_weights([kernel, bias] if i == 0 else [kernel])
+        logits.append(out)
+    total = logits[0] if len(logits) == 1 else keras.layers.Add(name="logits")(logits)
+    if n_members == 1:
+        return keras.Model(text_input, keras.layers.Activation("softmax", name="probs")(total),
+                           name="textswap_auto")
+    per_member = keras.layers.Reshape((n_members, n_labels), name="members")(total)
+    probs = keras.layers.Activation("softmax", name="member_probs")(per_member)  # over the last axis
+    return keras.Model(text_input, keras.layers.GlobalAveragePooling1D(name="probs")(probs),
+                       name="textswap_auto")

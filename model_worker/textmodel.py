@@ -119,7 +119,7 @@ class CharNgramCounts(keras.layers.Layer):
     Computes exactly what TextVectorization(standardize, split=_char_ngrams
     with these widths, output_mode="count", sparse=True) computes with the
     same vocabulary, except that out-of-vocabulary n-grams are left out
-    (their column 0 has weight 0 downstream, so nothing changes), and ~3x
+    (their column 0 has weight 0 downstream, so nothing changes), and
     faster: no n-gram string is ever built. The standardized text, padded
     with a space at each end, is decoded to code points once; every
     character maps to a small code (1..A for the A characters the
@@ -128,10 +128,16 @@ class CharNgramCounts(keras.layers.Layer):
     and distinct across widths because a code is never 0. In that padded
     sequence the n-grams of the padded words are exactly the windows with
     no space inside (first and last position excepted) other than a lone
-    pair of spaces; windows across two texts always contain one. "Space"
-    is whatever tf.strings.split splits on (" ", \\t, \\n, \\v, \\f, \\r), so
-    runs of them and standardizers that keep them ("lower") count alike.
-    Unigrams (CJK) are the non-space characters.
+    pair of spaces; no vocabulary token has a space inside, so every other
+    window (across words or texts, past the end) simply finds no key.
+    "Space" is whatever tf.strings.split splits on (" ", \\t, \\n, \\v, \\f,
+    \\r), so runs of them and standardizers that keep them ("lower") count
+    alike. Unigrams (CJK) are the non-space characters. Counting is one
+    unique-with-counts over (row, column) cells, cheaper than a sparse
+    bincount, which sorts every row.
+
+    The output's rows ascend; within a row, columns come in order of first
+    appearance (tf.sparse.reorder gives the lexicographic order).
 
     Needs bits * max(widths) <= 63; `fits` says whether a vocabulary does.
     """
@@ -158,6 +164,9 @@ class CharNgramCounts(keras.layers.Layer):
         code = {int(cp): i + 1 for i, cp in enumerate(alphabet)}
         keys = np.zeros(len(vocabulary), dtype=np.int64)
         for j, token in enumerate(vocabulary):
+            if not token or any(ch.isspace() for ch in token[1:-1]) or token.isspace():
+                # windows with a space inside are left out by finding no key
+                raise ValueError(f"n-gram {token!r} has a space inside")
             key = 0
             for ch in token:
                 key = (key << bits) | code[ord(ch)]
@@ -204,44 +213,33 @@ class CharNgramCounts(keras.layers.Layer):
         points = tf.cast(chars.flat_values, tf.int64)
         n = tf.size(points)
         top = max(self.widths)
-        # (top - 1) trailing spaces: windows running past the end are invalid
-        # what tf.strings.split splits on: " " and \t \n \v \f \r; all pad as " "
+        # what tf.strings.split splits on: " " and \t \n \v \f \r; all code as " "
         blank = tf.logical_or(tf.equal(points, 32), tf.logical_and(points >= 9, points <= 13))
         codes = tf.where(blank, self.alphabet_table.lookup(tf.constant(32, tf.int64)),
                          self.alphabet_table.lookup(points))
+        # code 0 after the end: windows running past it match no key
         codes = tf.concat([codes, tf.zeros([top - 1], tf.int64)], 0)
-        space = tf.concat([blank, tf.ones([top - 1], tf.bool)], 0)
-        spaces_upto = tf.cumsum(tf.cast(space, tf.int32))  # spaces in [0, i]
-        first_space = space[:n]
         key = codes[:n]
-        keys, valid = [], []
-        if self.unigrams:
-            keys.append(key)
-            valid.append(tf.logical_not(first_space))
+        keys = [key] if self.unigrams else []
         for w in range(2, top + 1):
             key = tf.bitwise.bitwise_or(tf.bitwise.left_shift(key, self._bits), codes[w - 1:w - 1 + n])
-            if w not in self.widths:
-                continue
-            if w == 2:  # not two spaces
-                ok = tf.logical_not(tf.logical_and(first_space, space[1:1 + n]))
-            else:  # no space strictly inside (ends may be the padding spaces)
-                ok = tf.equal(spaces_upto[w - 2:w - 2 + n], spaces_upto[:n])
-            keys.append(key)
-            valid.append(ok)
-        per = len(keys)
-        # position-major, so the rows of the kept windows stay sorted
-        keys = tf.reshape(tf.stack(keys, axis=1), [-1])
-        valid = tf.reshape(tf.stack(valid, axis=1), [-1])
-        rows = tf.repeat(chars.value_rowids(), per)
-        ids = self.ngram_table.lookup(tf.boolean_mask(keys, valid))
-        rows = tf.boolean_mask(rows, valid)
-        known = ids > 0
-        bags = tf.RaggedTensor.from_value_rowids(tf.boolean_mask(ids, known), tf.boolean_mask(rows, known),
-                                                 nrows=tf.shape(texts, out_type=tf.int64)[0],
-                                                 validate=False)
-        counts = tf.sparse.bincount(bags, minlength=self._vocab_size, maxlength=self._vocab_size, axis=-1)
-        return tf.SparseTensor(counts.indices, tf.cast(counts.values, self.compute_dtype),
-                               counts.dense_shape)
+            if w in self.widths:
+                keys.append(key)
+        # Every window is looked up, none is tested for spaces first: a key
+        # with a space inside, a space unigram, or one running past the end
+        # (code 0) or across two texts (spaces inside) is no vocabulary
+        # token's key, so the table itself leaves those windows out.
+        # Position-major, so that the rows of the kept windows stay sorted.
+        ids = self.ngram_table.lookup(tf.reshape(tf.stack(keys, axis=1), [-1]))
+        cells = tf.repeat(chars.value_rowids() * self._vocab_size, len(keys)) + ids
+        cells, _, counts = tf.unique_with_counts(tf.boolean_mask(cells, ids > 0))
+        # unique keeps first occurrences in order: rows ascending (what
+        # SparseLinear's segment sum needs), columns in order of appearance
+        # within a row (not lexicographic; tf.sparse.reorder makes it so)
+        return tf.SparseTensor(tf.stack([cells // self._vocab_size, cells % self._vocab_size], axis=1),
+                               tf.cast(counts, self.compute_dtype),
+                               tf.stack([tf.shape(texts, out_type=tf.int64)[0],
+                                         tf.constant(self._vocab_size, tf.int64)]))
 
     def compute_output_spec(self, texts):
         return keras.KerasTensor((texts.shape[0], self._vocab_size), dtype=self.compute_dtype, sparse=True)
@@ -364,6 +362,74 @@ class TermWeighting(keras.layers.Layer):
     def get_config(self) -> dict:
         return {**super().get_config(), "vocab_size": self.vocab_size, "mode": self.mode,
                 "normalize": self.normalize, "sublinear_tf": self.sublinear_tf}
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+class Standardize(keras.layers.Layer):
+    """One of the registered standardizers as a layer: run once, feed several views.
+
+    When two branches of a model standardize alike (word 1-2-grams and
+    character n-grams of Latin text both use "word"), the text is
+    standardized once here and the branches get `standardize=None`.
+    """
+
+    def __init__(self, standardize: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if standardize not in _STANDARDIZERS:
+            raise ValueError(f"unknown standardizer {standardize!r}")
+        self.standardize = standardize
+
+    def call(self, texts):
+        return _STANDARDIZERS[self.standardize](tf.convert_to_tensor(texts, tf.string))
+
+    def compute_output_spec(self, texts):
+        return keras.KerasTensor(texts.shape, dtype="string")
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "standardize": self.standardize}
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+class SparseLinear(keras.layers.Layer):
+    """x @ kernel (+ bias) for sparse bags whose rows ascend: the linear maps of `auto`.
+
+    Keras' Dense on a SparseTensor goes through fill_empty_rows and
+    embedding_lookup_sparse, which de-duplicates the column ids first; for
+    the hundreds of n-grams a text has that was most of the linear map's
+    cost. Here it is one gather of the kernel rows, scaled by the values,
+    and a sorted segment sum per row (measured 3-8x less time for the
+    linear step, `bench/autoserve.py`). Needs the rows of the indices in
+    ascending order, which TextVectorization, CharNgramCounts and
+    TermWeighting all give; the columns may come in any order. Dense input
+    is a plain matmul.
+    """
+
+    def __init__(self, units: int, use_bias: bool = True, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.units, self.use_bias = int(units), bool(use_bias)
+
+    def build(self, input_shape) -> None:
+        self.kernel = self.add_weight(shape=(input_shape[-1], self.units), initializer="zeros", name="kernel")
+        self.bias = self.add_weight(shape=(self.units,), initializer="zeros", name="bias") if self.use_bias else None
+
+    def call(self, x):
+        kernel = tf.convert_to_tensor(self.kernel)
+        if isinstance(x, tf.SparseTensor):
+            rows = x.indices[:, 0]
+            parts = tf.gather(kernel, x.indices[:, 1]) * tf.expand_dims(tf.cast(x.values, kernel.dtype), 1)
+            out = tf.math.segment_sum(parts, rows)  # rows up to the last non-empty one
+            out = tf.pad(out, [[0, x.dense_shape[0] - tf.shape(out, out_type=tf.int64)[0]], [0, 0]])
+        else:
+            out = tf.matmul(tf.cast(x, kernel.dtype), kernel)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.units)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "units": self.units, "use_bias": self.use_bias}
 
 
 def build_vectorizer(texts: list[str], params: dict, tokenize: str):

@@ -209,7 +209,7 @@ def test_char_ngram_counts_match_training_and_textvectorization(tokenize):
         widths, unigrams = textmodel.CHAR_SPLIT_WIDTHS[view.split]
         layer = textmodel.CharNgramCounts(widths, unigrams, view.standardize, counts.vocabulary)
         assert layer.get_vocabulary() == counts.vocabulary
-        got = tf.sparse.to_dense(layer(tf.constant(CHAR_TEXTS))).numpy()
+        got = tf.sparse.to_dense(tf.sparse.reorder(layer(tf.constant(CHAR_TEXTS)))).numpy()
         assert got.shape == (len(CHAR_TEXTS), len(counts.vocabulary) + 1)
         assert not got[:, 0].any()  # out-of-vocabulary n-grams are left out
         np.testing.assert_array_equal(got[:, 1:], counts.matrix.toarray(), err_msg=view.name)
@@ -219,8 +219,17 @@ def test_char_ngram_counts_match_training_and_textvectorization(tokenize):
         vec.set_vocabulary(counts.vocabulary)
         probe = tf.constant(UNSEEN + CHAR_TEXTS)
         want = tf.sparse.to_dense(vec(probe)).numpy()
-        np.testing.assert_array_equal(tf.sparse.to_dense(layer(probe)).numpy()[:, 1:], want[:, 1:],
+        sparse = layer(probe)
+        rows = sparse.indices.numpy()[:, 0]
+        assert (np.diff(rows) >= 0).all(), "rows must ascend (the Dense layer's sparse lookup needs it)"
+        np.testing.assert_array_equal(tf.sparse.to_dense(tf.sparse.reorder(sparse)).numpy()[:, 1:], want[:, 1:],
                                       err_msg=view.name)
+        # what the served graph does with it: Keras' sparse x dense matmul,
+        # with texts that have no known n-gram among the rows
+        kernel = np.random.default_rng(0).standard_normal((want.shape[1], 3)).astype("float32")
+        kernel[0] = 0.0
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(keras.ops.matmul(sparse, kernel)),
+                                   want @ kernel, rtol=1e-5, atol=1e-4)
 
 
 def test_char_ngram_counts_fall_back_when_characters_do_not_pack():
@@ -231,3 +240,6 @@ def test_char_ngram_counts_fall_back_when_characters_do_not_pack():
     assert textmodel.CharNgramCounts.fits(many, (2, 3))
     with pytest.raises(ValueError):
         textmodel.CharNgramCounts((2, 3, 4, 5), False, "word", many)
+    # the layer relies on no token having a space inside (such windows find no key)
+    with pytest.raises(ValueError, match="space inside"):
+        textmodel.CharNgramCounts((2, 3), False, "word", [" ab", "a b"])
