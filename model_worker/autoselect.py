@@ -119,7 +119,8 @@ class Search:
         self.seed = params["seed"]
         self.deadline = started + params["time_budget_s"]
         self.on_candidate, self.network_cv = on_candidate, network_cv
-        self.view_defs = autofeatures.views_for(tokenize)
+        self.view_defs = {name: view for name, view in autofeatures.views_for(tokenize).items()
+                          if name in params["views"]}
         t0 = time.monotonic()
         self.counts = {name: autofeatures.count_matrix(view, texts, params["max_tokens"])
                        for name, view in self.view_defs.items()}
@@ -266,17 +267,26 @@ class Search:
         balanced = bool(counts.max() / max(1, counts.min()) >= _SKEW_FOR_BALANCED)
         screen = [Candidate((v,), *_SCREEN, balanced) for v in _SINGLE_VIEWS if v in self.view_defs]
         networks = [Candidate((), "bow"), Candidate((), "cnn")] if include_networks else []
-        total = len(screen) + 1 + 2 * len(_LEARNERS) + int(balanced) + len(networks)
+        char_views = [v for v in ("char", "punct") if v in self.view_defs]
+        union = int("word" in self.view_defs and bool(char_views))
+        # view sets that go on to the learners: at most two of the screened
+        # singles (one character view of the two) and the union
+        view_sets = min(2, len(screen) - int(len(char_views) == 2) + union)
+        total = len(screen) + union + view_sets * len(_LEARNERS) + int(balanced) + len(networks)
         index = 0
         for cand in screen:
             index += 1
             self.run(cand, index, total)
         # one character view goes on (a pruned or skipped one counts as worse)
         single = {s.candidate.views[0]: s.score for s in self.scored}
-        chars = "punct" if single.get("punct", -1.0) > single.get("char", -1.0) + _PUNCT_MARGIN else "char"
-        dropped = "char" if chars == "punct" else "punct"
-        index += 1
-        self.run(Candidate(("word", chars), *_SCREEN, balanced), index, total)
+        if len(char_views) == 2:
+            chars = "punct" if single.get("punct", -1.0) > single.get("char", -1.0) + _PUNCT_MARGIN else "char"
+        else:
+            chars = char_views[0] if char_views else None
+        dropped = next((v for v in char_views if v != chars), None)
+        if union:
+            index += 1
+            self.run(Candidate(("word", chars), *_SCREEN, balanced), index, total)
         ranked = sorted({s.candidate.views: s.score for s in self.scored if dropped not in s.candidate.views}.items(),
                         key=lambda kv: -kv[1])
         top = [views for views, _ in ranked[:2]]
@@ -445,7 +455,7 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
     report = {
         "method": "auto",
         "time_budget_s": params["time_budget_s"], "folds": len(search.folds), "seed": params["seed"],
-        "tokenize": tokenize, "scoring": "macro_f1, stratified k-fold",
+        "tokenize": tokenize, "scoring": "macro_f1, stratified k-fold", "views_allowed": params["views"],
         "views": {v: {"vocabulary": len(c.vocabulary), "tokens_per_text": round(c.matrix.sum() / len(texts), 1)}
                   for v, c in search.counts.items()},
         "candidates": [{**s.candidate.describe(), "cv_macro_f1": round(s.score, 4),

@@ -32,6 +32,10 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "folds": 5,
     # auto only: also try the bow and cnn networks when the budget allows.
     "include_networks": False,
+    # auto only: the views the search may use (see AUTO_VIEWS). ["word"]
+    # serves as fast as bow; character views read every character and cost
+    # 3-4x that on Latin text (README "Serving cost of auto").
+    "views": ["word", "char", "punct"],
     # "auto" looks at the training texts: CJK-dominant -> "char" (every CJK
     # character is a token, Latin words stay whole), otherwise "word".
     "tokenize": "auto",
@@ -74,6 +78,9 @@ DEFAULT_PARAMS: dict[str, Any] = {
 }
 
 ARCHITECTURES = ("auto", "bow", "cnn")
+# word: word 1-2-grams; char: character n-grams inside words; punct: the
+# same with punctuation and symbols kept (model_worker.autofeatures).
+AUTO_VIEWS = ("word", "char", "punct")
 TOKENIZE_MODES = ("auto", "char", "word")
 OUTPUT_MODES = ("tf_idf", "multi_hot", "count")
 
@@ -149,6 +156,17 @@ def _check_choice(field: str, value: Any) -> str:
     return value
 
 
+def _check_views(value: Any) -> list[str]:
+    if not isinstance(value, list) or not value:
+        raise ParamError("views", f"must be a non-empty list of {', '.join(AUTO_VIEWS)}")
+    for view in value:
+        if not isinstance(view, str) or view not in AUTO_VIEWS:
+            raise ParamError("views", f"each must be one of {', '.join(AUTO_VIEWS)}; got {view!r}")
+    if len(set(value)) != len(value):
+        raise ParamError("views", "lists a view twice")
+    return [v for v in AUTO_VIEWS if v in value]
+
+
 def validate_params(user: dict | None) -> dict:
     """Merge `user` over DEFAULT_PARAMS, checking every given field.
 
@@ -160,12 +178,15 @@ def validate_params(user: dict | None) -> dict:
     if not isinstance(user, dict):
         raise ParamError("params", f"must be an object, got {type(user).__name__}")
     merged = dict(DEFAULT_PARAMS)
+    merged["views"] = list(DEFAULT_PARAMS["views"])
     for field in sorted(user):
         value = user[field]
         if not isinstance(field, str) or field not in DEFAULT_PARAMS:
             allowed = ", ".join(sorted(DEFAULT_PARAMS))
             raise ParamError(str(field), f"unknown parameter; allowed: {allowed}")
-        if field in _BOOL_FIELDS:
+        if field == "views":
+            merged[field] = _check_views(value)
+        elif field in _BOOL_FIELDS:
             if not isinstance(value, bool):
                 raise ParamError(field, f"must be true or false, got {type(value).__name__}")
             merged[field] = value

@@ -60,10 +60,31 @@ def test_auto_params_validated():
     p = validate_params({"time_budget_s": 5, "folds": 3, "seed": 7})
     assert p["time_budget_s"] == 5.0 and p["folds"] == 3 and p["seed"] == 7
     for field, bad in [("time_budget_s", 0), ("time_budget_s", "60"), ("folds", 1), ("folds", 11),
-                       ("folds", 2.5), ("include_networks", "yes")]:
+                       ("folds", 2.5), ("include_networks", "yes"), ("views", []), ("views", "word"),
+                       ("views", ["word", "words"]), ("views", ["char", "char"]), ("views", [1])]:
         with pytest.raises(ParamError) as err:
             validate_params({field: bad})
         assert err.value.field == field
+    assert validate_params({})["views"] == ["word", "char", "punct"]
+    assert validate_params({"views": ["punct", "word"]})["views"] == ["word", "punct"]
+
+
+@pytest.mark.parametrize("views", [["word"], ["char"], ["word", "punct"]])
+def test_search_keeps_to_the_allowed_views(views):
+    """`views` bounds the search: no candidate, and so no served branch, uses another view."""
+    from model_worker import textmodel
+
+    texts, labels = english()
+    result = textmodel.train_model(texts, labels, {"time_budget_s": 60, "folds": 2, "seed": 5, "views": views})
+    report = result.report
+    assert report["views_allowed"] == views
+    tried = {v for c in report["candidates"] + report["pruned"] for v in c["views"]}
+    assert tried == set(views)  # every allowed view was tried, no other one
+    assert set(report["views"]) == set(views)
+    assert set(report["chosen"]["members"][0]["views"]) <= set(views)
+    names = {layer.name for layer in result.model.layers}
+    assert not {f"vectorizer_{v}" for v in ("word", "char", "punct") if v not in views} & names
+    assert report["skipped"] == [{"name": n, "reason": "include_networks is false"} for n in ("bow", "cnn")]
 
 
 @pytest.fixture(scope="module")
