@@ -6,10 +6,12 @@
 One service (real supervisor, worker and trainer processes, 127.0.0.1 only),
 in one run:
 
-  1. an `auto` model and a `bow` model trained through POST /train on the
-     bundled Chinese reviews, both applied (each its own worker);
+  1. an `auto` model (default params), an `auto` model held to the word
+     view (`views: ["word"]`) and a `bow` model trained through POST /train
+     on the bundled Chinese reviews, all applied (each its own worker);
   2. texts/s with 256 texts per POST /predict (concurrency 4) for each
-     model, alternating, best of the runs: the ratio auto / bow;
+     model, alternating, best of the runs: the ratios auto / bow and
+     auto (word view) / bow (target >= 0.8);
   3. single-text POST /predict p99 at concurrency 8 on the auto model, idle
      (before and after; the lower counts), and while an `auto` training job
      (default params, the same 6,000 texts) runs in the trainer: the ratio
@@ -78,24 +80,29 @@ def main(argv: list[str] | None = None) -> int:
                  "the demo model")
         bow_job = train(svc, "bow", {"architecture": "bow"})
         auto_job = train(svc, "auto", {})
+        word_job = train(svc, "auto_word", {"views": ["word"]})
         meta = svc.mget("/models/auto/1")[1]
         out["auto_model"] = {"chosen": meta["report"]["chosen"]["name"],
                              "train_s": meta["train_seconds"], "export_s": meta.get("export_seconds"),
                              "job_elapsed_s": auto_job["elapsed_s"]}
         out["bow_model"] = {"train_s": svc.mget("/models/bow/1")[1]["train_seconds"],
                             "job_elapsed_s": bow_job["elapsed_s"]}
+        word_meta = svc.mget("/models/auto_word/1")[1]
+        out["auto_word_model"] = {"chosen": word_meta["report"]["chosen"]["name"],
+                                  "train_s": word_meta["train_seconds"], "job_elapsed_s": word_job["elapsed_s"]}
         apply(svc, "bow")
         apply(svc, "auto")
+        apply(svc, "auto_word")
 
         # -- 256 texts a request, auto vs bow ---------------------------------------------
-        tput: dict[str, list[float]] = {"bow": [], "auto": []}
+        tput: dict[str, list[float]] = {"bow": [], "auto": [], "auto_word": []}
         for name in tput:
             path = os.path.join(workdir, f"batch-{name}.jsonl")
             serving.write_bodies(path, [{"model": name, "texts": [texts[(i * BATCH + j) % len(texts)]
                                                                   for j in range(BATCH)]}
                                         for i in range(40)])
         for r in range(rounds):
-            for name in ("bow", "auto"):
+            for name in tput:
                 res = gen.run(svc.port, os.path.join(workdir, f"batch-{name}.jsonl"), serving.CONC_BATCH,
                               dur, texts_per_request=BATCH)
                 assert res["errors"] == 0, res
@@ -144,6 +151,9 @@ def report(out: dict[str, Any]) -> None:
     print(f"{'measure':52} {'auto':>10} {'baseline':>10} {'ratio':>6}")
     print(f"{'texts/s, 256 texts/request, c=4 (auto vs bow)':52} {t['auto']:>10} {t['bow']:>10} "
           f"{ratio_t:>6.2f}")
+    ratio_w = t["auto_word"] / t["bow"]
+    print(f"{'  the same, auto with views [word] vs bow':52} {t['auto_word']:>10} {t['bow']:>10} "
+          f"{ratio_w:>6.2f}  {'PASS' if ratio_w >= 0.8 else 'FAIL'} (>= 0.8)")
     print(f"{'single-text p99 ms, c=8 (auto training vs idle)':52} {s['training_p99_ms']:>10.1f} "
           f"{s['idle_p99_ms']:>10.1f} {ratio_p:>6.2f}  {'PASS' if ratio_p <= P99_TARGET else 'FAIL'}"
           f" (<= {P99_TARGET})")
@@ -152,6 +162,8 @@ def report(out: dict[str, Any]) -> None:
     a = out["auto_model"]
     print(f"auto model: {a['chosen']}; train {a['train_s']:.1f} s, export {a['export_s']:.1f} s, "
           f"job {a['job_elapsed_s']:.1f} s; bow train {out['bow_model']['train_s']:.1f} s")
+    w = out["auto_word_model"]
+    print(f"auto model with views [word]: {w['chosen']}; train {w['train_s']:.1f} s")
 
 
 if __name__ == "__main__":

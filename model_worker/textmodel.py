@@ -233,9 +233,10 @@ class CharNgramCounts(keras.layers.Layer):
         ids = self.ngram_table.lookup(tf.reshape(tf.stack(keys, axis=1), [-1]))
         cells = tf.repeat(chars.value_rowids() * self._vocab_size, len(keys)) + ids
         cells, _, counts = tf.unique_with_counts(tf.boolean_mask(cells, ids > 0))
-        # unique keeps first occurrences in order: rows ascending (what
-        # SparseLinear's segment sum needs), columns in order of appearance
-        # within a row (not lexicographic; tf.sparse.reorder makes it so)
+        # unique keeps first occurrences in order: rows ascending, columns in
+        # order of appearance within a row (not lexicographic, which
+        # TermWeighting and SparseLinear do not need; tf.sparse.reorder
+        # makes it so)
         return tf.SparseTensor(tf.stack([cells // self._vocab_size, cells % self._vocab_size], axis=1),
                                tf.cast(counts, self.compute_dtype),
                                tf.stack([tf.shape(texts, out_type=tf.int64)[0],
@@ -389,19 +390,23 @@ class Standardize(keras.layers.Layer):
         return {**super().get_config(), "standardize": self.standardize}
 
 
+# SparseLinear: kernel columns per sparse x dense matmul (see there).
+_COLUMNS_PER_MATMUL = 24
+
+
 @keras.saving.register_keras_serializable(package="textswap")
 class SparseLinear(keras.layers.Layer):
-    """x @ kernel (+ bias) for sparse bags whose rows ascend: the linear maps of `auto`.
+    """x @ kernel (+ bias) for sparse bags: the linear maps of `auto`.
 
     Keras' Dense on a SparseTensor goes through fill_empty_rows and
-    embedding_lookup_sparse, which de-duplicates the column ids first; for
-    the hundreds of n-grams a text has that was most of the linear map's
-    cost. Here it is one gather of the kernel rows, scaled by the values,
-    and a sorted segment sum per row (measured 3-8x less time for the
-    linear step, `bench/autoserve.py`). Needs the rows of the indices in
-    ascending order, which TextVectorization, CharNgramCounts and
-    TermWeighting all give; the columns may come in any order. Dense input
-    is a plain matmul.
+    embedding_lookup_sparse, which de-duplicates the column ids and gathers
+    a kernel row per entry; for the hundreds of n-grams a text has that was
+    most of the linear step's time. Here it is TensorFlow's sparse x dense
+    matmul, which adds each entry's kernel row straight into its output row,
+    over blocks of at most _COLUMNS_PER_MATMUL kernel columns (its CPU
+    kernel has a fast path for narrow right-hand sides; 86 columns in one
+    call measured 3x slower than in blocks of 24). Any order of the
+    entries will do. Dense input is a plain matmul.
     """
 
     def __init__(self, units: int, use_bias: bool = True, **kwargs) -> None:
@@ -415,10 +420,10 @@ class SparseLinear(keras.layers.Layer):
     def call(self, x):
         kernel = tf.convert_to_tensor(self.kernel)
         if isinstance(x, tf.SparseTensor):
-            rows = x.indices[:, 0]
-            parts = tf.gather(kernel, x.indices[:, 1]) * tf.expand_dims(tf.cast(x.values, kernel.dtype), 1)
-            out = tf.math.segment_sum(parts, rows)  # rows up to the last non-empty one
-            out = tf.pad(out, [[0, x.dense_shape[0] - tf.shape(out, out_type=tf.int64)[0]], [0, 0]])
+            x = tf.SparseTensor(x.indices, tf.cast(x.values, kernel.dtype), x.dense_shape)
+            step = _COLUMNS_PER_MATMUL
+            blocks = [tf.sparse.sparse_dense_matmul(x, kernel[:, i:i + step]) for i in range(0, self.units, step)]
+            out = blocks[0] if len(blocks) == 1 else tf.concat(blocks, axis=1)
         else:
             out = tf.matmul(tf.cast(x, kernel.dtype), kernel)
         if self.bias is not None:

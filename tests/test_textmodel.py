@@ -221,15 +221,43 @@ def test_char_ngram_counts_match_training_and_textvectorization(tokenize):
         want = tf.sparse.to_dense(vec(probe)).numpy()
         sparse = layer(probe)
         rows = sparse.indices.numpy()[:, 0]
-        assert (np.diff(rows) >= 0).all(), "rows must ascend (the Dense layer's sparse lookup needs it)"
+        assert (np.diff(rows) >= 0).all(), "rows ascend, as documented"
         np.testing.assert_array_equal(tf.sparse.to_dense(tf.sparse.reorder(sparse)).numpy()[:, 1:], want[:, 1:],
                                       err_msg=view.name)
-        # what the served graph does with it: Keras' sparse x dense matmul,
-        # with texts that have no known n-gram among the rows
-        kernel = np.random.default_rng(0).standard_normal((want.shape[1], 3)).astype("float32")
-        kernel[0] = 0.0
-        np.testing.assert_allclose(keras.ops.convert_to_numpy(keras.ops.matmul(sparse, kernel)),
-                                   want @ kernel, rtol=1e-5, atol=1e-4)
+        # what the served graph does with it, with texts that have no known
+        # n-gram among the rows (and 50 columns: more than one matmul block)
+        linear = textmodel.SparseLinear(50)
+        linear.build((None, want.shape[1]))
+        rng = np.random.default_rng(0)
+        kernel = rng.standard_normal((want.shape[1], 50)).astype("float32")
+        kernel[0] = 0.0  # TextVectorization counts OOV n-grams in column 0; the layer leaves them out
+        bias = rng.standard_normal(50).astype("float32")
+        linear.set_weights([kernel, bias])
+        np.testing.assert_allclose(linear(sparse).numpy(), want @ kernel + bias, rtol=1e-5, atol=1e-4)
+
+
+def test_sparse_linear_matches_dense_matmul():
+    """Any entry order, empty rows (also the last ones), widths on both sides of a block."""
+    import tensorflow as tf
+
+    from model_worker import textmodel
+
+    rng = np.random.default_rng(1)
+    dense = rng.integers(0, 3, (9, 40)).astype("float32") * (rng.random((9, 40)) < 0.2)
+    dense[[0, 4, 7, 8]] = 0.0
+    idx = np.argwhere(dense)
+    shuffled = idx[rng.permutation(len(idx))]
+    sparse = tf.SparseTensor(shuffled, dense[shuffled[:, 0], shuffled[:, 1]], dense.shape)
+    for units, use_bias in ((3, True), (24, False), (25, True), (86, True)):
+        layer = textmodel.SparseLinear(units, use_bias=use_bias)
+        layer.build((None, 40))
+        weights = [rng.standard_normal((40, units)).astype("float32")]
+        if use_bias:
+            weights.append(rng.standard_normal(units).astype("float32"))
+        layer.set_weights(weights)
+        want = dense @ weights[0] + (weights[1] if use_bias else 0.0)
+        np.testing.assert_allclose(layer(sparse).numpy(), want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(layer(tf.constant(dense)).numpy(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_char_ngram_counts_fall_back_when_characters_do_not_pack():
