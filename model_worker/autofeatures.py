@@ -201,7 +201,7 @@ def linear_graph(views: list[tuple[View, list[str], np.ndarray]],
             if name in blocks:  # a member without this view keeps zeros there
                 kernel[1:, m * n_labels:(m + 1) * n_labels] = blocks[name]
         bias = np.concatenate([b for _, b in members]).astype("float32")
-        linear.set_weights([kernel, bias] if i == 0 else [kernel])
+        linear.set_kernel(kernel, bias if i == 0 else None)
         logits.append(out)
     total = logits[0] if len(logits) == 1 else keras.layers.Add(name="logits")(logits)
     if n_members == 1:

@@ -414,18 +414,29 @@ class SparseLinear(keras.layers.Layer):
         self.units, self.use_bias = int(units), bool(use_bias)
 
     def build(self, input_shape) -> None:
-        self.kernel = self.add_weight(shape=(input_shape[-1], self.units), initializer="zeros", name="kernel")
+        # one variable per block of columns: slicing columns out of one
+        # (vocabulary x units) kernel would copy most of it on every call
+        step = _COLUMNS_PER_MATMUL
+        self.kernels = [self.add_weight(shape=(input_shape[-1], min(step, self.units - i)), initializer="zeros",
+                                        name=f"kernel_{i // step}") for i in range(0, self.units, step)]
         self.bias = self.add_weight(shape=(self.units,), initializer="zeros", name="bias") if self.use_bias else None
 
+    def set_kernel(self, kernel: np.ndarray, bias: np.ndarray | None = None) -> None:
+        """Assign a whole (inputs x units) kernel (and the bias)."""
+        step = _COLUMNS_PER_MATMUL
+        for i, var in zip(range(0, self.units, step), self.kernels):
+            var.assign(kernel[:, i:i + step])
+        if self.use_bias:
+            self.bias.assign(bias)
+
     def call(self, x):
-        kernel = tf.convert_to_tensor(self.kernel)
+        kernels = [tf.convert_to_tensor(k) for k in self.kernels]
         if isinstance(x, tf.SparseTensor):
-            x = tf.SparseTensor(x.indices, tf.cast(x.values, kernel.dtype), x.dense_shape)
-            step = _COLUMNS_PER_MATMUL
-            blocks = [tf.sparse.sparse_dense_matmul(x, kernel[:, i:i + step]) for i in range(0, self.units, step)]
+            x = tf.SparseTensor(x.indices, tf.cast(x.values, kernels[0].dtype), x.dense_shape)
+            blocks = [tf.sparse.sparse_dense_matmul(x, k) for k in kernels]
             out = blocks[0] if len(blocks) == 1 else tf.concat(blocks, axis=1)
         else:
-            out = tf.matmul(tf.cast(x, kernel.dtype), kernel)
+            out = tf.matmul(tf.cast(x, kernels[0].dtype), tf.concat(kernels, axis=1))
         if self.bias is not None:
             out = out + self.bias
         return out

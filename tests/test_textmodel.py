@@ -232,7 +232,7 @@ def test_char_ngram_counts_match_training_and_textvectorization(tokenize):
         kernel = rng.standard_normal((want.shape[1], 50)).astype("float32")
         kernel[0] = 0.0  # TextVectorization counts OOV n-grams in column 0; the layer leaves them out
         bias = rng.standard_normal(50).astype("float32")
-        linear.set_weights([kernel, bias])
+        linear.set_kernel(kernel, bias)
         np.testing.assert_allclose(linear(sparse).numpy(), want @ kernel + bias, rtol=1e-5, atol=1e-4)
 
 
@@ -254,7 +254,7 @@ def test_sparse_linear_matches_dense_matmul():
         weights = [rng.standard_normal((40, units)).astype("float32")]
         if use_bias:
             weights.append(rng.standard_normal(units).astype("float32"))
-        layer.set_weights(weights)
+        layer.set_kernel(*weights)
         want = dense @ weights[0] + (weights[1] if use_bias else 0.0)
         np.testing.assert_allclose(layer(sparse).numpy(), want, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(layer(tf.constant(dense)).numpy(), want, rtol=1e-5, atol=1e-5)
