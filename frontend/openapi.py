@@ -20,7 +20,7 @@ from frontend.handlers import MAX_REPLICAS
 from frontend.oip_spec import oip_paths
 from jobs import STATES
 # the validation tables themselves, so the document cannot drift from them
-from model_worker.params import _BOOL_FIELDS, _CHOICES, _FLOAT_RANGES, _INT_RANGES, DEFAULT_PARAMS
+from model_worker.params import _BOOL_FIELDS, _CHOICES, _FLOAT_RANGES, _INT_RANGES, AUTO_VIEWS, DEFAULT_PARAMS
 from store import NAME_RE
 
 JSON = "application/json"
@@ -185,7 +185,10 @@ def inference_spec(cfg: Any) -> S:
 def _params_schema() -> S:
     props: S = {}
     for field, default in DEFAULT_PARAMS.items():
-        if field in _INT_RANGES:
+        if field == "views":
+            props[field] = {"type": "array", "minItems": 1, "uniqueItems": True,
+                            "items": {"type": "string", "enum": list(AUTO_VIEWS)}}
+        elif field in _INT_RANGES:
             low, high = _INT_RANGES[field]
             props[field] = {"type": "integer", "minimum": low, "maximum": high}
         elif field in _FLOAT_RANGES:
@@ -196,6 +199,8 @@ def _params_schema() -> S:
             props[field] = {"type": "boolean"}
         else:
             props[field] = {"type": "string", "enum": list(_CHOICES[field])}
+        if default is None:  # "folds": null lets the service choose (see params.py)
+            props[field]["nullable"] = True
         props[field]["default"] = default
     return {"type": "object", "additionalProperties": False, "properties": props,
             "description": "training parameters; absent ones take the defaults"}

@@ -38,6 +38,7 @@ from sklearn.model_selection import StratifiedKFold
 from threadpoolctl import threadpool_limits
 
 from model_worker import autofeatures, calibration, learners, textmodel
+from model_worker.params import default_folds
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,8 @@ class Search:
         self.counts = {name: autofeatures.count_matrix(view, texts, params["max_tokens"])
                        for name, view in self.view_defs.items()}
         self.features_s = time.monotonic() - t0
-        k = max(2, min(params["folds"], int(np.bincount(y).min())))
+        wanted = params["folds"] or default_folds(len(y))
+        k = max(2, min(wanted, int(np.bincount(y).min())))
         self.folds = list(StratifiedKFold(k, shuffle=True, random_state=self.seed).split(np.zeros(len(y)), y))
         self._weighted: dict[tuple[str, int], sp.csr_matrix] = {}
         self._split_cache: dict[tuple[tuple[str, ...], int], tuple[sp.csr_matrix, sp.csr_matrix]] = {}

@@ -66,6 +66,23 @@ def test_auto_params_validated():
             validate_params({field: bad})
         assert err.value.field == field
     assert validate_params({})["views"] == ["word", "char", "punct"]
+    assert validate_params({})["folds"] is None and validate_params({"folds": None})["folds"] is None
+
+
+def test_default_folds_by_size():
+    """folds null: 5, or 3 from FEW_FOLDS_FROM texts on; an explicit number is kept."""
+    from model_worker import autoselect
+    from model_worker.params import FEW_FOLDS_FROM, validate_params
+
+    texts, labels = chinese(FEW_FOLDS_FROM)
+    assert len(texts) == FEW_FOLDS_FROM
+    names = sorted(set(labels))
+    y = np.array([names.index(label) for label in labels])
+    for n, params, want in ((FEW_FOLDS_FROM, {}, 3), (FEW_FOLDS_FROM - 1, {}, 5),
+                            (FEW_FOLDS_FROM, {"folds": 5}, 5), (200, {"folds": 4}, 4)):
+        search = autoselect.Search(texts[:n], y[:n], len(names), validate_params({**params, "views": ["word"]}),
+                                   "char", time.monotonic(), None, None)
+        assert len(search.folds) == want, (n, params)
     assert validate_params({"views": ["punct", "word"]})["views"] == ["word", "punct"]
 
 
