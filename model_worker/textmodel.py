@@ -112,6 +112,10 @@ _STANDARDIZERS = {"char": standardize_char, "word": standardize_word, "lower": s
 CHAR_SPLIT_WIDTHS = {split_char_2_5: ((2, 3, 4, 5), False), split_char_1_3: ((2, 3), True)}
 
 
+# What tf.strings.split splits on, as code points: " " and \t \n \v \f \r.
+_BLANKS = frozenset((9, 10, 11, 12, 13, 32))
+
+
 @keras.saving.register_keras_serializable(package="textswap")
 class CharNgramCounts(keras.layers.Layer):
     """Sparse counts of character n-grams within words, looked up by number.
@@ -164,7 +168,8 @@ class CharNgramCounts(keras.layers.Layer):
         code = {int(cp): i + 1 for i, cp in enumerate(alphabet)}
         keys = np.zeros(len(vocabulary), dtype=np.int64)
         for j, token in enumerate(vocabulary):
-            if not token or any(ch.isspace() for ch in token[1:-1]) or token.isspace():
+            inner = token[1:-1] if len(token) > 1 else token
+            if not token or any(ord(ch) in _BLANKS for ch in inner):
                 # windows with a space inside are left out by finding no key
                 raise ValueError(f"n-gram {token!r} has a space inside")
             key = 0

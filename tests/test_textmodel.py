@@ -271,3 +271,5 @@ def test_char_ngram_counts_fall_back_when_characters_do_not_pack():
     # the layer relies on no token having a space inside (such windows find no key)
     with pytest.raises(ValueError, match="space inside"):
         textmodel.CharNgramCounts((2, 3), False, "word", [" ab", "a b"])
+    # only what tf.strings.split splits on counts as a space (not, say, \x1c)
+    assert textmodel.CharNgramCounts((2, 3), False, "lower", [" ab", "a\x1cb"]).vocabulary_size() == 3
