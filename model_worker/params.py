@@ -36,7 +36,7 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "include_networks": False,
     # auto only: the views the search may use (see AUTO_VIEWS). ["word"]
     # serves as fast as bow; character views read every character and cost
-    # 3-4x that on Latin text (README "Serving cost of auto").
+    # about 4x that on Latin text (README "Serving cost of auto").
     "views": ["word", "char", "punct"],
     # "auto" looks at the training texts: CJK-dominant -> "char" (every CJK
     # character is a token, Latin words stay whole), otherwise "word".
