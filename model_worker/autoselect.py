@@ -16,7 +16,7 @@
    only when cross-validation says it beats the best single candidate.
 4. Calibration: one temperature fitted on the out-of-fold decision values.
 5. The winner is refitted on every row and transplanted into one Keras
-   graph (TextVectorization branches -> TermWeighting -> Dense -> softmax).
+   graph (counting branches -> TermWeighting -> SparseLinear -> softmax).
 
 Reproducible: folds, vocabularies and learners are seeded and
 order-independent, so the same data, params and seed give the same model

@@ -4,7 +4,7 @@ Users threshold on the top score, so the softmax of the served logits should
 mean what it says. One temperature T (probabilities softmax(z / T)) is fitted
 by minimising the negative log-likelihood of the out-of-fold predictions:
 a single scalar cannot overfit, keeps the ranking (and so accuracy and F1)
-unchanged, and folds into the final Dense layer's kernel and bias.
+unchanged, and folds into the final linear layer's kernel and bias.
 """
 
 from __future__ import annotations

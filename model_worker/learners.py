@@ -2,7 +2,7 @@
 
 Every learner here ends as one linear map from the weighted bag to one
 logit per label, which is what lets the winner become a single Keras
-`Dense` layer: logistic regression (softmax cross-entropy), a linear SVM
+`SparseLinear` layer: logistic regression (softmax cross-entropy), a linear SVM
 (squared hinge, one-vs-rest) and NB-SVM (the SVM on features scaled by
 naive-Bayes log-count ratios; since (x * r_c) . w_c = x . (r_c * w_c), the
 ratios fold into the kernel column of each label).
