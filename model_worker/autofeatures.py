@@ -13,6 +13,7 @@ are kept only for the vocabulary that is finally chosen.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -164,11 +165,9 @@ def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input,
 
 def _branches(views: list[tuple[View, list[str], np.ndarray]], text_input) -> dict[str, keras.KerasTensor]:
     """Every view's weighted bag; views that standardize alike share one Standardize."""
-    shared = {}
-    for view, _, _ in views:
-        if sum(v.standardize == view.standardize for v, _, _ in views) > 1 and view.standardize not in shared:
-            shared[view.standardize] = textmodel.Standardize(view.standardize,
-                                                             name=f"standardize_{view.standardize}")(text_input)
+    uses = Counter(view.standardize for view, _, _ in views)
+    shared = {std: textmodel.Standardize(std, name=f"standardize_{std}")(text_input)
+              for std, n in uses.items() if n > 1}
     return {view.name: branch(view, vocab, idf, shared.get(view.standardize, text_input),
                               standardized=view.standardize in shared)
             for view, vocab, idf in views}
@@ -192,6 +191,7 @@ def linear_graph(views: list[tuple[View, list[str], np.ndarray]],
     sizes = {view.name: len(vocab) for view, vocab, _ in views}
     n_members, n_labels = len(members), len(members[0][1])
     names = [name for name in feats if any(name in blocks for blocks, _ in members)]
+    bias = np.concatenate([b for _, b in members]).astype("float32")
     logits = []
     for i, name in enumerate(names):
         linear = textmodel.SparseLinear(n_members * n_labels, use_bias=(i == 0), name=f"logits_{name}")
@@ -200,7 +200,6 @@ def linear_graph(views: list[tuple[View, list[str], np.ndarray]],
         for m, (blocks, _) in enumerate(members):
             if name in blocks:  # a member without this view keeps zeros there
                 kernel[1:, m * n_labels:(m + 1) * n_labels] = blocks[name]
-        bias = np.concatenate([b for _, b in members]).astype("float32")
         linear.set_kernel(kernel, bias if i == 0 else None)
         logits.append(out)
     total = logits[0] if len(logits) == 1 else keras.layers.Add(name="logits")(logits)

@@ -218,7 +218,7 @@ class CharNgramCounts(keras.layers.Layer):
         points = tf.cast(chars.flat_values, tf.int64)
         n = tf.size(points)
         top = max(self.widths)
-        # what tf.strings.split splits on: " " and \t \n \v \f \r; all code as " "
+        # _BLANKS (what tf.strings.split splits on) all code as " "
         blank = tf.logical_or(tf.equal(points, 32), tf.logical_and(points >= 9, points <= 13))
         codes = tf.where(blank, self.alphabet_table.lookup(tf.constant(32, tf.int64)),
                          self.alphabet_table.lookup(points))
