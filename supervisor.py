@@ -24,19 +24,19 @@ from tornado import gen
 from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.locks import Event
 
-from config import Config, ConfigError, load_config
-from errors import ApplyFailed, Conflict, NoModel, ServiceError, UnknownModel
-from events import Events
-from jobs import JobManager
-import metrics
-from statedb import FILENAME as STATE_DB, StateDB
-from pool import WorkerPool
-from rollouts import Candidate, GoldenSets, Probation, VersionStats, label_changes
-from rollouts import score as rollouts_score
-from slots import Slot
-from store import InvalidArtifact, ModelStore, StoreError, check_name
-from watcher import RecordWatcher
-from workerhandle import (RequestFailed, RequestTimedOut, State, WorkerDied, WorkerError,
+from state.config import Config, ConfigError, load_config
+from state.errors import ApplyFailed, Conflict, NoModel, ServiceError, UnknownModel
+from control.events import Events
+from control.jobs import JobManager
+from control import metrics
+from state.statedb import FILENAME as STATE_DB, StateDB
+from control.pool import WorkerPool
+from control.rollouts import Candidate, GoldenSets, Probation, VersionStats, label_changes
+from control.rollouts import score as rollouts_score
+from control.slots import Slot
+from state.store import InvalidArtifact, ModelStore, StoreError, check_name
+from control.watcher import RecordWatcher
+from control.workerhandle import (RequestFailed, RequestTimedOut, State, WorkerDied, WorkerError,
                           WorkerHandle)
 
 log = logging.getLogger("textswap.supervisor")
@@ -85,7 +85,7 @@ class Supervisor:
         self.cluster: Any = None
         state_path = os.path.join(self.store.root, STATE_DB)
         if config["cluster"]["redis_url"]:
-            from clusternode import ClusterNode, node_state_path
+            from cluster.node import ClusterNode, node_state_path
             self.cluster = ClusterNode(self)
             state_path = node_state_path(self.store.root, self.cluster.node_id)
         self.state = StateDB(state_path)  # jobs, history
@@ -1248,7 +1248,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=config["log_level"],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if config["cluster"]["redis_url"]:  # nodes share the store: it must be writable
-        from clusternode import check_store_writable
+        from cluster.node import check_store_writable
         try:
             check_store_writable(config.models_dir)
         except RuntimeError as exc:

@@ -66,7 +66,7 @@ RESULTS = ROOT / "bench" / ".cache" / "accuracy.json"
 
 def _default_threads() -> int:
     try:
-        from config import load_config
+        from state.config import load_config
 
         return int(load_config(str(ROOT / "config.yaml"))["training"]["threads"]) or 1
     except Exception:  # the bench must run even if the config format moves on

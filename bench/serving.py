@@ -865,7 +865,7 @@ def ecosystem_runs(gen: LoadGen, svc: Any, workdir: str, models_dir: str, texts:
     # of a shared machine cannot hide (req/s of two services can differ by more)
     import timeit
 
-    from metrics import Metrics
+    from control.metrics import Metrics
     counter = Metrics(None, enabled=True)
     calls = 200_000
     res["observe_request_us"] = 1e6 * timeit.timeit(

@@ -16,7 +16,7 @@ from typing import Any
 
 from tornado.ioloop import IOLoop
 
-from errors import InvalidName
+from state.errors import InvalidName
 from frontend.base import ApiError, JsonHandler
 from frontend.handlers import _service_error
 

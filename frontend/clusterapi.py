@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from errors import ServiceError
+from state.errors import ServiceError
 from frontend.base import ApiError, JsonHandler
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from frontend.base import ApiError, JsonHandler, int_field
-from errors import InvalidName, NotFound, ServiceError, StoreError
+from state.errors import InvalidName, NotFound, ServiceError, StoreError
 
 
 def _service_error(exc: Exception) -> ApiError:

@@ -34,7 +34,7 @@ from typing import Any
 
 from tornado.web import HTTPError
 
-from errors import ServiceError, UnknownModel
+from state.errors import ServiceError, UnknownModel
 from frontend.base import ApiError, JsonHandler
 
 SERVER = "textswap"

@@ -14,14 +14,14 @@ import copy
 import re
 from typing import Any
 
-import dataset
+from state import dataset
 from frontend.base import JsonHandler
 from frontend.handlers import MAX_REPLICAS
 from frontend.oip_spec import oip_paths
-from jobs import STATES
+from control.jobs import STATES
 # the validation tables themselves, so the document cannot drift from them
 from model_worker.params import _BOOL_FIELDS, _CHOICES, _FLOAT_RANGES, _INT_RANGES, AUTO_VIEWS, DEFAULT_PARAMS
-from store import NAME_RE
+from state.store import NAME_RE
 
 JSON = "application/json"
 S = dict[str, Any]

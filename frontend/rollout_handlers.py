@@ -7,11 +7,11 @@ import math
 import re
 from typing import Any
 
-import dataset
-from errors import InvalidName
+from state import dataset
+from state.errors import InvalidName
 from frontend.base import ApiError, JsonHandler, int_field
 from frontend.handlers import _name_field, _service_error
-from store import check_name
+from state.store import check_name
 
 
 def _bool(data: dict[str, Any], key: str, default: bool) -> bool:
@@ -123,7 +123,7 @@ class GoldenHandler(JsonHandler):
                                                       ds.sha256, floor)})
 
     def get(self, name: str) -> None:
-        from rollouts import summary
+        from control.rollouts import summary
         entry = self.sup.golden.get(self._name(name))
         if entry is None:
             raise ApiError(404, "not_found", f"no golden set for {name!r}")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from errors import ServiceError
+from state.errors import ServiceError
 from frontend.base import ApiError, JsonHandler
-from jobs import JobError
+from control.jobs import JobError
 
 
 def _job_error(exc: JobError) -> ApiError:

@@ -73,7 +73,7 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
     import tensorflow as tf
 
     from model_worker import textmodel
-    from store import ModelStore
+    from state.store import ModelStore
 
     threads = int(spec.get("threads", 1))
     if threads:

@@ -40,7 +40,7 @@ def _run(coro):
 
 
 def test_record_updates_are_atomic_and_followed(redis_server, tmp_path):
-    from cluster import Cluster
+    from cluster.record import Cluster
 
     async def main():
         prefix = "t1"
@@ -82,8 +82,8 @@ def test_record_updates_are_atomic_and_followed(redis_server, tmp_path):
 
 
 def test_job_queue_leases(redis_server):
-    from cluster import Cluster
-    from clusterjobs import ClusterJobs
+    from cluster.record import Cluster
+    from cluster.jobs import ClusterJobs
 
     async def main():
         a = Cluster(redis_server.url, "a", prefix="t2")
@@ -132,7 +132,7 @@ def test_job_queue_leases(redis_server):
 
 def test_a_record_lost_by_redis_is_written_back_from_a_node(redis_server, tmp_path):
     """Redis restarted without its data: the nodes' cached record comes back."""
-    from cluster import Cluster
+    from cluster.record import Cluster
 
     async def main():
         a = Cluster(redis_server.url, "a", prefix="t4", cache_path=str(tmp_path / "a.json"),
@@ -153,7 +153,7 @@ def test_a_record_lost_by_redis_is_written_back_from_a_node(redis_server, tmp_pa
 
 
 def test_redis_down_answers_unreachable(tmp_path):
-    from cluster import Cluster, ClusterUnreachable
+    from cluster.record import Cluster, ClusterUnreachable
 
     server = RedisServer(str(tmp_path))
 
@@ -202,7 +202,7 @@ def cl(tiny_store, tmp_path_factory):
     shutil.copytree(tiny_store, models)
     redis = RedisServer(work)
     extra: list[str] = []
-    from config import DEFAULTS
+    from state.config import DEFAULTS
     if "rollout" in DEFAULTS:
         # a latency-based automatic rollback is a legitimate record change, but
         # on a loaded test machine it is noise here: these tests are about

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import dataset
-
+from state import dataset
 ROWS = [{"text": "good", "label": "pos "}, {"text": "fine", "label": "pos"},
         {"text": "bad", "label": " neg"}, {"text": "awful", "label": "neg"}]
 

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from helpers import ROOT, Service, wait_for
-from statedb import FILENAME, SCHEMA_VERSION, StateDB
+from state.statedb import FILENAME, SCHEMA_VERSION, StateDB
 
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
 # no standby worker: these tests train and restart, they never serve

@@ -51,6 +51,6 @@ def test_public_management_bind_without_token_warns(tmp_path):
 
 
 def test_default_management_bind_is_loopback(tmp_path):
-    from config import load_config
+    from state.config import load_config
     assert load_config(None).raw["server"]["manage_host"] == "127.0.0.1"
     assert load_config("config.yaml").raw["server"]["manage_host"] == "127.0.0.1"

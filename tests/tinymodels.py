@@ -26,7 +26,7 @@ def build(models_dir: str, name: str, labels: list[str], epochs: int = 30) -> in
     import keras
     import numpy as np
 
-    from store import ModelStore
+    from state.store import ModelStore
 
     keras.utils.set_random_seed(len(labels))
     texts = [t for lab in labels for t in EXAMPLES[lab]]
@@ -50,7 +50,7 @@ def build_lambda(models_dir: str) -> int:
     """A model whose file holds Python code (a Lambda layer): safe mode must refuse it."""
     import keras
 
-    from store import ModelStore
+    from state.store import ModelStore
 
     inp = keras.Input(shape=(), dtype="string")
     vec = keras.layers.TextVectorization(max_tokens=50, split="character", output_mode="multi_hot")

@@ -35,9 +35,9 @@ import socket
 import time
 from typing import Any
 
-from cluster import Cluster, ClusterUnreachable
-from clusterjobs import ClusterJobs
-from jobs import JobError
+from cluster.record import Cluster, ClusterUnreachable
+from cluster.jobs import ClusterJobs
+from control.jobs import JobError
 
 log = logging.getLogger("textswap.cluster")
 

@@ -29,7 +29,7 @@ import json
 import time
 from typing import Any
 
-from cluster import Cluster
+from cluster.record import Cluster
 
 _CLAIM = """
 local ids = redis.call('LRANGE', KEYS[1], 0, -1)

@@ -31,7 +31,7 @@ RECORD = ".applied.json"
 TMP = ".tmp"
 
 
-from errors import InvalidArtifact, InvalidName, NotFound, StoreError  # noqa: F401 (re-exported)
+from state.errors import InvalidArtifact, InvalidName, NotFound, StoreError  # noqa: F401 (re-exported)
 
 
 def check_name(name: Any) -> str:

@@ -49,8 +49,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, WatchError
 
-from errors import ServiceError
-from store import normalize_record, write_json_atomic
+from state.errors import ServiceError
+from state.store import normalize_record, write_json_atomic
 
 log = logging.getLogger("textswap.cluster")
 

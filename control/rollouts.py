@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from store import write_json_atomic
+from state.store import write_json_atomic
 
 # Figures per version keep at most this many recent latencies.
 WINDOW = 2048

@@ -26,15 +26,15 @@ from typing import Any
 
 from tornado.ioloop import IOLoop
 
-import dataset
-from statedb import FILENAME as STATE_FILE, StateDB
+from state import dataset
+from state.statedb import FILENAME as STATE_FILE, StateDB
 from model_worker.params import ParamError, validate_params
-from store import TMP, check_name
-from workerhandle import ChildProcess
+from state.store import TMP, check_name
+from control.workerhandle import ChildProcess
 
 log = logging.getLogger("textswap.jobs")
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "interrupted")
 FINISHED = ("succeeded", "failed", "cancelled", "interrupted")
 ACTIVE = ("queued", "running")

@@ -17,7 +17,7 @@ from typing import Callable
 
 from tornado.ioloop import IOLoop
 
-from store import ModelStore, StoreError
+from state.store import ModelStore, StoreError
 
 log = logging.getLogger("textswap.watcher")
 

@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 from tornado.ioloop import IOLoop
 
-from errors import Conflict, StoreError
-from store import ModelStore
-from workerhandle import State, WorkerError, WorkerDied, WorkerHandle
+from state.errors import Conflict, StoreError
+from state.store import ModelStore
+from control.workerhandle import State, WorkerError, WorkerDied, WorkerHandle
 
 log = logging.getLogger("textswap.pool")
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from tornado.locks import Condition, Lock
 
-from errors import NoModel, Overloaded
-from rollouts import Candidate, Probation, VersionStats
-from workerhandle import State, WorkerHandle
+from state.errors import NoModel, Overloaded
+from control.rollouts import Candidate, Probation, VersionStats
+from control.workerhandle import State, WorkerHandle
 
 
 class Slot:

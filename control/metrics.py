@@ -105,7 +105,7 @@ class Metrics:
         if events is not None:
             events.subscribe(self.on_event)
         if sup is not None:  # batch figures arrive in the workers' result frames
-            from workerhandle import WorkerHandle
+            from control.workerhandle import WorkerHandle
 
             WorkerHandle.on_batch = self.observe_batch
 
