@@ -106,7 +106,9 @@ def test_artifact_download_and_portable_savedmodel(trained, tmp_path):
     code, body = svc.predict({"texts": PROBE, "top_k": 2})
     assert code == 200
     labels = ["neg", "pos"]
+    assert len(portable) == len(body["predictions"]) == len(PROBE), (portable, body)
     for row, pred in zip(portable, body["predictions"]):
+        assert len(row) == len(labels) == len(pred["top"]), (row, pred)
         served = {t["label"]: t["score"] for t in pred["top"]}
         for i, label in enumerate(labels):
             assert row[i] == pytest.approx(served[label], abs=2e-6)  # served scores have 6 digits
