@@ -10,10 +10,13 @@ alone or in any order."""
 from __future__ import annotations
 
 import csv
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
+import types
 
 import pytest
 
@@ -223,21 +226,56 @@ def test_progress_line_for_epochs_and_candidates(monkeypatch):
 
 
 def test_export_writes_the_artifact(svc, reviews, tmp_path):
-    """`export` unpacks GET /models/<name>/<version>/artifact into DIR; a server
-    whose spec has no such route gets a clear refusal instead."""
-    code, doc = request(svc.mport, "GET", "/openapi.json",
-                        headers={"Authorization": f"Bearer {TOKEN}"})
-    assert code == 200
+    """`export` unpacks GET /models/<name>/<version>/artifact into DIR, and
+    refuses a DIR that is not empty."""
+    code, doc = request(svc.mport, "GET", "/openapi.json", headers=AUTH)
+    assert code == 200 and "/models/{name}/{version}/artifact" in doc["paths"], doc.get("paths")
     out = tmp_path / "exported"
     p = run(svc, "export", "reviews", "1", str(out))
-    if "/models/{name}/{version}/artifact" not in doc["paths"]:
-        assert p.returncode == 1 and "does not support artifact export" in p.stderr
-        return
     assert p.returncode == 0, p.stderr
     assert (out / "model.keras").is_file() and (out / "meta.json").is_file()
-    assert json.loads((out / "meta.json").read_text())["labels"] == ["neg", "pos"]
+    assert (out / "saved_model" / "saved_model.pb").is_file()
+    assert not (out / "reviews").exists()  # the <name>/<version>/ prefix is stripped
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["labels"] == ["neg", "pos"] and meta["version"] == 1
     p = run(svc, "export", "reviews", "1", str(out))  # DIR not empty: refused locally
     assert p.returncode == 2 and "not empty" in p.stderr
+
+
+def test_export_refused_by_a_server_without_the_route(svc, tmp_path):
+    """A server without the artifact route (an older one) answers the CLI with
+    the 404 the real service gives for an unknown endpoint: `export` says the
+    server does not support it, exits 1 and writes nothing."""
+    code, missing = request(svc.mport, "GET", "/no/such/route", headers=AUTH)
+    assert code == 404 and missing["error"]["message"].startswith("no such endpoint"), missing
+    answer = json.dumps(missing).encode()
+    paths: list[str] = []
+
+    class Older(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            paths.append(self.path)
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Older)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        out = tmp_path / "exported"
+        p = run(types.SimpleNamespace(port=port, mport=port), "export", "reviews", "1", str(out))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert paths == ["/models/reviews/1/artifact"], paths
+    assert p.returncode == 1 and "does not support artifact export" in p.stderr, p.stderr
+    assert not out.exists()
 
 
 def test_train_apply_wait_then_rollback(svc, rb):
