@@ -67,6 +67,21 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
+def exact(samples: Samples, name: str, **labels: str) -> float:
+    """The sample's value; a missing sample fails (where value() would say 0)."""
+    key = (name, frozenset(labels.items()))
+    assert key in samples, (name, labels, sorted(k for k in samples if k[0] == name))
+    return samples[key]
+
+
+def family_names(svc: Service) -> set[str]:
+    """Every metric family the scrape declares (a gauge with no sample still has
+    its HELP and TYPE lines)."""
+    code, _, text = _get(svc.mport, "/metrics", AUTH)
+    assert code == 200, text
+    return {f.name for f in text_string_to_metric_families(text)}
+
+
 def total(samples: Samples, name: str, **labels: str) -> float:
     """Sum over every sample of `name` whose labels include `labels`."""
     want = set(labels.items())
@@ -136,9 +151,12 @@ def test_counters_move_by_exactly_what_was_sent(svc):
 
 def test_gauges(svc):
     s = scrape(svc)
-    assert value(s, "textswap_workers", state="SERVING") == 1
+    assert exact(s, "textswap_workers", state="SERVING") == 1
+    # idle: the in-flight gauge is declared and has no non-zero sample (a
+    # worker with nothing in flight adds none); the queue of "sent" is there, at 0
+    assert {"textswap_requests_in_flight", "textswap_requests_queued"} <= family_names(svc)
     assert total(s, "textswap_requests_in_flight") == 0
-    assert value(s, "textswap_requests_queued", model="sent") == 0
+    assert exact(s, "textswap_requests_queued", model="sent") == 0
     serving = [ls for (n, ls), v in s.items()
                if n == "textswap_worker_rss_bytes" and ("state", "SERVING") in ls]
     assert len(serving) == 1 and ("model", "sent") in serving[0]
