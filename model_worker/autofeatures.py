@@ -22,7 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 import tensorflow as tf
 
-from model_worker import textmodel
+from model_worker import layers
 
 # Texts per TensorFlow call while tokenizing.
 _BATCH = 1024
@@ -34,13 +34,13 @@ class View:
     """How one TextVectorization branch tokenizes (and how we mirror it)."""
 
     name: str
-    standardize: str            # key of textmodel._STANDARDIZERS
+    standardize: str            # key of layers._STANDARDIZERS
     split: Callable | str       # "whitespace" or a registered split function
     ngrams: tuple[int, ...] | None
 
     def tokens(self, texts: tf.Tensor) -> tf.RaggedTensor:
         """Exactly TextVectorization._preprocess for this configuration."""
-        x = textmodel._STANDARDIZERS[self.standardize](texts)
+        x = layers._STANDARDIZERS[self.standardize](texts)
         x = tf.strings.split(x) if self.split == "whitespace" else self.split(x)
         if self.ngrams is not None:
             x = tf.strings.ngrams(x, ngram_width=self.ngrams, separator=" ")
@@ -60,11 +60,11 @@ def views_for(tokenize: str) -> dict[str, View]:
     """
     if tokenize == "char":
         return {"word": View("word", "char", "whitespace", (1, 2)),
-                "char": View("char", "word", textmodel.split_char_1_3, None),
-                "punct": View("punct", "lower", textmodel.split_char_1_3, None)}
+                "char": View("char", "word", layers.split_char_1_3, None),
+                "punct": View("punct", "lower", layers.split_char_1_3, None)}
     return {"word": View("word", "word", "whitespace", (1, 2)),
-            "char": View("char", "word", textmodel.split_char_2_5, None),
-            "punct": View("punct", "lower", textmodel.split_char_2_5, None)}
+            "char": View("char", "word", layers.split_char_2_5, None),
+            "punct": View("punct", "lower", layers.split_char_2_5, None)}
 
 
 @dataclass
@@ -136,26 +136,26 @@ def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input,
     """Sparse counts -> TermWeighting for one view.
 
     Counts come from TextVectorization, or for character n-grams from
-    textmodel.CharNgramCounts: the same counts without building n-gram
+    layers.CharNgramCounts: the same counts without building n-gram
     strings (the char view cost ~3x more than the word view through
     TextVectorization; `bench/autoserve.py` measures the served model).
     Its tables need the vocabulary's characters to pack into 64 bits
     (at most 4,094 distinct characters for 2-5-grams); a vocabulary with
     more keeps TextVectorization. `standardized`: `text_input` is already
-    standardized the view's way (a shared textmodel.Standardize).
+    standardized the view's way (a shared layers.Standardize).
     """
-    widths = textmodel.CHAR_SPLIT_WIDTHS.get(view.split)
-    if widths is not None and view.ngrams is None and textmodel.CharNgramCounts.fits(vocabulary, widths[0]):
-        vec = textmodel.CharNgramCounts(widths[0], widths[1], None if standardized else view.standardize,
+    widths = layers.CHAR_SPLIT_WIDTHS.get(view.split)
+    if widths is not None and view.ngrams is None and layers.CharNgramCounts.fits(vocabulary, widths[0]):
+        vec = layers.CharNgramCounts(widths[0], widths[1], None if standardized else view.standardize,
                                         vocabulary, name=f"vectorizer_{view.name}")
     else:
         vec = keras.layers.TextVectorization(
             max_tokens=len(vocabulary) + 1,
-            standardize=None if standardized else textmodel._STANDARDIZERS[view.standardize],
+            standardize=None if standardized else layers._STANDARDIZERS[view.standardize],
             split=view.split, ngrams=view.ngrams, output_mode="count", sparse=True,
             name=f"vectorizer_{view.name}")
         vec.set_vocabulary(vocabulary)
-    weighting = textmodel.TermWeighting(len(vocabulary) + 1, "tf_idf", True, True,
+    weighting = layers.TermWeighting(len(vocabulary) + 1, "tf_idf", True, True,
                                         name=f"weighting_{view.name}")
     weights = np.zeros(len(vocabulary) + 1, dtype="float32")
     weights[1:] = idf  # column 0 is the OOV bucket: weight 0, as in training
@@ -166,7 +166,7 @@ def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input,
 def _branches(views: list[tuple[View, list[str], np.ndarray]], text_input) -> dict[str, keras.KerasTensor]:
     """Every view's weighted bag; views that standardize alike share one Standardize."""
     uses = Counter(view.standardize for view, _, _ in views)
-    shared = {std: textmodel.Standardize(std, name=f"standardize_{std}")(text_input)
+    shared = {std: layers.Standardize(std, name=f"standardize_{std}")(text_input)
               for std, n in uses.items() if n > 1}
     return {view.name: branch(view, vocab, idf, shared.get(view.standardize, text_input),
                               standardized=view.standardize in shared)
@@ -194,7 +194,7 @@ def linear_graph(views: list[tuple[View, list[str], np.ndarray]],
     bias = np.concatenate([b for _, b in members]).astype("float32")
     logits = []
     for i, name in enumerate(names):
-        linear = textmodel.SparseLinear(n_members * n_labels, use_bias=(i == 0), name=f"logits_{name}")
+        linear = layers.SparseLinear(n_members * n_labels, use_bias=(i == 0), name=f"logits_{name}")
         out = linear(feats[name])
         kernel = np.zeros((sizes[name] + 1, n_members * n_labels), dtype="float32")
         for m, (blocks, _) in enumerate(members):

@@ -37,7 +37,7 @@ from sklearn.metrics import f1_score
 from sklearn.model_selection import StratifiedKFold
 from threadpoolctl import threadpool_limits
 
-from model_worker import autofeatures, calibration, learners, textmodel
+from model_worker import autofeatures, calibration, learners, serving
 from model_worker.params import default_folds
 
 log = logging.getLogger(__name__)
@@ -408,7 +408,7 @@ def final_model(search: Search, members: list[Candidate], temps: list[float],
     # the graph must compute what scikit-learn fitted: check on training rows
     rows = np.arange(min(64, len(search.texts)))
     expected = _sklearn_probs(search, fitted, idf, rows)
-    got = textmodel.make_predict_fn(model)([search.texts[i] for i in rows])
+    got = serving.make_predict_fn(model)([search.texts[i] for i in rows])
     if not np.allclose(got, expected, atol=1e-4):
         raise RuntimeError(f"Keras graph differs from the fitted model by {np.abs(got - expected).max():.2e}")
     return model
@@ -447,7 +447,7 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         model = final_model(search, [m.candidate for m in members], temps, network_fit)
     final_s = time.monotonic() - t0
 
-    metrics = textmodel.classification_metrics(y, pred, label_names)
+    metrics = serving.classification_metrics(y, pred, label_names)
     conf = confusion(y, pred, len(label_names))
     metrics.update(measured_on="cross_validation", n_train=len(texts), n_val=0, tokenize=tokenize,
                    folds=len(search.folds), confusion_matrix=conf,

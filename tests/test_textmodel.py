@@ -273,3 +273,25 @@ def test_char_ngram_counts_fall_back_when_characters_do_not_pack():
         textmodel.CharNgramCounts((2, 3), False, "word", [" ab", "a b"])
     # only what tf.strings.split splits on counts as a space (not, say, \x1c)
     assert textmodel.CharNgramCounts((2, 3), False, "lower", [" ab", "a\x1cb"]).vocabulary_size() == 3
+
+
+# --------------------------------------------------------------------------
+# Module layering: no import circle among the training modules
+# --------------------------------------------------------------------------
+
+def test_training_modules_import_without_a_circle():
+    """autoselect and autofeatures sit on layers/serving, not on textmodel;
+    textmodel still re-exports the registered layers (saved models name them)."""
+    code = (
+        "import sys\n"
+        "import model_worker.autoselect\n"
+        "assert 'model_worker.textmodel' not in sys.modules, 'autoselect pulled in textmodel'\n"
+        "import model_worker.textmodel as tm, model_worker.layers as ly\n"
+        "assert tm.SparseLinear is ly.SparseLinear and tm.CharNgramCounts is ly.CharNgramCounts\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")

@@ -1,0 +1,388 @@
+"""The project's Keras layers and tokenization, registered for safe-mode loading.
+
+Every saved model (bow, cnn, auto) names these under the "textswap" package:
+the standardize and split functions of its TextVectorization layers,
+CharNgramCounts, TermWeighting, Standardize and SparseLinear. Importing this
+module (textmodel, autofeatures and the worker all do) before
+`keras.saving.load_model(..., safe_mode=True)` is what makes a saved model
+loadable. It imports nothing else of the project, so the training modules
+above it (textmodel, autofeatures, autoselect) form no import circle.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+# --------------------------------------------------------------------------
+# Tokenization (lives inside the saved model)
+# --------------------------------------------------------------------------
+
+# Runs of anything that is not a letter, mark or digit become one space:
+# punctuation and emoji carry little signal for these tasks and would
+# otherwise glue onto neighbouring words.
+_NON_WORD = r"[^\p{L}\p{M}\p{N}]+"
+# Scripts written without spaces: each character becomes its own token.
+_CJK_CHAR = r"(\p{Han}|\p{Hiragana}|\p{Katakana})"
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+def standardize_char(text: tf.Tensor) -> tf.Tensor:
+    """Lowercase, drop punctuation, and space out every CJK character.
+
+    Latin words stay whole, so mixed text such as "iPhone很好用" becomes
+    "iphone 很 好 用".
+    """
+    text = tf.strings.lower(text, encoding="utf-8")
+    text = tf.strings.regex_replace(text, _NON_WORD, " ")
+    return tf.strings.regex_replace(text, _CJK_CHAR, r" \1 ")
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+def standardize_word(text: tf.Tensor) -> tf.Tensor:
+    """Lowercase and drop punctuation; tokens are whitespace-separated words.
+
+    CJK runs stay whole, which suits Chinese that was segmented upstream.
+    """
+    text = tf.strings.lower(text, encoding="utf-8")
+    return tf.strings.regex_replace(text, _NON_WORD, " ")
+
+
+def _char_ngrams(text: tf.Tensor, widths: tuple[int, ...], unigrams: bool) -> tf.RaggedTensor:
+    """Character n-grams inside each word, each word padded with one space.
+
+    `text` is already standardized (rank 1); the result is one ragged row of
+    n-grams per text, never crossing a word boundary (scikit-learn calls
+    this "char_wb"). The padding marks word starts and ends; unigrams, when
+    asked for, come unpadded so that no token is a bare space.
+    """
+    words = tf.strings.split(text)
+    padded = tf.strings.unicode_split(tf.strings.join([" ", words.flat_values, " "]), "UTF-8")
+    grams = tf.strings.ngrams(padded, ngram_width=widths, separator="")
+    if unigrams:
+        grams = tf.concat([tf.strings.unicode_split(words.flat_values, "UTF-8"), grams], axis=1)
+    return words.with_flat_values(grams).merge_dims(1, 2)
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+def split_char_2_5(text: tf.Tensor) -> tf.RaggedTensor:
+    """Character 2-5-grams within words: the view that suits Latin scripts."""
+    return _char_ngrams(text, (2, 3, 4, 5), unigrams=False)
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+def split_char_1_3(text: tf.Tensor) -> tf.RaggedTensor:
+    """Character 1-3-grams within runs: the view that suits CJK text."""
+    return _char_ngrams(text, (2, 3), unigrams=True)
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+def standardize_lower(text: tf.Tensor) -> tf.Tensor:
+    """Lowercase only: punctuation, symbols and digits stay (format strings,
+    option names, emoticons can be the signal); any whitespace run becomes
+    one space. CJK runs stay whole."""
+    text = tf.strings.lower(text, encoding="utf-8")
+    return tf.strings.regex_replace(text, r"[\s\x0b\p{Z}]+", " ")
+
+
+_STANDARDIZERS = {"char": standardize_char, "word": standardize_word, "lower": standardize_lower}
+# The n-gram widths (and whether unigrams come too) of each char split, for
+# CharNgramCounts, which computes the same counts by number.
+CHAR_SPLIT_WIDTHS = {split_char_2_5: ((2, 3, 4, 5), False), split_char_1_3: ((2, 3), True)}
+
+
+# What tf.strings.split splits on, as code points: " " and \t \n \v \f \r.
+_BLANKS = frozenset((9, 10, 11, 12, 13, 32))
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+class CharNgramCounts(keras.layers.Layer):
+    """Sparse counts of character n-grams within words, looked up by number.
+
+    Computes exactly what TextVectorization(standardize, split=_char_ngrams
+    with these widths, output_mode="count", sparse=True) computes with the
+    same vocabulary, except that out-of-vocabulary n-grams are left out
+    (their column 0 has weight 0 downstream, so nothing changes), and
+    faster: no n-gram string is ever built. The standardized text, padded
+    with a space at each end, is decoded to code points once; every
+    character maps to a small code (1..A for the A characters the
+    vocabulary uses, A+1 for any other), and an n-gram's key is its codes
+    packed `bits` apiece into one int64: exact (no hashing, no collisions),
+    and distinct across widths because a code is never 0. In that padded
+    sequence the n-grams of the padded words are exactly the windows with
+    no space inside (first and last position excepted) other than a lone
+    pair of spaces; no vocabulary token has a space inside, so every other
+    window (across words or texts, past the end) simply finds no key.
+    "Space" is whatever tf.strings.split splits on (" ", \\t, \\n, \\v, \\f,
+    \\r), so runs of them and standardizers that keep them ("lower") count
+    alike. Unigrams (CJK) are the non-space characters. Counting is one
+    unique-with-counts over (row, column) cells, cheaper than a sparse
+    bincount, which sorts every row.
+
+    The output's rows ascend; within a row, columns come in order of first
+    appearance (tf.sparse.reorder gives the lexicographic order).
+
+    Needs bits * max(widths) <= 63; `fits` says whether a vocabulary does.
+    """
+
+    def __init__(self, widths=(2, 3, 4, 5), unigrams: bool = False, standardize: str = "word",
+                 vocabulary=None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.widths, self.unigrams, self.standardize = tuple(widths), bool(unigrams), standardize
+        self._vocab_size = 0
+        if vocabulary is not None:
+            self.set_vocabulary(vocabulary)
+
+    @staticmethod
+    def _alphabet_of(vocabulary: list[str]) -> np.ndarray:
+        return np.array(sorted({ord(ch) for token in vocabulary for ch in token}), dtype=np.int64)
+
+    @classmethod
+    def fits(cls, vocabulary: list[str], widths) -> bool:
+        return (len(cls._alphabet_of(vocabulary)) + 1).bit_length() * max(widths) <= 63
+
+    def set_vocabulary(self, vocabulary: list[str]) -> None:
+        alphabet = self._alphabet_of(vocabulary)
+        bits = (len(alphabet) + 1).bit_length()
+        code = {int(cp): i + 1 for i, cp in enumerate(alphabet)}
+        keys = np.zeros(len(vocabulary), dtype=np.int64)
+        for j, token in enumerate(vocabulary):
+            inner = token[1:-1] if len(token) > 1 else token
+            if not token or any(ord(ch) in _BLANKS for ch in inner):
+                # windows with a space inside are left out by finding no key
+                raise ValueError(f"n-gram {token!r} has a space inside")
+            key = 0
+            for ch in token:
+                key = (key << bits) | code[ord(ch)]
+            keys[j] = key
+        self._set_tables(alphabet, keys)
+
+    def _set_tables(self, alphabet: np.ndarray, keys: np.ndarray) -> None:
+        self._alphabet_np, self._keys_np = alphabet, keys
+        self._bits = (len(alphabet) + 1).bit_length()
+        if self._bits * max(self.widths) > 63:
+            raise ValueError(f"{len(alphabet)} distinct characters do not pack into 64 bits")
+        if len(np.unique(keys)) != len(keys):
+            raise ValueError("vocabulary has duplicate tokens")
+        self._vocab_size = len(keys) + 1  # column 0: out of vocabulary, never emitted
+        self.alphabet_table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant(alphabet, tf.int64), tf.range(1, len(alphabet) + 1, dtype=tf.int64)),
+            default_value=len(alphabet) + 1)
+        self.ngram_table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(
+                tf.constant(keys, tf.int64), tf.range(1, len(keys) + 1, dtype=tf.int64)),
+            default_value=0)
+
+    def get_vocabulary(self) -> list[str]:
+        """The vocabulary, decoded back from the packed keys (OOV excluded)."""
+        mask = (1 << self._bits) - 1
+        vocab = []
+        for key in self._keys_np.tolist():
+            chars = []
+            while key:
+                chars.append(chr(int(self._alphabet_np[(key & mask) - 1])))
+                key >>= self._bits
+            vocab.append("".join(reversed(chars)))
+        return vocab
+
+    def vocabulary_size(self) -> int:
+        return self._vocab_size
+
+    def call(self, texts):
+        texts = tf.convert_to_tensor(texts, tf.string)
+        if self.standardize:
+            texts = _STANDARDIZERS[self.standardize](texts)
+        chars = tf.strings.unicode_decode(tf.strings.join([" ", texts, " "]), "UTF-8")
+        points = tf.cast(chars.flat_values, tf.int64)
+        n = tf.size(points)
+        top = max(self.widths)
+        # _BLANKS (what tf.strings.split splits on) all code as " "
+        blank = tf.logical_or(tf.equal(points, 32), tf.logical_and(points >= 9, points <= 13))
+        codes = tf.where(blank, self.alphabet_table.lookup(tf.constant(32, tf.int64)),
+                         self.alphabet_table.lookup(points))
+        # code 0 after the end: windows running past it match no key
+        codes = tf.concat([codes, tf.zeros([top - 1], tf.int64)], 0)
+        key = codes[:n]
+        keys = [key] if self.unigrams else []
+        for w in range(2, top + 1):
+            key = tf.bitwise.bitwise_or(tf.bitwise.left_shift(key, self._bits), codes[w - 1:w - 1 + n])
+            if w in self.widths:
+                keys.append(key)
+        # Every window is looked up, none is tested for spaces first: a key
+        # with a space inside, a space unigram, or one running past the end
+        # (code 0) or across two texts (spaces inside) is no vocabulary
+        # token's key, so the table itself leaves those windows out.
+        # Position-major, so that the rows of the kept windows stay sorted.
+        ids = self.ngram_table.lookup(tf.reshape(tf.stack(keys, axis=1), [-1]))
+        cells = tf.repeat(chars.value_rowids() * self._vocab_size, len(keys)) + ids
+        cells, _, counts = tf.unique_with_counts(tf.boolean_mask(cells, ids > 0))
+        # unique keeps first occurrences in order: rows ascending, columns in
+        # order of appearance within a row (not lexicographic, which
+        # TermWeighting and SparseLinear do not need; tf.sparse.reorder
+        # makes it so)
+        return tf.SparseTensor(tf.stack([cells // self._vocab_size, cells % self._vocab_size], axis=1),
+                               tf.cast(counts, self.compute_dtype),
+                               tf.stack([tf.shape(texts, out_type=tf.int64)[0],
+                                         tf.constant(self._vocab_size, tf.int64)]))
+
+    def compute_output_spec(self, texts):
+        return keras.KerasTensor((texts.shape[0], self._vocab_size), dtype=self.compute_dtype, sparse=True)
+
+    def save_own_variables(self, store) -> None:
+        store["alphabet"] = self._alphabet_np
+        store["keys"] = self._keys_np
+
+    def load_own_variables(self, store) -> None:
+        self._set_tables(np.asarray(store["alphabet"], dtype=np.int64), np.asarray(store["keys"], dtype=np.int64))
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "widths": list(self.widths), "unigrams": self.unigrams,
+                "standardize": self.standardize, "vocabulary_size": self._vocab_size}
+
+    @classmethod
+    def from_config(cls, config: dict):
+        config = dict(config)
+        size = config.pop("vocabulary_size", 0)
+        layer = cls(**config)
+        layer._vocab_size = size  # the output width, before load_own_variables fills the tables
+        return layer
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+class TermWeighting(keras.layers.Layer):
+    """Turns per-text n-gram counts into the bag the linear layer sees.
+
+    mode "tf_idf": count * idf; "count": count; "multi_hot": 1 if present.
+    The OOV column gets weight 0: how many unknown n-grams a text has says
+    more about its length than its class. With `normalize`, each row is
+    scaled to unit L2 norm, as classic TF-IDF pipelines do; this keeps long
+    reviews from producing huge logits and measured more accurate.
+
+    Accepts a SparseTensor (training, on cached features) or a dense tensor
+    and returns the same kind, so both graphs share one definition.
+    """
+
+    def __init__(self, vocab_size: int, mode: str = "tf_idf", normalize: bool = True,
+                 sublinear_tf: bool = False, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.vocab_size, self.mode, self.normalize = vocab_size, mode, normalize
+        self.sublinear_tf = sublinear_tf
+        # Saved with the model's weights; set from the training data.
+        self.weights_per_term = self.add_weight(
+            shape=(vocab_size,), initializer="ones", trainable=False, name="term_weights")
+
+    def call(self, counts):
+        if isinstance(counts, tf.SparseTensor):
+            values = tf.cast(counts.values, self.compute_dtype)
+            if self.mode == "multi_hot":
+                values = tf.ones_like(values)
+            elif self.sublinear_tf:
+                values = 1.0 + tf.math.log(values)
+            values = values * tf.gather(tf.convert_to_tensor(self.weights_per_term), counts.indices[:, 1])
+            if self.normalize:
+                rows = counts.indices[:, 0]
+                sq = tf.math.unsorted_segment_sum(tf.square(values), rows, counts.dense_shape[0])
+                values = values * tf.gather(tf.math.rsqrt(tf.maximum(sq, 1e-12)), rows)
+            return tf.SparseTensor(counts.indices, values, counts.dense_shape)
+        x = tf.cast(counts, self.compute_dtype)
+        if self.mode == "multi_hot":
+            x = tf.minimum(x, 1.0)
+        elif self.sublinear_tf:
+            # 1 + log(count) where present; log(0) is masked out.
+            x = tf.where(x > 0, 1.0 + tf.math.log(tf.maximum(x, 1.0)), tf.zeros_like(x))
+        x = x * self.weights_per_term
+        if self.normalize:
+            x = x * tf.math.rsqrt(tf.maximum(tf.reduce_sum(tf.square(x), axis=-1, keepdims=True), 1e-12))
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "vocab_size": self.vocab_size, "mode": self.mode,
+                "normalize": self.normalize, "sublinear_tf": self.sublinear_tf}
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+class Standardize(keras.layers.Layer):
+    """One of the registered standardizers as a layer: run once, feed several views.
+
+    When two branches of a model standardize alike (word 1-2-grams and
+    character n-grams of Latin text both use "word"), the text is
+    standardized once here and the branches get `standardize=None`.
+    """
+
+    def __init__(self, standardize: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if standardize not in _STANDARDIZERS:
+            raise ValueError(f"unknown standardizer {standardize!r}")
+        self.standardize = standardize
+
+    def call(self, texts):
+        return _STANDARDIZERS[self.standardize](tf.convert_to_tensor(texts, tf.string))
+
+    def compute_output_spec(self, texts):
+        return keras.KerasTensor(texts.shape, dtype="string")
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "standardize": self.standardize}
+
+
+# SparseLinear: kernel columns per sparse x dense matmul (see there).
+_COLUMNS_PER_MATMUL = 24
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+class SparseLinear(keras.layers.Layer):
+    """x @ kernel (+ bias) for sparse bags: the linear maps of `auto`.
+
+    Keras' Dense on a SparseTensor goes through fill_empty_rows and
+    embedding_lookup_sparse, which de-duplicates the column ids and gathers
+    a kernel row per entry; for the hundreds of n-grams a text has that was
+    most of the linear step's time. Here it is TensorFlow's sparse x dense
+    matmul, which adds each entry's kernel row straight into its output row,
+    over blocks of at most _COLUMNS_PER_MATMUL kernel columns (its CPU
+    kernel has a fast path for narrow right-hand sides; 86 columns in one
+    call measured 3x slower than in blocks of 24). Any order of the
+    entries will do. Dense input is a plain matmul.
+    """
+
+    def __init__(self, units: int, use_bias: bool = True, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.units, self.use_bias = int(units), bool(use_bias)
+
+    def build(self, input_shape) -> None:
+        # one variable per block of columns: slicing columns out of one
+        # (vocabulary x units) kernel would copy most of it on every call
+        step = _COLUMNS_PER_MATMUL
+        self.kernels = [self.add_weight(shape=(input_shape[-1], min(step, self.units - i)), initializer="zeros",
+                                        name=f"kernel_{i // step}") for i in range(0, self.units, step)]
+        self.bias = self.add_weight(shape=(self.units,), initializer="zeros", name="bias") if self.use_bias else None
+
+    def set_kernel(self, kernel: np.ndarray, bias: np.ndarray | None = None) -> None:
+        """Assign a whole (inputs x units) kernel (and the bias)."""
+        step = _COLUMNS_PER_MATMUL
+        for i, var in zip(range(0, self.units, step), self.kernels):
+            var.assign(kernel[:, i:i + step])
+        if self.use_bias:
+            self.bias.assign(bias)
+
+    def call(self, x):
+        kernels = [tf.convert_to_tensor(k) for k in self.kernels]
+        if isinstance(x, tf.SparseTensor):
+            x = tf.SparseTensor(x.indices, tf.cast(x.values, kernels[0].dtype), x.dense_shape)
+            blocks = [tf.sparse.sparse_dense_matmul(x, k) for k in kernels]
+            out = blocks[0] if len(blocks) == 1 else tf.concat(blocks, axis=1)
+        else:
+            out = tf.matmul(tf.cast(x, kernels[0].dtype), tf.concat(kernels, axis=1))
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.units)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "units": self.units, "use_bias": self.use_bias}
