@@ -95,7 +95,7 @@ class ClusterNode:
         return rec
 
     def start(self, record: dict[str, Any] | None, on_change: Any = None) -> None:
-        self._on_change = on_change or self.sup._on_record_change
+        self._on_change = on_change or self.sup.applies.on_record_change
         self._writer = asyncio.ensure_future(self._write_loop())
         self.sup.events.subscribe(self._on_event)
         self.cluster.start(self._deliver, self._describe, self.training.tick)

@@ -17,8 +17,7 @@ from typing import Any
 from tornado.ioloop import IOLoop
 
 from state.errors import InvalidName
-from frontend.base import ApiError, JsonHandler
-from frontend.handlers import _service_error
+from frontend.base import ApiError, JsonHandler, service_error
 
 _CHUNK = 256 * 1024
 # Archives up to this size stay in memory; larger ones spill to a temp file.
@@ -47,7 +46,7 @@ class ArtifactHandler(JsonHandler):
         except InvalidName:
             raise ApiError(404, "not_found", f"no model named {name!r} in the store") from None
         except Exception as exc:
-            raise _service_error(exc) from None
+            raise service_error(exc) from None
         archive = await IOLoop.current().run_in_executor(None, _build, folder, f"{name}/{v}")
         try:
             archive.seek(0, os.SEEK_END)

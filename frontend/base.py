@@ -15,6 +15,8 @@ from typing import Any
 from tornado import httputil
 from tornado.web import HTTPError, RequestHandler, stream_request_body
 
+from state.errors import InvalidName, NotFound, ServiceError, StoreError
+
 log = logging.getLogger("textswap.http")
 
 _REASONS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
@@ -137,9 +139,20 @@ class JsonHandler(RequestHandler):
                                ensure_ascii=False, default=str))
 
 
+FORM = "application/x-www-form-urlencoded"  # what curl -d sends by default
+
+
 def parse_json(raw: bytes, content_type: str | None, required: bool = True) -> Any:
     """The JSON value of a request body, or an ApiError saying what is wrong."""
     media = (content_type or "application/json").split(";")[0].strip().lower()
+    if media == FORM:
+        # `curl -d '{...}'` sends JSON as a form: answer it when it is JSON
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise ApiError(415, "unsupported_media_type",
+                           f"Content-Type is '{media}' and the body is not JSON; send "
+                           "JSON (Content-Type: application/json)") from None
     if media not in ("application/json", "") and not media.endswith("+json"):
         raise ApiError(415, "unsupported_media_type",
                        f"Content-Type must be application/json, got '{media}'")
@@ -184,3 +197,23 @@ def int_field(data: dict[str, Any], key: str, *, minimum: int = 1, maximum: int 
         bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
         raise ApiError(400, "invalid_field", f"'{key}' must be {bound}, got {value}")
     return value
+
+
+def service_error(exc: Exception) -> ApiError:
+    if isinstance(exc, InvalidName):
+        return ApiError(400, "invalid_name", str(exc))
+    if isinstance(exc, NotFound):
+        return ApiError(404, "not_found", str(exc))
+    if isinstance(exc, ServiceError):
+        return ApiError(exc.status, exc.code, str(exc), exc.details)
+    if isinstance(exc, StoreError):
+        return ApiError(500, "store_error", str(exc))
+    raise exc
+
+
+def name_field(data: dict[str, Any]) -> str:
+    if "name" not in data:
+        raise ApiError(400, "missing_field", "'name' is required")
+    if not isinstance(data["name"], str):
+        raise ApiError(400, "invalid_name", "'name' must be a string")
+    return data["name"]

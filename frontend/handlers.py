@@ -3,24 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from frontend.base import ApiError, JsonHandler, int_field
-from state.errors import InvalidName, NotFound, ServiceError, StoreError
-
-
-def _service_error(exc: Exception) -> ApiError:
-    if isinstance(exc, InvalidName):
-        return ApiError(400, "invalid_name", str(exc))
-    if isinstance(exc, NotFound):
-        return ApiError(404, "not_found", str(exc))
-    if isinstance(exc, ServiceError):
-        return ApiError(exc.status, exc.code, str(exc), exc.details)
-    if isinstance(exc, StoreError):
-        return ApiError(500, "store_error", str(exc))
-    raise exc
+from frontend.base import ApiError, JsonHandler, int_field, name_field, service_error
+from frontend.rollout_handlers import ROLLOUT_FIELDS, rollout_options
+from state.errors import InvalidName
 
 
 # -- inference port ----------------------------------------------------------------
-PREDICT_FIELDS = {"text", "texts", "top_k", "model"}
+PREDICT_FIELDS = {"text", "texts", "top_k", "model", "min_score", "explain"}
 
 
 def predict_request(data: dict[str, Any], lim: dict[str, Any]
@@ -76,7 +65,7 @@ async def predict(sup: Any, texts: list[str], top_k: int, name: str | None = Non
     try:
         model, labels, scores = await sup.predict(texts, name)
     except Exception as exc:
-        raise _service_error(exc) from None
+        raise service_error(exc) from None
     k = min(top_k, len(labels))
     order = range(len(labels))
     predictions = []
@@ -92,8 +81,12 @@ class PredictHandler(JsonHandler):
     for the lean path that normally answers it)."""
 
     async def post(self) -> None:
-        texts, top_k, model = predict_request(self.json_object(PREDICT_FIELDS), self.limits)
-        self.send_json(await predict(self.sup, texts, top_k, model))
+        from frontend import predictions
+
+        data = self.json_object(PREDICT_FIELDS)
+        texts, top_k, model = predict_request(data, self.limits)
+        self.send_json(await predictions.predict(self.sup, texts, top_k, model,
+                                                 predictions.predict_options(data)))
 
 
 class HealthHandler(JsonHandler):
@@ -117,21 +110,12 @@ class ReadyHandler(JsonHandler):
 MAX_REPLICAS = 64
 
 
-def _name_field(data: dict[str, Any]) -> str:
-    if "name" not in data:
-        raise ApiError(400, "missing_field", "'name' is required")
-    if not isinstance(data["name"], str):
-        raise ApiError(400, "invalid_name", "'name' must be a string")
-    return data["name"]
-
-
 class ApplyHandler(JsonHandler):
     """POST /apply {"name", "version"?, "replicas"?, "default"?}: swap that slot."""
 
     async def post(self) -> None:
-        from frontend.rollout_handlers import ROLLOUT_FIELDS, rollout_options
         data = self.json_object({"name", "version", "replicas", "default"} | ROLLOUT_FIELDS)
-        name = _name_field(data)
+        name = name_field(data)
         version = None  # null or absent: the latest version
         if data.get("version") is not None:
             version = int_field(data, "version", minimum=1)
@@ -145,7 +129,7 @@ class ApplyHandler(JsonHandler):
             result = await self.sup.apply(name, version, replicas=replicas, default=default,
                                           **rollout_options(data))
         except Exception as exc:
-            raise _service_error(exc) from None
+            raise service_error(exc) from None
         self.send_json(result)
 
 
@@ -153,13 +137,13 @@ class UnloadHandler(JsonHandler):
     """POST /unload {"name"}: stop serving a model (the store keeps it)."""
 
     async def post(self) -> None:
-        name = _name_field(self.json_object({"name"}))
+        name = name_field(self.json_object({"name"}))
         try:
             result = await self.sup.unload(name)
         except InvalidName:
             raise ApiError(404, "model_not_serving", f"model {name!r} is not serving") from None
         except Exception as exc:
-            raise _service_error(exc) from None
+            raise service_error(exc) from None
         self.send_json(result)
 
 
@@ -192,4 +176,4 @@ class ModelHandler(JsonHandler):
         except InvalidName:  # a lookup of a name that cannot exist: not there
             raise ApiError(404, "not_found", f"no model named {name!r} in the store") from None
         except Exception as exc:
-            raise _service_error(exc) from None
+            raise service_error(exc) from None

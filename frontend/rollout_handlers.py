@@ -9,8 +9,7 @@ from typing import Any
 
 from state import dataset
 from state.errors import InvalidName
-from frontend.base import ApiError, JsonHandler, int_field
-from frontend.handlers import _name_field, _service_error
+from frontend.base import ApiError, JsonHandler, int_field, name_field, service_error
 from state.store import check_name
 
 
@@ -53,7 +52,7 @@ ROLLOUT_FIELDS = {"mode", "fraction", "keep_examples", "gate", "min_accuracy"}
 class _NameAction(JsonHandler):
     async def post(self) -> None:
         data = self.json_object(self.fields)
-        name = _name_field(data)
+        name = name_field(data)
         try:
             self.send_json(await self.act(name, data))
         except InvalidName:
@@ -61,7 +60,7 @@ class _NameAction(JsonHandler):
         except ApiError:
             raise
         except Exception as exc:
-            raise _service_error(exc) from None
+            raise service_error(exc) from None
 
 
 class RollbackHandler(_NameAction):
@@ -95,7 +94,7 @@ class RolloutHandler(JsonHandler):
         try:
             self.send_json(self.sup.rollout_status(name))
         except Exception as exc:
-            raise _service_error(exc) from None
+            raise service_error(exc) from None
 
 
 class GoldenHandler(JsonHandler):

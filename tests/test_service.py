@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import threading
 import time
 
@@ -239,3 +240,23 @@ def test_bad_predict_requests(svc):
     code, got = svc.predict({"texts": ["\x00\x01 ctrl", "emoji 😀👍 混合 mixed"], "top_k": 50})
     assert code == 200 and len(got["predictions"]) == 2
     assert len(got["predictions"][0]["top"]) == 2  # top_k is capped at the label count
+
+
+def test_json_sent_as_a_form_is_answered_as_json(svc):
+    """`curl -d '{...}'` sends Content-Type application/x-www-form-urlencoded:
+    a JSON body is answered (on the lean /predict path and the management
+    routes); a form body that is not JSON is still a 415."""
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    svc.mpost("/apply", {"name": "sent", "version": 1})
+    code, got = svc.predict({"text": "good"}, headers=form)
+    assert code == 200 and got["predictions"][0]["label"] in ("pos", "neg"), got
+    code, got = svc.predict(None, raw=b"text=good", headers=form)
+    assert code == 415 and got["error"]["code"] == "unsupported_media_type", got
+    code, got = svc.mpost("/apply", {"name": "sent", "version": 1, "bogus": 1}, headers=form)
+    assert code == 400 and got["error"]["code"] == "unknown_field", got  # parsed as JSON
+    if shutil.which("curl") is None:
+        return
+    # and the real first thing people type
+    res = subprocess.run(["curl", "-s", f"http://127.0.0.1:{svc.port}/predict",
+                          "-d", '{"text": "good"}'], capture_output=True, text=True, timeout=60)
+    assert json.loads(res.stdout)["predictions"][0]["label"] in ("pos", "neg"), res.stdout

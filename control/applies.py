@@ -1,0 +1,315 @@
+"""Applies and unloads: the blue/green switch of one slot, and the applied record.
+
+`Applies` owns the applied-model record (what serves, per name, and the
+default model) and every change to it: `apply` (load the new version beside
+the serving one, pass the quality gate, swap, keep the old one in probation
+or drain it), `unload`, and following a record changed from outside (the
+watcher, or the cluster). It creates and deletes slots. It asks the
+provisioner for workers, the rollouts for the gate, candidates and
+probation, and the router for the swap.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from tornado import gen
+
+from state.errors import ApplyFailed, Conflict, ServiceError, UnknownModel
+from state.store import InvalidArtifact, StoreError, check_name
+from control.slots import Slot
+from control.workerhandle import State
+
+if TYPE_CHECKING:
+    from supervisor import Supervisor
+
+log = logging.getLogger("textswap.supervisor")
+
+
+class Applies:
+    """Switches slots to versions, unloads them, and keeps the record."""
+
+    def __init__(self, sup: "Supervisor") -> None:
+        self.sup = sup
+        self.cfg, self.wcfg, self.loop = sup.cfg, sup.wcfg, sup.loop
+        self.store, self.pool, self.events = sup.store, sup.pool, sup.events
+
+    def on_record_change(self, record: dict[str, Any]) -> None:
+        """The record was edited from outside: converge on it, name by name.
+        A record naming a model or version the store lacks is logged and
+        ignored as a whole: half-following it could unload what serves."""
+        wanted = record["models"]
+        for name, entry in wanted.items():
+            try:
+                self.store.resolve(name, entry["version"])
+            except StoreError as exc:
+                log.error("ignoring the applied-model record: %s", exc)
+                return
+        self.sup.record = record
+        for name, entry in wanted.items():
+            slot = self.sup.slots.get(name)
+            replicas = entry["replicas"] or (slot.wanted if slot else None)
+            if (slot is None or not slot.replicas or slot.version != entry["version"]
+                    or (replicas and replicas != slot.wanted)):
+                if slot is not None and entry["version"] is None and slot.replicas and (
+                        not replicas or replicas == slot.wanted):
+                    continue  # "latest" of a serving model: no change asked
+                self.loop.spawn_callback(self.apply_logged, name, entry["version"], "watcher",
+                                         replicas=entry["replicas"], explicit=entry["explicit"])
+        for name in list(self.sup.slots):
+            if name not in wanted:
+                self.loop.spawn_callback(self.unload_logged, name, "watcher")
+        if record["default"] != self.sup.default_name:
+            log.info("default model is now %s (record changed)", record["default"])
+            self.sup.default_name = record["default"]
+
+    async def apply_logged(self, name: str, version: int | None, source: str,
+                            **kw: Any) -> None:
+        try:
+            await self.apply(name, version, source=source, persist=source == "fallback", **kw)
+        except ServiceError as exc:
+            log.error("apply of %s v%s (%s) failed: %s", name, version, source, exc)
+        except StoreError as exc:
+            log.error("apply of %s v%s (%s) ignored: %s", name, version, source, exc)
+
+    async def unload_logged(self, name: str, source: str) -> None:
+        try:
+            await self.unload(name, source=source, persist=source != "watcher")
+        except (ServiceError, StoreError) as exc:
+            log.info("unload of %s (%s): %s", name, source, exc)
+
+    async def apply(self, name: str, version: int | None = None, *, replicas: int | None = None,
+                    default: bool | None = None, explicit: bool | None = None,
+                    source: str = "api", persist: bool = True, **rollout: Any
+                    ) -> dict[str, Any]:
+        """Blue/green swap of one slot to (name, version) with `replicas` workers.
+
+        replicas: the apply's, else the slot's current count, else config
+        serving.replicas. default: whether `name` becomes the default model;
+        None means yes for an operator's or a training job's apply, no for the
+        watcher's and restarts (which follow the record's default).
+        rollout: mode ("normal", "shadow", "canary"), fraction, keep_examples,
+        gate (False skips the quality gate), min_accuracy."""
+        check_name(name)
+        self.store.resolve(name, version)  # fail fast: 404 before queueing
+        t_call = time.monotonic()
+        slot = self.sup.slots.get(name)
+        created = slot is None
+        if slot is None:
+            slot = self.sup.slots[name] = Slot(name)
+        if replicas is None:
+            replicas = slot.wanted if not created else self.cfg["serving"]["replicas"]
+        if self.sup.cluster is not None and persist and source == "api":
+            await self.sup.cluster.check()  # 503 while the cluster store is unreachable
+        slot.applying += 1
+        try:
+            async with slot.lock:
+                result = await self.apply_locked(slot, version, replicas, default, explicit,
+                                                  source, persist, t_call, **rollout)
+            if self.sup.cluster is not None and persist and not result.get("unchanged"):
+                result["cluster"] = await self.sup.cluster.after_change()  # revision, nodes
+            return result
+        finally:
+            slot.applying -= 1
+            if (not slot.replicas and not slot.busy and slot.version is None
+                    and self.sup.slots.get(name) is slot):
+                del self.sup.slots[name]  # a first apply that failed leaves no slot behind
+                slot.unloaded = True
+            slot.wake_all()
+
+    async def apply_locked(self, slot: Slot, version: int | None, replicas: int,
+                            default: bool | None, explicit: bool | None, source: str,
+                            persist: bool, t_call: float, mode: str = "normal",
+                            fraction: float | None = None, keep_examples: int = 0,
+                            gate: bool = True, min_accuracy: float | None = None
+                            ) -> dict[str, Any]:
+        name = slot.name
+        if self.sup.stopping:
+            raise ServiceError("service is shutting down", 503, "stopping")
+        if slot.unloaded:
+            raise ServiceError(f"model {name!r} was unloaded while this apply waited", 409,
+                               "unloaded")
+        version, path = self.store.resolve(name, version)
+        serving_now = slot.model_label() if slot.replicas else "nothing"
+        try:
+            self.store.check_artifact(name, version)
+        except InvalidArtifact as exc:
+            raise ServiceError(f"{exc}; {name} still serves {serving_now}", 422,
+                               "invalid_model") from None
+        if source == "api":  # an operator's explicit choice gets a fresh start
+            slot.crashes.pop(version, None)
+            slot.rolled_back.pop(version, None)
+            self.sup.failed_models.pop(f"{name} v{version}", None)
+        elif version in slot.rolled_back and slot.rolled_back[version].get("auto"):
+            raise ServiceError(f"{name} v{version} was rolled back automatically "
+                               f"({slot.rolled_back[version]['reason']}); only an explicit "
+                               "POST /apply brings it back", 409, "rolled_back")
+        if mode != "normal":
+            return await self.sup.rollouts.start_candidate(slot, version, path, replicas, mode,
+                                               fraction, keep_examples, source, t_call)
+        phases: dict[str, float] = {"queued": time.monotonic() - t_call}
+        old = list(slot.replicas)
+        previous = {"name": name, "version": slot.version} if old else None
+        if (old and slot.version == version and len(old) == replicas
+                and source in ("watcher", "startup")):
+            return {"previous": previous, "current": previous, "unchanged": True}
+        if source == "watcher" and self.sup.cluster is not None and self.sup.cluster.stale(name, version):
+            # cluster mode: a newer record (maybe this node's own apply, which
+            # held the lock) superseded the one this apply was queued for
+            return {"previous": previous, "current": previous, "unchanged": True}
+        t = time.monotonic()
+        p = slot.probation
+        reused = (p is not None and p.version == version and len(p.workers) == replicas
+                  and all(w.usable for w in p.workers))
+        if reused:  # the version in probation is still loaded: the swap is all there is
+            assert p is not None
+            self.sup.rollouts.cancel_probation(slot)
+            ready = [(w, w.ready.result() if w.ready.done() else {}, True) for w in p.workers]
+        else:
+            what = (f"applying {name} v{version} with {replicas} "
+                    f"replica{'s' if replicas != 1 else ''}")
+            await self.sup.provision.make_room(replicas, what)
+            new = self.sup.provision.obtain(name, version, replicas, what)
+            try:
+                ready = list(await gen.multi([self.sup.provision.make_ready(w, name, version, path)
+                                              for w in new]))
+            except ApplyFailed as exc:
+                for w in new:
+                    if w.alive and w.state is not State.SERVING:
+                        self.loop.spawn_callback(w.stop, 1.0)
+                self.pool.ensure(delay=1.0)
+                self.events.emit("apply_failed", name=name, version=version, source=source,
+                                 reason=str(exc))
+                exc.args = (f"{exc}; {name} still serves {serving_now}",)
+                raise
+        phases["spawn"] = time.monotonic() - t  # boot + load, all replicas at once
+        workers = [w for w, _, _ in ready]
+        gate_info = None
+        if source in ("api", "train"):
+            t = time.monotonic()
+            try:
+                gate_info = await self.sup.rollouts.quality_gate(slot, version, workers, gate, min_accuracy)
+            except Conflict as exc:
+                if reused:
+                    for w in workers:
+                        w.set_state(State.DRAINING)
+                self.loop.spawn_callback(self.sup.provision.retire, workers)
+                self.events.emit("gate_refused", name=name, version=version, source=source,
+                                 from_version=slot.version, reason=str(exc),
+                                 details=exc.details)
+                raise
+            phases["gate"] = time.monotonic() - t
+        t = time.monotonic()
+        # re-read what serves now: an automatic rollback may have swapped the
+        # slot while the new workers loaded or the gate scored them
+        old = list(slot.replicas)
+        previous = {"name": name, "version": slot.version} if old else None
+        if explicit is not None:
+            slot.explicit = explicit
+        elif source == "api" or (source == "train" and not self.sup._demo_training):
+            slot.explicit = True
+        elif source == "train":
+            slot.explicit, self.sup._demo_training = False, False
+        self.sup.router.swap(slot, workers, version, replicas)
+        make_default = default if default is not None else source in ("api", "train")
+        old_default = self.sup.default_name
+        if make_default or self.sup.default_name is None and source not in ("startup", "watcher"):
+            self.sup.default_name = name
+            if old_default != name:
+                self.sup.previous_default = old_default
+        if persist:
+            self.save_record(name)
+        phases["swap"] = time.monotonic() - t
+        log.info("%s now serves v%s on %d replica(s) (pids %s; %s)", name, version,
+                 len(workers), ", ".join(str(w.pid) for w in workers), source)
+        self.pool.ensure(delay=2.0)
+        self.pool.refresh()
+        if self.sup.default_name != old_default and old_default:
+            self.retire_demo(old_default)
+        t = time.monotonic()
+        ended = await self.sup.rollouts.after_swap(slot, old, previous, version)
+        phases["drain_stop"] = time.monotonic() - t
+        preloaded = all(p for _, _, p in ready)
+        first = ready[0][1]
+        result = {
+            "previous": previous,
+            "current": {"name": name, "version": version},
+            "replicas": len(workers),
+            "default": self.sup.default_name == name,
+            "worker": {"generation": workers[0].generation, "pid": workers[0].pid},
+            "workers": [{"generation": w.generation, "pid": w.pid} for w in workers],
+            "phases_s": {k: round(v, 4) for k, v in phases.items()},
+            "preloaded": preloaded,
+            "from_probation": reused,
+            "load_s": round(first.get("load_s", 0.0), 4),
+            "warmup_s": round(first.get("warm_s", 0.0), 4),
+            "old_worker": ended[0] if ended else None,
+            "old_workers": ended,
+            "probation": slot.probation.describe() if slot.probation else None,
+            "gate": gate_info,
+            "source": source,
+            "total_s": round(time.monotonic() - t_call, 4),
+        }
+        # the old single-worker phase names, for existing clients
+        result["phases_s"].update({"drain": result["phases_s"]["drain_stop"], "stop": 0.0,
+                                   "load": 0.0})
+        slot.last_apply = self.sup.last_apply = result
+        self.events.emit("apply", name=name, version=version, source=source,
+                         from_version=previous["version"] if previous else None,
+                         phases=result["phases_s"], replicas=len(workers),
+                         details={"gate": gate_info, "from_probation": reused,
+                                  "preloaded": preloaded})
+        return result
+
+    def retire_demo(self, name: str) -> None:
+        """The first-start demo is a convenience, not a tenant: once another
+        model is the default, its slot goes (unless someone applied it)."""
+        slot = self.sup.slots.get(name)
+        if slot is not None and not slot.explicit:
+            log.info("the first-start demo model %r is no longer the default: unloading it "
+                     "(apply it explicitly to keep it)", name)
+            self.loop.spawn_callback(self.unload_logged, name, "demo_retired")
+
+    def save_record(self, changed: str | None = None) -> None:
+        """Persist what serves; `changed`: the one slot this change was about."""
+        models = {n: {"version": s.version, "replicas": s.wanted, "explicit": s.explicit}
+                  for n, s in sorted(self.sup.slots.items()) if s.version is not None}
+        self.sup.record = {"default": self.sup.default_name if self.sup.default_name in models else None,
+                       "models": models, "revision": self.sup.record.get("revision", 0) + 1}
+        if self.sup.cluster is not None:  # merged into the Redis record (that slot only)
+            self.sup.cluster.note_record(self.sup.record, changed)
+            return
+        if self.sup.watcher:
+            self.sup.watcher.note_record(self.sup.record)
+        self.store.write_record(self.sup.record)
+
+    async def unload(self, name: str, *, source: str = "api", persist: bool = True
+                     ) -> dict[str, Any]:
+        """Stop serving a model: out of routing at once, then drain and stop.
+        The store keeps every version."""
+        check_name(name)
+        slot = self.sup.router.slot_for(name)
+        if self.sup.cluster is not None and persist and source == "api":
+            await self.sup.cluster.check()  # 503 while the cluster store is unreachable
+        async with slot.lock:
+            if self.sup.slots.get(name) is not slot:
+                raise UnknownModel(f"model {name!r} is not serving here")
+            del self.sup.slots[name]
+            slot.unloaded = True
+            old, slot.replicas = slot.replicas, []
+            slot.wake_all()
+            was_default = self.sup.default_name == name
+            if was_default:
+                self.sup.default_name = None
+            if persist:
+                self.save_record(name)
+            log.info("unloaded %s v%s (%s)", name, slot.version, source)
+            self.events.emit("unload", name=name, version=slot.version, source=source)
+            ended = await self.sup.provision.retire(old)
+        self.pool.ensure()
+        out = {"unloaded": {"name": name, "version": slot.version}, "workers": ended,
+               "default": self.sup.default_name, "was_default": was_default}
+        if self.sup.cluster is not None and persist:
+            out["cluster"] = await self.sup.cluster.after_change()
+        return out

@@ -1,0 +1,132 @@
+"""Workers for a slot: taken from the standby pool or started, made ready, retired.
+
+`Provisioner` owns the steps between "a slot needs n workers of (name,
+version)" and "they are READY", and the reverse (drain, then stop). It reads
+the pool (`WorkerPool`) and the budget, and may end a probation early to make
+room (through the rollouts). It never changes routing: the callers swap.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from tornado import gen
+
+from state.errors import ApplyFailed
+from state.store import StoreError
+from control.workerhandle import RequestFailed, State, WorkerDied, WorkerError, WorkerHandle
+
+if TYPE_CHECKING:
+    from supervisor import Supervisor
+
+log = logging.getLogger("textswap.supervisor")
+
+
+class Provisioner:
+    """Obtains, readies and retires worker processes for the slots."""
+
+    def __init__(self, sup: "Supervisor") -> None:
+        self.sup = sup
+        self.cfg, self.wcfg, self.loop = sup.cfg, sup.wcfg, sup.loop
+        self.store, self.pool, self.events = sup.store, sup.pool, sup.events
+
+    def preload_guesses(self) -> list[tuple[str, int]]:
+        """Models likely applied next, best first: a newer version of a serving
+        model (just trained), then the version each served before (a rollback).
+        The default model's guesses come first."""
+        order = sorted(self.sup.slots.values(), key=lambda s: s.name != self.sup.default_name)
+        newer, back = [], []
+        for slot in order:
+            if slot.version is None or not slot.replicas:
+                continue
+            try:
+                later = [v for v in self.store.versions(slot.name) if v > slot.version]
+            except StoreError:
+                later = []
+            later = [v for v in later if not slot.rolled_back.get(v, {}).get("auto")]
+            if later:
+                newer.append((slot.name, later[-1]))
+            if slot.previous and slot.previous != slot.version and (
+                    slot.probation is None or slot.probation.version != slot.previous):
+                back.append((slot.name, slot.previous))
+        return newer + back
+
+    def obtain(self, name: str, version: int, n: int, what: str) -> list[WorkerHandle]:
+        """n workers for (name, version): standbys first (best: one that
+        preloaded it), new processes for the rest. Checks the budget before
+        anything starts, with no await in between, so concurrent applies
+        cannot over-commit."""
+        taken: list[WorkerHandle] = []
+        while len(taken) < n:
+            w = self.pool.take(name, version)
+            if w is None:
+                break
+            taken.append(w)
+        need = n - len(taken)
+        if need and not self.pool.has_room(need):
+            self.pool.give_back(taken)
+            raise self.pool.budget_error(need, what)
+        return taken + [self.pool.spawn(nice=False) for _ in range(need)]
+
+    async def make_ready(self, w: WorkerHandle, name: str, version: int, path: str
+                          ) -> tuple[WorkerHandle, dict[str, Any], bool]:
+        """Boot (if needed) and load (unless preloaded) one worker.
+        Returns (worker, ready frame, preloaded)."""
+        deadline = self.loop.time() + self.wcfg["boot_timeout"]
+        try:
+            await gen.with_timeout(deadline, w.booted, quiet_exceptions=(WorkerDied,))
+            if w.state is State.LOADING:  # a preload is under way: let it finish
+                try:
+                    await gen.with_timeout(deadline, w.ready,
+                                           quiet_exceptions=(WorkerDied, RequestFailed))
+                except (WorkerDied, RequestFailed):  # the guess was bad: a fresh one
+                    w = self.pool.spawn()
+                    await gen.with_timeout(deadline, w.booted, quiet_exceptions=(WorkerDied,))
+        except (gen.TimeoutError, WorkerDied) as exc:
+            w.kill()
+            raise ApplyFailed(f"worker process did not start: {exc or 'timeout'}",
+                              status=503, code="worker_boot_failed") from exc
+        if w.state is State.READY and w.model == {"name": name, "version": version}:
+            return w, w.ready.result(), True
+        try:
+            ready = await gen.with_timeout(self.loop.time() + self.wcfg["load_timeout"],
+                                           w.load(path, name, version),
+                                           quiet_exceptions=(WorkerDied, RequestFailed))
+        except (gen.TimeoutError, WorkerError) as exc:
+            status = None
+            why = str(exc) or "load deadline passed"
+            if isinstance(exc, gen.TimeoutError):
+                why = f"model did not load and warm up within {self.wcfg['load_timeout']}s"
+                status = 504
+            w.error = why
+            self.loop.spawn_callback(w.stop, 1.0)
+            raise ApplyFailed(f"{name} v{version} failed to load: {why}",
+                              status=status) from exc
+        return w, ready, False
+
+    async def retire(self, ws: list[WorkerHandle]) -> list[dict[str, Any]]:
+        """Drain then stop workers that no longer receive requests."""
+        async def one(w: WorkerHandle) -> dict[str, Any]:
+            drained = True
+            if w.alive:
+                if w.state in (State.SERVING, State.IDLE):
+                    w.set_state(State.DRAINING)
+                drained = await w.wait_idle(self.wcfg["drain_timeout"])
+            ended = await w.stop(self.wcfg["stop_timeout"])
+            return {"generation": w.generation, "pid": w.pid, "drained": drained, "ended": ended}
+        return list(await gen.multi([one(w) for w in ws]))
+
+    async def make_room(self, n: int, what: str) -> None:
+        """Free budget for n workers (minus the standbys they can take):
+        probation workers are the first to go."""
+        if not self.pool.max_workers:
+            return
+        need = n - len([w for w in self.pool.standby if w.alive])
+        for slot in sorted(self.sup.slots.values(), key=lambda s: s.probation.started
+                           if s.probation else 0.0):
+            if need <= 0 or self.pool.has_room(need):
+                return
+            if slot.probation is not None:
+                log.info("ending the probation of %s v%s early: %s needs room", slot.name,
+                         slot.probation.version, what)
+                await self.retire(self.sup.rollouts.cancel_probation(slot))

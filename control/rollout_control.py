@@ -1,0 +1,298 @@
+"""Safe rollouts: probation and rollback, the quality gate, shadow and canary.
+
+`RolloutControl` owns each slot's rollout state: the previous version kept
+loaded in probation after a swap (rollback within it is one assignment,
+automatic when the new version's error rate or p99 passes the limits), the
+golden-set quality gate of an apply or a promotion, and shadow/canary
+candidates (start, promote, abort). The figures themselves are
+`control/rollouts.py`'s. It routes only through `Router.swap` and persists
+through `Applies.save_record`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from tornado import gen
+
+from state.errors import ApplyFailed, Conflict, ServiceError
+from state.store import check_name
+from control.rollouts import Candidate, Probation, label_changes
+from control.rollouts import score as rollouts_score
+from control.slots import Slot
+from control.workerhandle import State, WorkerHandle
+
+if TYPE_CHECKING:
+    from supervisor import Supervisor
+
+log = logging.getLogger("textswap.supervisor")
+
+
+class RolloutControl:
+    """Probation, rollback, the quality gate, shadow and canary, per slot."""
+
+    def __init__(self, sup: "Supervisor") -> None:
+        self.sup = sup
+        self.cfg, self.wcfg, self.loop = sup.cfg, sup.wcfg, sup.loop
+        self.store, self.pool, self.events = sup.store, sup.pool, sup.events
+
+    async def after_swap(self, slot: Slot, old: list[WorkerHandle],
+                          previous: dict[str, Any] | None, version: int
+                          ) -> list[dict[str, Any]]:
+        """The previous version's workers: kept idle in probation (a rollback
+        is then one assignment), or drained and stopped."""
+        probation_s = self.cfg["rollout"]["probation_s"]
+        if self.sup.stopping or not old or previous is None or previous["version"] == version \
+                or probation_s <= 0:
+            return await self.sup.provision.retire(old)
+        if slot.probation is not None:  # one probation per slot: the newest
+            self.loop.spawn_callback(self.sup.provision.retire, self.cancel_probation(slot))
+        old_p99 = slot.stats_before_swap
+        for w in old:
+            w.set_state(State.IDLE)
+        p = Probation(version=previous["version"], workers=old, new_version=version,
+                      until=time.monotonic() + probation_s, old_p99=old_p99)
+        p.timer = self.loop.call_later(probation_s, self.end_probation, slot, p)
+        slot.probation = p
+        log.info("%s v%s stays loaded in probation for %.0fs (rollback is instant)",
+                 slot.name, p.version, probation_s)
+        # in-flight requests on the old workers still finish: wait for them
+        drained = await gen.multi([w.wait_idle(self.wcfg["drain_timeout"]) for w in old])
+        return [{"generation": w.generation, "pid": w.pid, "drained": d, "ended": "probation"}
+                for w, d in zip(old, drained)]
+
+    def cancel_probation(self, slot: Slot) -> list[WorkerHandle]:
+        p, slot.probation = slot.probation, None
+        if p is None:
+            return []
+        if p.timer is not None:
+            self.loop.remove_timeout(p.timer)
+        return p.workers
+
+    def end_probation(self, slot: Slot, p: Probation) -> None:
+        if slot.probation is not p:
+            return
+        slot.probation = None
+        log.info("probation of %s v%s ended: its workers stop", slot.name, p.version)
+        self.events.emit("probation_ended", name=slot.name, from_version=p.version,
+                         to_version=p.new_version, details=p.new_stats.describe())
+        self.loop.spawn_callback(self.sup.provision.retire, p.workers)
+
+    def rollback_now(self, slot: Slot, reason: str, auto: bool,
+                      figures: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Within probation: the previous version serves again, in one
+        assignment; the rolled-back version's workers drain and stop."""
+        p = slot.probation
+        assert p is not None
+        self.cancel_probation(slot)
+        bad_version, bad = slot.version, list(slot.replicas)
+        for w in bad:
+            if w.state is State.SERVING:
+                w.set_state(State.DRAINING)  # no new requests from now on
+        self.sup.router.swap(slot, p.workers, p.version, len(p.workers))
+        slot.previous = None
+        info = {"version": bad_version, "reason": reason, "auto": auto, "figures": figures,
+                "at": time.time(), "back_to": p.version}
+        slot.rolled_back[bad_version] = info  # type: ignore[index]
+        self.sup.applies.save_record(slot.name)
+        (log.warning if auto else log.info)(
+            "%s rolled back from v%s to v%s (%s): %s", slot.name, bad_version, p.version,
+            "automatic" if auto else "manual", reason)
+        self.events.emit("rollback", name=slot.name, source="auto" if auto else "api",
+                         from_version=bad_version, to_version=p.version, reason=reason,
+                         details=figures)
+        self.loop.spawn_callback(self.sup.provision.retire, bad)
+        return info
+
+    async def rollback(self, name: str, source: str = "api") -> dict[str, Any]:
+        """POST /rollback: the previous version serves again. Within probation
+        it is one routing assignment; after it, an apply of that version."""
+        check_name(name)
+        slot = self.sup.router.slot_for(name)
+        t0 = time.monotonic()
+        if slot.probation is not None and all(w.usable for w in slot.probation.workers):
+            info = self.rollback_now(slot, "manual rollback", auto=False)
+            return {"name": name, "from_version": info["version"], "to_version": info["back_to"],
+                    "instant": True, "took_s": round(time.monotonic() - t0, 6)}
+        if not slot.previous:
+            raise Conflict(f"{name} has no previous version to roll back to", code="no_previous")
+        target, bad = slot.previous, slot.version
+        result = await self.sup.applies.apply(name, target, default=False, source="rollback")
+        slot.rolled_back[bad] = {"version": bad, "reason": "manual rollback", "auto": False,  # type: ignore[index]
+                                 "figures": None, "at": time.time(), "back_to": target}
+        self.events.emit("rollback", name=name, source=source, from_version=bad,
+                         to_version=target, reason="manual rollback after probation",
+                         phases=result.get("phases_s"))
+        return {"name": name, "from_version": bad, "to_version": target, "instant": False,
+                "took_s": round(time.monotonic() - t0, 6), "apply": result}
+
+    def check_probations(self) -> None:
+        """Once a second: roll back a version in probation whose error rate or
+        tail latency went past the configured limits."""
+        r = self.cfg["rollout"]
+        for slot in list(self.sup.slots.values()):
+            p = slot.probation
+            if p is None or p.new_version != slot.version:
+                continue
+            s = p.new_stats
+            if s.requests < r["min_requests"]:
+                continue
+            figures = {"new_version": s.describe(),
+                       "previous_p99_ms": None if p.old_p99 is None else round(1000 * p.old_p99, 3)}
+            if s.error_rate > r["max_error_rate"]:
+                self.rollback_now(slot, f"error rate {s.error_rate:.1%} above "
+                                   f"rollout.max_error_rate {r['max_error_rate']:.1%}",
+                                   auto=True, figures=figures)
+                continue
+            p99 = s.p(0.99)
+            if p.old_p99 and p99 and p99 > r["max_latency_ratio"] * p.old_p99 and (
+                    p99 - p.old_p99) * 1000 > r["latency_slack_ms"]:
+                self.rollback_now(slot, f"p99 latency {1000 * p99:.1f} ms above "
+                                   f"{r['max_latency_ratio']}x the previous version's "
+                                   f"{1000 * p.old_p99:.1f} ms", auto=True, figures=figures)
+
+    async def quality_gate(self, slot: Slot, version: int, workers: list[WorkerHandle],
+                            enabled: bool, min_accuracy: float | None) -> dict[str, Any] | None:
+        golden = self.sup.golden.get(slot.name)
+        if golden is None:
+            if min_accuracy is not None and enabled:
+                raise ServiceError(f"min_accuracy needs a golden set: register one with PUT "
+                                   f"/models/{slot.name}/golden", 422, "no_golden_set")
+            return None
+        if not enabled:
+            log.warning("quality gate of %s v%s skipped on request", slot.name, version)
+            return {"skipped": True}
+        texts, truth = golden["texts"], golden["labels"]
+        floor = min_accuracy if min_accuracy is not None else golden.get("min_accuracy")
+        cand = rollouts_score(workers[0].labels, await self.score_on(workers[0], texts), truth)
+        serving = None
+        if slot.replicas and slot.version != version:
+            key = (slot.version, golden["sha256"])
+            serving = slot.gate_cache.get(key)
+            if serving is None:
+                serving = rollouts_score(slot.labels, await self.score_on(slot.replicas[0],
+                                                                           texts), truth)
+                slot.gate_cache[key] = serving
+        tol = self.cfg["rollout"]["gate_tolerance"]
+        reasons = []
+        if serving and cand["accuracy"] < serving["accuracy"] - tol:
+            reasons.append(f"accuracy {cand['accuracy']:.4f} on the golden set is below the "
+                           f"serving v{slot.version}'s {serving['accuracy']:.4f} minus "
+                           f"rollout.gate_tolerance {tol}")
+        if floor is not None and cand["accuracy"] < floor:
+            reasons.append(f"accuracy {cand['accuracy']:.4f} is below min_accuracy {floor}")
+        info = {"passed": not reasons, "golden_examples": len(texts), "tolerance": tol,
+                "min_accuracy": floor, "candidate": {"version": version, **cand},
+                "serving": None if serving is None else {"version": slot.version, **serving},
+                "per_label_changes": label_changes(serving, cand) if serving else None}
+        if reasons:
+            raise Conflict(f"quality gate refused {slot.name} v{version}: "
+                           + "; ".join(reasons), code="quality_gate", details={"gate": info})
+        return info
+
+    async def score_on(self, w: WorkerHandle, texts: list[str]) -> list:
+        step = self.wcfg["max_batch"]
+        parts = await gen.multi([w.predict(texts[i:i + step]) for i in range(0, len(texts), step)])
+        return [row for part in parts for row in part]
+
+    async def start_candidate(self, slot: Slot, version: int, path: str, replicas: int,
+                               mode: str, fraction: float | None, keep_examples: int,
+                               source: str, t_call: float) -> dict[str, Any]:
+        if not slot.replicas:
+            raise Conflict(f"nothing serves {slot.name} yet: apply a version normally "
+                           "before a shadow or canary", code="not_serving")
+        if version == slot.version:
+            raise Conflict(f"{slot.name} v{version} already serves", code="already_serving")
+        if slot.candidate is not None:  # replaced: recorded as an abort, with its figures
+            old = slot.candidate
+            self.events.emit("abort", name=slot.name, source=source, from_version=slot.version,
+                             to_version=old.version, details=old.describe(),
+                             reason=f"replaced by a {mode} of v{version}")
+            self.loop.spawn_callback(self.sup.provision.retire, self.drop_candidate(slot))
+        fraction = fraction if fraction is not None else (1.0 if mode == "shadow" else 0.1)
+        what = f"a {mode} of {slot.name} v{version}"
+        await self.sup.provision.make_room(replicas, what)
+        new = self.sup.provision.obtain(slot.name, version, replicas, what)
+        try:
+            ready = list(await gen.multi([self.sup.provision.make_ready(w, slot.name, version, path)
+                                          for w in new]))
+        except ApplyFailed:
+            for w in new:
+                if w.alive:
+                    self.loop.spawn_callback(w.stop, 1.0)
+            self.pool.ensure(delay=1.0)
+            raise
+        workers = [w for w, _, _ in ready]
+        for w in workers:
+            w.slot, w.on_answer = slot, slot.on_answer
+            w.set_state(State.SERVING)
+            w.send({"t": "serve"})
+        slot.candidate = Candidate(version=version, workers=workers, mode=mode,
+                                   fraction=fraction, keep_examples=keep_examples)
+        log.info("%s v%s runs as a %s candidate beside v%s (fraction %.3f)", slot.name,
+                 version, mode, slot.version, fraction)
+        self.events.emit(mode, name=slot.name, source=source, from_version=slot.version,
+                         to_version=version, details={"fraction": fraction})
+        self.pool.ensure(delay=2.0)
+        return {"name": slot.name, "mode": mode, "serving": {"name": slot.name,
+                                                              "version": slot.version},
+                "candidate": {"name": slot.name, "version": version}, "fraction": fraction,
+                "workers": [{"generation": w.generation, "pid": w.pid} for w in workers],
+                "total_s": round(time.monotonic() - t_call, 4)}
+
+    def drop_candidate(self, slot: Slot) -> list[WorkerHandle]:
+        c, slot.candidate = slot.candidate, None
+        if c is None:
+            return []
+        for w in c.workers:
+            if w.state is State.SERVING:
+                w.set_state(State.DRAINING)
+        return c.workers
+
+    async def promote(self, name: str, gate: bool = True) -> dict[str, Any]:
+        """The shadow or canary candidate serves all traffic: one assignment."""
+        slot = self.sup.router.slot_for(name)
+        async with slot.lock:
+            c = slot.candidate
+            if c is None:
+                raise Conflict(f"{name} has no shadow or canary candidate to promote",
+                               code="no_candidate")
+            gate_info = await self.quality_gate(slot, c.version, c.workers, gate, None)
+            t0 = time.monotonic()
+            slot.candidate = None
+            old, previous = list(slot.replicas), {"name": name, "version": slot.version}
+            self.sup.router.swap(slot, c.workers, c.version, len(c.workers))
+            self.sup.applies.save_record(name)
+            took = time.monotonic() - t0
+            log.info("%s v%s promoted from %s", name, c.version, c.mode)
+            self.events.emit("promote", name=name, source="api", from_version=previous["version"],
+                             to_version=c.version, details={"mode": c.mode, **c.describe(),
+                                                            "gate": gate_info})
+            ended = await self.after_swap(slot, old, previous, c.version)
+        return {"name": name, "from_version": previous["version"], "to_version": c.version,
+                "mode": c.mode, "swap_s": round(took, 6), "gate": gate_info,
+                "old_workers": ended, "figures": c.describe()}
+
+    async def abort(self, name: str) -> dict[str, Any]:
+        slot = self.sup.router.slot_for(name)
+        c = slot.candidate
+        if c is None:
+            raise Conflict(f"{name} has no shadow or canary candidate to abort",
+                           code="no_candidate")
+        figures = c.describe()
+        workers = self.drop_candidate(slot)
+        self.events.emit("abort", name=name, source="api", from_version=slot.version,
+                         to_version=c.version, details=figures)
+        ended = await self.sup.provision.retire(workers)
+        self.pool.ensure()
+        return {"name": name, "aborted_version": c.version, "mode": c.mode, "figures": figures,
+                "workers": ended}
+
+    def rollout_status(self, name: str) -> dict[str, Any]:
+        slot = self.sup.router.slot_for(name)
+        return {"name": name, "version": slot.version, "previous_version": slot.previous,
+                "probation": slot.probation.describe() if slot.probation else None,
+                "candidate": slot.candidate.describe() if slot.candidate else None,
+                "serving": slot.stats.describe(),
+                "rolled_back": list(slot.rolled_back.values())}

@@ -1,0 +1,195 @@
+"""Routing: which worker answers a request, and the one-assignment swap.
+
+`Router` owns the request path of /predict and OIP infer: the slot for a
+model name (or the default), least-in-flight choice among its replicas, one
+retry when a worker dies with the request in flight, a canary's share and a
+shadow's mirrored copy, and the latency and error figures per version. It
+also owns `swap`, the single assignment that changes what a slot routes to.
+It touches slots' routing state and figures; it starts and stops nothing.
+"""
+from __future__ import annotations
+
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+from state.errors import NoModel, ServiceError, UnknownModel
+from control.rollouts import Candidate, VersionStats
+from control.slots import Slot
+from control.workerhandle import (RequestFailed, RequestTimedOut, State, WorkerDied,
+                                  WorkerError, WorkerHandle)
+
+if TYPE_CHECKING:
+    from supervisor import Supervisor
+
+
+class Router:
+    """Sends predictions to a slot's workers; swaps a slot's routing."""
+
+    def __init__(self, sup: "Supervisor") -> None:
+        self.sup = sup
+        self.cfg, self.wcfg, self.loop = sup.cfg, sup.wcfg, sup.loop
+        self.store, self.pool, self.events = sup.store, sup.pool, sup.events
+
+    @property
+    def ready(self) -> bool:
+        """The default model serves (what /readyz reports)."""
+        slot = self.sup.slots.get(self.sup.default_name) if self.sup.default_name else None
+        return slot is not None and bool(slot.replicas)
+
+    def serving_names(self) -> list[str]:
+        return sorted(n for n, s in self.sup.slots.items() if s.replicas)
+
+    def serving_model(self, name: str | None = None) -> dict[str, Any] | None:
+        """{"name", "version", "labels", "replicas"} of what serves `name`
+        (the default model when None), or None."""
+        slot = self.sup.slots.get(name or self.sup.default_name or "")
+        if slot is None or not slot.replicas:
+            return None
+        return {"name": slot.name, "version": slot.version, "labels": list(slot.labels),
+                "replicas": len(slot.replicas)}
+
+    def slot_for(self, name: str | None) -> Slot:
+        if name is None:
+            if self.sup.default_name is None:
+                raise NoModel("no model is serving; apply one with POST /apply")
+            slot = self.sup.slots.get(self.sup.default_name)
+            if slot is None:
+                raise NoModel(f"the default model {self.sup.default_name!r} is not loaded yet")
+            return slot
+        slot = self.sup.slots.get(name)
+        if slot is None:
+            serving = ", ".join(self.serving_names()) or "none"
+            raise UnknownModel(f"model {name!r} is not serving here (serving: {serving})",
+                               details={"serving": self.serving_names()})
+        return slot
+
+    async def predict(self, texts: list[str], model: str | None = None
+                      ) -> tuple[dict[str, Any], list[str], list]:
+        """(model, labels, scores) for texts; retried once on a sibling or a
+        replacement if the worker dies with the request in flight.
+
+        A canary candidate answers its share of requests; a shadow candidate
+        gets a sampled copy, compared off this request's path."""
+        slot = self.slot_for(model)
+        deadline = self.loop.time() + self.wcfg["request_timeout"]
+        cap = self.wcfg["max_inflight"]
+        cand = slot.candidate
+        if cand is not None and cand.mode == "canary" and random.random() < cand.fraction:
+            w = least_busy(cand.workers, cap)
+            if w is not None:
+                t0 = time.monotonic()
+                try:
+                    scores = await w.predict(texts)
+                    cand.stats.observe(time.monotonic() - t0)
+                    return w.model, w.labels, scores  # type: ignore[return-value]
+                except RequestFailed as exc:
+                    cand.stats.error()
+                    raise ServiceError(f"model failed on this request: {exc}", 500,
+                                       exc.code) from exc
+                except WorkerError:
+                    cand.stats.error()  # died or timed out: the serving version answers
+        for attempt in (1, 2):
+            w = await slot.route(cap, deadline)
+            t0 = time.monotonic()
+            try:
+                fut = w.predict(texts)
+                if cand is not None and cand.mode == "shadow" and (
+                        random.random() < cand.fraction):
+                    self.mirror(slot, cand, texts, w.labels, fut)
+                scores = await fut
+            except WorkerDied:
+                if attempt == 2:
+                    self.count_error(slot, w)
+                    raise ServiceError("the model worker died twice on this request", 503,
+                                       "worker_died")
+                continue
+            except RequestFailed as exc:
+                self.count_error(slot, w)
+                raise ServiceError(f"model failed on this request: {exc}", 500,
+                                   exc.code) from exc
+            except RequestTimedOut as exc:
+                self.count_error(slot, w)
+                raise ServiceError(str(exc), 504, "timeout") from None
+            took = time.monotonic() - t0
+            slot.stats.observe(took)
+            p = slot.probation
+            if p is not None and w.model and w.model["version"] == p.new_version:
+                p.new_stats.observe(took)
+            if cand is not None and cand.mode == "canary":
+                cand.serving_stats.observe(took)
+            return w.model, w.labels, scores  # type: ignore[return-value]
+        raise AssertionError("unreachable")
+
+    def count_error(self, slot: Slot, w: WorkerHandle) -> None:
+        slot.stats.error()
+        p = slot.probation
+        if p is not None and w.model and w.model["version"] == p.new_version:
+            p.new_stats.error()
+            r = self.cfg["rollout"]
+            if (p.new_stats.requests >= r["min_requests"]
+                    and p.new_stats.error_rate > r["max_error_rate"]):
+                # judged now, not at the next sweep: a version failing every
+                # request would fail a second's worth of them meanwhile
+                self.sup.rollouts.check_probations()
+
+    def mirror(self, slot: Slot, cand: Candidate, texts: list[str], labels: list[str],
+                primary: Any) -> None:
+        """Send a copy to the shadow candidate; compare once both answered.
+        Never awaited by the client's request, and skipped when the candidate
+        is at its in-flight cap, so a slow shadow cannot slow serving."""
+        w = least_busy(cand.workers, self.wcfg["max_inflight"])
+        if w is None:
+            cand.dropped += 1
+            return
+        cand.mirrored += 1
+        t0 = time.monotonic()
+        try:
+            fut = w.predict(texts)
+        except WorkerError:
+            cand.stats.error()
+            return
+
+        async def compare() -> None:
+            try:
+                theirs = await fut
+                cand.stats.observe(time.monotonic() - t0)
+            except WorkerError:
+                cand.stats.error()
+                return
+            try:
+                ours = await primary
+            except Exception:
+                return
+            cand.compare(texts, labels, w.labels, ours, theirs)
+        self.loop.spawn_callback(compare)
+
+    def swap(self, slot: Slot, workers: list[WorkerHandle], version: int,
+              replicas: int) -> None:
+        """Route the slot to `workers`: one assignment. The caller decides what
+        becomes of the workers that served before."""
+        for w in workers:
+            w.slot, w.on_answer = slot, slot.on_answer
+            if w.state is not State.SERVING:
+                w.set_state(State.SERVING)
+        slot.replicas = workers  # the swap
+        for w in workers:
+            w.send({"t": "serve"})  # leaves the standby's low priority
+        if slot.version is not None and slot.version != version:
+            slot.previous = slot.version
+        slot.version, slot.labels, slot.wanted = version, list(workers[0].labels), replicas
+        # the old version's p99 is the yardstick of the automatic rollback: a
+        # version that served only a few requests (swapped right back) has none
+        enough = len(slot.stats.latencies) >= max(100, self.cfg["rollout"]["min_requests"])
+        slot.stats_before_swap = slot.stats.p(0.99) if enough else None
+        slot.stats = VersionStats()
+        slot.failed = None
+        slot.wake_all()
+
+
+def least_busy(workers: list[WorkerHandle], cap: int) -> WorkerHandle | None:
+    best = None
+    for w in workers:
+        if w.usable and w.inflight < cap and (best is None or w.inflight < best.inflight):
+            best = w
+    return best
