@@ -47,11 +47,12 @@ class JobError(Exception):
 
 
 class TrainerProcess(ChildProcess):
-    def __init__(self, job: "Job", spec: dict[str, Any], on_exit: Any) -> None:
+    def __init__(self, job: "Job", spec: dict[str, Any], on_exit: Any,
+                 zygote: Any = None) -> None:
         from model_worker.trainer import main as target
 
         self.job = job
-        super().__init__(target, spec, "trainer", on_exit)
+        super().__init__(target, spec, "trainer", on_exit, zygote)
 
     def on_frame(self, msg: dict[str, Any]) -> None:
         self.job.on_frame(msg)
@@ -350,8 +351,12 @@ class JobManager:
                 "data_summary": job.data_summary, "models_dir": self.sup.store.root,
                 "nice": self.cfg["nice"],
                 "idle_priority": self.cfg["idle_priority"], "threads": self.cfg["threads"], "root": ROOT,
-                "parent_pid": os.getpid()}
-        job.process = TrainerProcess(job, spec, self._on_exit)
+                "parent_pid": os.getpid(),
+                "log_level": getattr(self.sup, "cfg", {}).get("log_level", "INFO")}
+        # forked from the workers' zygote like them: the trainer sets its own
+        # nice, SCHED_IDLE and thread caps after the fork, as a spawned one did
+        pool = getattr(self.sup, "pool", None)
+        job.process = TrainerProcess(job, spec, self._on_exit, getattr(pool, "zygote", None))
         self._save(job)
 
     def _on_exit(self, proc: TrainerProcess) -> None:

@@ -23,6 +23,7 @@ from tornado.ioloop import IOLoop
 
 from state.errors import Conflict, StoreError
 from state.store import ModelStore
+from control import zygote as zygote_mod
 from control.workerhandle import State, WorkerError, WorkerDied, WorkerHandle
 
 log = logging.getLogger("textswap.pool")
@@ -43,7 +44,29 @@ class WorkerPool:
         self.max_workers = self.wcfg["max_workers"]
         self.failures = 0
         self.bad_guesses: set[tuple[str, int]] = set()
-        self.stopping = False
+        self._stopping = False
+        # workers and trainers fork from it (started by the first launch);
+        # None: each child is spawned and imports TensorFlow itself
+        self.zygote: zygote_mod.Zygote | None = None
+        if self.wcfg.get("zygote", True):
+            if zygote_mod.supported() and zygote_mod.become_subreaper():
+                self.zygote = zygote_mod.Zygote({"log_level": config["log_level"],
+                                                 "parent_pid": os.getpid()})
+            else:
+                log.warning("no zygote on this system (needs Linux 5.3+ pidfds): "
+                            "every worker imports TensorFlow itself")
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        """The service stops: no process starts any more, so the zygote stops
+        too (running workers do not depend on it)."""
+        self._stopping = value
+        if value and self.zygote is not None:
+            self.zygote.close()
 
     # -- processes and the budget ----------------------------------------------
     def options(self, nice: bool) -> dict[str, Any]:
@@ -71,7 +94,7 @@ class WorkerPool:
 
     def spawn(self, nice: bool = False) -> WorkerHandle:
         """A new worker process; callers check has_room first."""
-        w = WorkerHandle(self.options(nice), self._exited)
+        w = WorkerHandle(self.options(nice), self._exited, zygote=self.zygote)
         self.workers[w.generation] = w
         return w
 

@@ -1,11 +1,12 @@
-"""The supervisor's side of one worker process: spawn, frames, futures, exit.
+"""The supervisor's side of one worker process: start, frames, futures, exit.
 
 A WorkerHandle lives on the IOLoop. It owns the process object and one end
 of a socketpair (a bidirectional pipe; the child holds the other end). Reads
 are non-blocking through a Tornado IOStream, decoded incrementally, and each
 answer resolves the future of its request id. The process's exit is watched
-through its sentinel fd, so a kill -9 is noticed at once, not at the next
-request. Imports no TensorFlow: the child does that after spawn.
+through a pidfd (a child forked from the zygote) or its sentinel fd (a
+spawned one), so a kill -9 is noticed at once, not at the next request.
+Imports no TensorFlow: the zygote or the spawned child does that.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ _spawn = multiprocess.get_context("spawn")
 
 
 class State(enum.Enum):
-    STARTING = "STARTING"  # process spawned, importing TensorFlow
+    STARTING = "STARTING"  # being forked (or spawned: importing TensorFlow)
     STANDBY = "STANDBY"    # TensorFlow imported, waiting for a model
     LOADING = "LOADING"    # loading + warming up a model
     READY = "READY"        # model answered its warm-up, not routed yet
@@ -81,10 +82,17 @@ _generations = itertools.count(1)
 
 
 class ChildProcess:
-    """A spawned child with a frame connection; the base of workers and jobs."""
+    """A child with a frame connection; the base of workers and jobs.
+
+    Forked from the zygote when one is given (control/zygote.py): the pid is
+    known a few milliseconds later (0 until then; seconds while the zygote
+    boots), and the exit is watched through a pidfd and read with
+    waitid(P_PIDFD), since the child is re-parented to this process.
+    Otherwise spawned with multiprocess and watched through its sentinel.
+    """
 
     def __init__(self, target: Callable[..., None], options: dict[str, Any], kind: str,
-                 on_exit: Callable[[Any], None]) -> None:
+                 on_exit: Callable[[Any], None], zygote: Any = None) -> None:
         self.generation = next(_generations)
         self.options = options
         self.kind = kind
@@ -93,19 +101,92 @@ class ChildProcess:
         self.error: str | None = None
         self.created = time.time()
         self.exited: Future = Future()
+        self.forked = zygote is not None
+        self.pid: int = 0
+        self.process: Any = None
+        self._pidfd: int | None = None
+        self._launch: Any = None
+        self._zygote = zygote
+        self._kill_pending: int | None = None
         self._decoder = protocol.FrameDecoder()
         self._out: list[bytes] = []
-        parent, child = socket.socketpair()
-        self.process = _spawn.Process(target=target, args=(child, options), daemon=True,
-                                      name=f"textswap-{kind}-{self.generation}")
-        self.process.start()
-        child.close()  # the child has its own copy; EOF now means it is gone
-        self.pid: int = self.process.pid
-        self.stream = IOStream(parent, max_write_buffer_size=256 * 1024 * 1024)
         self._loop = IOLoop.current()
-        self._loop.add_handler(self.process.sentinel, self._on_sentinel, IOLoop.READ)
+        parent, child = socket.socketpair()
+        self.stream = IOStream(parent, max_write_buffer_size=256 * 1024 * 1024)
+        if zygote is not None:
+            # frames sent before the fork wait in the socket buffer
+            self._launch = zygote.launch(kind, child, options, self._on_forked,
+                                         self._on_fork_failed)
+        else:
+            self.process = _spawn.Process(target=target, args=(child, options), daemon=True,
+                                          name=f"textswap-{kind}-{self.generation}")
+            self.process.start()
+            child.close()  # the child has its own copy; EOF now means it is gone
+            self.pid = self.process.pid
+            self._loop.add_handler(self.process.sentinel, self._on_sentinel, IOLoop.READ)
+            log.info("%s gen %d spawned, pid %d", kind, self.generation, self.pid)
         self._loop.spawn_callback(self._read_loop)
-        log.info("%s gen %d spawned, pid %d", kind, self.generation, self.pid)
+
+    # -- a forked child's start and exit -------------------------------------------
+    def _on_forked(self, pid: int) -> None:
+        self.pid = pid
+        self._launch = None
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except OSError as exc:  # cannot happen for our own unreaped child
+            log.error("%s gen %d: no pidfd for pid %d: %s", self.kind, self.generation, pid, exc)
+            os.kill(pid, signal.SIGKILL)
+            self._finish(None, f"no pidfd: {exc}")
+            return
+        self._loop.add_handler(self._pidfd, self._on_pidfd, IOLoop.READ)
+        log.info("%s gen %d forked, pid %d", self.kind, self.generation, pid)
+        if self._kill_pending is not None:
+            self.kill(self._kill_pending)
+
+    def _on_fork_failed(self, code: int | None, why: str) -> None:
+        self._launch = None
+        if self._kill_pending is not None:
+            code = -self._kill_pending
+        self.error = self.error or why
+        log.error("%s gen %d was not started: %s", self.kind, self.generation, why)
+        self._finish(code, why)
+
+    def _on_pidfd(self, fd: int, events: int) -> None:
+        self._loop.remove_handler(fd)
+        self._reap(time.monotonic() + 10.0)
+
+    def _reap(self, deadline: float) -> None:
+        """Read the exit status off the pidfd (this reaps it: no zombie)."""
+        assert self._pidfd is not None
+        try:
+            res = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:
+            res = None  # not re-parented to us (yet): only in a fork's first instant
+        if res is None and time.monotonic() < deadline:
+            self._loop.call_later(0.01, self._reap, deadline)
+            return
+        os.close(self._pidfd)
+        self._pidfd = None
+        if res is None:
+            code = None
+            log.error("%s gen %d (pid %d): exit status unknown", self.kind, self.generation,
+                      self.pid)
+        elif res.si_code == os.CLD_EXITED:
+            code = res.si_status
+        else:  # killed or dumped: as multiprocess reports it
+            code = -res.si_status
+        self._finish(code, None)
+
+    def _finish(self, code: int | None, why: str | None) -> None:
+        self.exitcode = code
+        self.stream.close()
+        self.on_closed()
+        self.on_process_exit()
+        log.info("%s gen %d (pid %d) exited with code %s", self.kind, self.generation,
+                 self.pid, self.exitcode)
+        if not self.exited.done():
+            self.exited.set_result(self.exitcode)
+        self.on_exit(self)
 
     @property
     def alive(self) -> bool:
@@ -165,25 +246,23 @@ class ChildProcess:
     def _on_sentinel(self, fd: int, events: int) -> None:
         self._loop.remove_handler(fd)
         self.process.join(timeout=1.0)  # reaps it: no zombie
-        self.exitcode = self.process.exitcode
-        self.stream.close()
-        self.on_closed()
-        self.on_process_exit()
-        log.info("%s gen %d (pid %d) exited with code %s", self.kind, self.generation,
-                 self.pid, self.exitcode)
-        if not self.exited.done():
-            self.exited.set_result(self.exitcode)
-        self.on_exit(self)
+        self._finish(self.process.exitcode, None)
 
     def on_process_exit(self) -> None:
         pass
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.alive:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
+        if not self.alive:
+            return
+        if not self.pid:  # not forked yet: kill it as soon as it is
+            self._kill_pending = sig
+            if self._launch is not None and self._zygote.cancel(self._launch):
+                self._on_fork_failed(-sig, "killed before it was forked")
+            return
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
 
     async def stop(self, timeout: float) -> str:
         """Ask to exit, then SIGTERM, then SIGKILL. Returns how it ended."""
@@ -210,7 +289,8 @@ class ChildProcess:
         now = time.monotonic()
         if now - getattr(self, "_uss", (0.0, None))[0] > max_age:
             try:
-                value = psutil.Process(self.pid).memory_full_info().uss if self.alive else None
+                value = (psutil.Process(self.pid).memory_full_info().uss
+                         if self.alive and self.pid else None)
             except psutil.Error:
                 value = None
             self._uss = (now, value)
@@ -218,7 +298,7 @@ class ChildProcess:
 
     def rss(self) -> int | None:
         try:
-            return psutil.Process(self.pid).memory_info().rss if self.alive else None
+            return psutil.Process(self.pid).memory_info().rss if self.alive and self.pid else None
         except psutil.Error:
             return None
 
@@ -229,7 +309,7 @@ class WorkerHandle(ChildProcess):
     on_batch: Callable[[dict[str, Any] | None, int, float], None] | None = None
 
     def __init__(self, options: dict[str, Any], on_exit: Callable[["WorkerHandle"], None],
-                 on_answer: Callable[[], None] | None = None) -> None:
+                 on_answer: Callable[[], None] | None = None, zygote: Any = None) -> None:
         from model_worker.worker import main as target
 
         self.on_answer = on_answer or (lambda: None)
@@ -246,7 +326,7 @@ class WorkerHandle(ChildProcess):
         self.ready: Future = Future()
         self._ids = itertools.count(1)
         self._idle_waiters: list[Future] = []
-        super().__init__(target, options, "worker", on_exit)
+        super().__init__(target, options, "worker", on_exit, zygote)
 
     # -- state -----------------------------------------------------------------
     def set_state(self, new: State) -> None:
@@ -402,7 +482,8 @@ class WorkerHandle(ChildProcess):
         return {
             "generation": self.generation,
             "kind": self.kind,
-            "pid": self.pid,
+            "pid": self.pid or None,
+            "forked": self.forked,
             "state": self.state.value,
             "model": self.model,
             "served": self.served,

@@ -1,4 +1,5 @@
-"""The training process: one per /train job, spawned by the supervisor.
+"""The training process: one per /train job, forked from the zygote (or
+spawned when it is off) by the supervisor's job manager.
 
 It reads the job's checked data (written by the supervisor as JSONL), trains
 with model_worker.textmodel, reports each epoch over its connection, then
@@ -47,6 +48,15 @@ def _limit_resources(spec: dict[str, Any]) -> None:
     if threads:
         for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
             os.environ[var] = str(threads)
+        if "numpy" in sys.modules:
+            # forked from the zygote: BLAS and OpenMP are loaded and read their
+            # variables already, so cap their pools directly
+            try:
+                from threadpoolctl import threadpool_limits
+
+                threadpool_limits(threads)
+            except Exception as exc:
+                logging.warning("BLAS/OpenMP threads not capped: %s", exc)
 
 
 def _redirect_output(path: str) -> None:
@@ -73,7 +83,10 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
     import tensorflow as tf
 
     from model_worker import textmodel
+    from model_worker.worker import quiet_absl
     from state.store import ModelStore
+
+    quiet_absl(spec.get("log_level", "INFO"))
 
     threads = int(spec.get("threads", 1))
     if threads:
@@ -139,15 +152,15 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
 
 
 def main(sock: socket.socket, spec: dict[str, Any]) -> None:
-    """Process entry point (spawned by the supervisor's job manager)."""
-    from model_worker.worker import die_with_parent
+    """Process entry point (forked from the zygote, or spawned)."""
+    from model_worker.worker import die_with_parent, quiet_tensorflow
 
     # a trainer must not publish for a supervisor that is gone
     die_with_parent(spec.get("parent_pid"))
     _redirect_output(spec["log_file"])
     logging.basicConfig(level="INFO",
                         format="%(asctime)s %(levelname)s [trainer %(process)d] %(message)s")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    quiet_tensorflow(spec.get("log_level", "INFO"))  # forked: the zygote did
     _limit_resources(spec)
     code = 0
     try:

@@ -1,9 +1,10 @@
 """The serving worker: one OS process per applied model.
 
-Started by the supervisor with multiprocess's *spawn* method, so it begins as
-a fresh interpreter: it imports TensorFlow, says ``booted`` and waits. A
-process in that state is the warm standby: applying a model only has to load
-it. On ``load`` it loads the model (Keras safe mode), runs one warm-up
+Forked from the zygote (model_worker/zygote.py), which has TensorFlow
+imported already, or spawned as a fresh interpreter when the zygote is off;
+either way it sets itself up (priority, TensorFlow threads), says ``booted``
+and waits. A process in that state is a standby: applying a model only has
+to load it. On ``load`` it loads the model (Keras safe mode), runs one warm-up
 prediction and says ``ready``; from then on it answers ``predict`` frames.
 
 Threads: a reader thread turns frames into a queue; the main thread owns the
@@ -87,6 +88,30 @@ def die_with_parent(parent_pid: int | None) -> None:
         return  # not Linux: the pipe EOF still ends a worker
     if parent_pid and os.getppid() != parent_pid:  # it died before prctl took effect
         os._exit(EXIT_OK)
+
+
+def tf_log_level(log_level: str) -> str:
+    """TF_CPP_MIN_LOG_LEVEL for the service's log level: TensorFlow's C++ logs
+    (and absl's) only with --log-level debug, else none of them (3)."""
+    return "0" if str(log_level).upper() == "DEBUG" else "3"
+
+
+def quiet_tensorflow(log_level: str) -> None:
+    """Before TensorFlow is imported: its C++ logging reads this once.
+    A value set in the service's environment wins."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", tf_log_level(log_level))
+
+
+def quiet_absl(log_level: str) -> None:
+    """After the import: TensorFlow's Python-side logs (absl, `tensorflow`)."""
+    debug = str(log_level).upper() == "DEBUG"
+    logging.getLogger("tensorflow").setLevel(logging.DEBUG if debug else logging.ERROR)
+    try:
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.DEBUG if debug else absl_logging.ERROR)
+    except ImportError:
+        pass
 
 
 def fault(point: str, model: str = "", sock: socket.socket | None = None) -> bool:
@@ -213,6 +238,13 @@ class Worker:
         import numpy as np  # here, not at the top: the supervisor imports this module
 
         assert self.predict_fn is not None
+        if any(req.get("x") for req in batch):  # explanations asked: those apart
+            for req in batch:
+                if req.get("x"):
+                    self.explain(req)
+            batch = [req for req in batch if not req.get("x")]
+            if not batch:
+                return
         texts: list[str] = []
         for req in batch:
             texts.extend(req["texts"])
@@ -245,6 +277,37 @@ class Worker:
             frames.append(protocol.encode(msg))
             pos += n
         self.sock.sendall(b"".join(frames))  # one write for the whole batch
+
+    def explain(self, req: dict[str, Any]) -> None:
+        """A request with "x": k: scores plus each text's k strongest n-grams
+        (model_worker/explain.py), answered as {"scores", "explain"}."""
+        import numpy as np
+
+        from model_worker import explain
+
+        try:
+            k = req["x"]
+            if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+                raise ValueError("'x' must be a non-negative integer")
+            cached = getattr(self, "_explainer", None)
+            if cached is None or cached[0] is not self.predict_fn:  # built once per model
+                self._explainer = cached = (self.predict_fn,
+                                            explain.explainer_for(getattr(self.predict_fn, "model", None)))
+            t0 = time.perf_counter()
+            probs, explained = cached[1](req["texts"], k)
+            took = time.perf_counter() - t0
+        except explain.CannotExplain as exc:
+            self.send({"t": "error", "id": req["id"], "code": "cannot_explain", "message": str(exc)})
+            return
+        except Exception as exc:  # a bad request must not kill the worker
+            self.send({"t": "error", "id": req["id"], "code": "predict_failed",
+                       "message": f"{type(exc).__name__}: {exc}"})
+            return
+        for e in explained:
+            e["label"] = self.labels[e.pop("label_index")]
+        rows = np.round(probs.astype(np.float64), 6).tolist()
+        self.send({"t": "result", "id": req["id"], "scores": {"scores": rows, "explain": explained},
+                   "bn": len(req["texts"]), "bs": took})
 
     def handle(self, msg: Any) -> bool:
         """Handle one control frame; False means exit."""
@@ -306,17 +369,18 @@ def _set_threads(options: dict[str, Any]) -> None:
 
 
 def main(sock: socket.socket, options: dict[str, Any]) -> None:
-    """Process entry point (spawned by the supervisor)."""
+    """Process entry point (forked from the zygote, or spawned)."""
     logging.basicConfig(level=options.get("log_level", "INFO"),
                         format="%(asctime)s %(levelname)s [worker %(process)d] %(message)s")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    quiet_tensorflow(options.get("log_level", "INFO"))  # forked: the zygote did
     die_with_parent(options.get("parent_pid"))
     base_nice = os.getpriority(os.PRIO_PROCESS, 0)
     nice = int(options.get("boot_nice", 0))
     if nice:  # a standby imports TensorFlow without slowing the serving worker
         os.nice(nice)
     try:
-        import keras  # noqa: F401  (the expensive part of a worker's start)
+        import keras  # noqa: F401  (spawned: the expensive part of a worker's start)
+        quiet_absl(options.get("log_level", "INFO"))
         _set_threads(options)
     except Exception as exc:
         log.error("TensorFlow import failed: %s", exc)
