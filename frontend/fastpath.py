@@ -26,9 +26,9 @@ from tornado.ioloop import IOLoop
 from tornado.iostream import StreamClosedError
 from tornado.web import Application
 
-from frontend import oip
+from frontend import oip, predictions
 from frontend.base import ApiError, check_object, log_level, parse_json
-from frontend.handlers import PREDICT_FIELDS, predict, predict_request
+from frontend.handlers import PREDICT_FIELDS, predict_request
 
 log = logging.getLogger("textswap.http")
 
@@ -119,7 +119,8 @@ class _Predict(httputil.HTTPMessageDelegate):
             data = check_object(parse_json(body, self.headers.get("Content-Type")),
                                 PREDICT_FIELDS)
             texts, top_k, model = predict_request(data, self.router.limits)
-            payload: Any = await predict(self.router.sup, texts, top_k, model)
+            payload: Any = await predictions.predict(self.router.sup, texts, top_k, model,
+                                                     predictions.predict_options(data))
         except ApiError as exc:
             status = exc.status_code
             payload = {"error": {**exc.details, "code": exc.code, "message": exc.message}}

@@ -474,6 +474,9 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         "out_of_fold": {"accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"],
                         "per_label": metrics["per_label"],
                         "confusion_matrix": {"labels": label_names, "rows": conf}},
+        # answer only at or above a threshold: the share answered and its accuracy
+        # (out of fold, calibrated: what /predict's min_score buys on unseen texts)
+        "risk_coverage": serving.risk_coverage(cal, y),
         "calibration": {"method": "temperature", "temperature": [round(t, 4) for t in temps],
                         "bins": calibration.ECE_BINS,
                         "ece_before": round(calibration.ece(raw, y), 4),

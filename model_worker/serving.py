@@ -76,4 +76,26 @@ def make_predict_fn(model: keras.Model) -> Callable[[list[str]], np.ndarray]:
             return np.zeros((0, model.output_shape[-1]), dtype="float32")
         return concrete(tf.constant(texts, dtype=tf.string)).numpy()
 
+    predict.model = model  # for what else is asked of it (model_worker/explain.py)
     return predict
+
+
+# Thresholds of the risk-coverage table: 0.5, 0.55, ..., 0.95.
+RISK_THRESHOLDS = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))
+
+
+def risk_coverage(probs: np.ndarray, y: np.ndarray, thresholds=RISK_THRESHOLDS) -> list[dict]:
+    """Rows {"threshold", "coverage", "accuracy", "answered"}: answering only
+    when the top score is at least the threshold (below it the service
+    abstains, see /predict `min_score`), the share of texts answered and the
+    accuracy on those. accuracy is None when nothing is answered."""
+    probs, y = np.asarray(probs), np.asarray(y)
+    top, correct = probs.max(axis=1), probs.argmax(axis=1) == y
+    rows = []
+    for t in thresholds:
+        answered = top >= t
+        n = int(answered.sum())
+        rows.append({"threshold": float(t), "coverage": round(n / max(1, len(y)), 4),
+                     "accuracy": round(float(correct[answered].mean()), 4) if n else None,
+                     "answered": n})
+    return rows

@@ -54,6 +54,7 @@ from model_worker.serving import (  # noqa: F401
     evaluate,
     make_predict_fn,
     predict_proba,
+    risk_coverage,
 )
 
 log = logging.getLogger(__name__)
@@ -422,8 +423,10 @@ def _train_network(texts: list[str], labels: list[str], params: dict, on_epoch, 
 
     held_out = model if held_out_head is head else keras.Model(text_input, _apply(held_out_head, features))
     if len(val_idx):
-        metrics = evaluate(make_predict_fn(held_out), val_texts, y[val_idx], label_names)
+        val_probs = predict_proba(make_predict_fn(held_out), val_texts)
+        metrics = classification_metrics(y[val_idx], val_probs.argmax(axis=1), label_names)
         metrics["measured_on"] = "validation"
+        metrics["risk_coverage"] = risk_coverage(val_probs, y[val_idx])
     else:
         metrics = evaluate(make_predict_fn(held_out), train_texts, y[train_idx], label_names)
         metrics["measured_on"] = "train"

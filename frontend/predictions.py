@@ -1,0 +1,227 @@
+"""The /predict answer beyond the ranked labels: abstaining, explanations,
+multi-label sets. Shared by the lean path (fastpath.py), PredictHandler and
+the Open Inference Protocol (oip.py). Imports no TensorFlow.
+
+- `min_score` (request, else the model's policy `min_score`): a prediction
+  whose top score is below it answers `"label": null, "abstained": true`,
+  with its score and `top` still there.
+- `explain: k`: each prediction gets the k n-grams that pushed its label most
+  (`explanation`), computed in the worker next to the prediction
+  (model_worker/explain.py). Asked only then: a request without it costs
+  what it cost before.
+- Multi-label models (meta.json `multi_label`): `labels` lists every label
+  whose score clears its threshold (chosen by cross-validation), best first;
+  at least `min_labels` (0 or 1) of them.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from typing import Any
+
+from frontend.base import ApiError
+
+# /predict fields beyond text(s), model and top_k
+OPTION_FIELDS = {"min_score", "explain"}
+MAX_EXPLAIN = 100
+
+
+def predict_options(data: dict[str, Any]) -> dict[str, Any]:
+    """{"min_score": float | None, "explain": int} of a /predict body; 400 when bad."""
+    min_score = data.get("min_score")
+    if min_score is not None:
+        if isinstance(min_score, bool) or not isinstance(min_score, (int, float)) or not (
+                0.0 <= float(min_score) <= 1.0) or math.isnan(float(min_score)):
+            raise ApiError(400, "invalid_field", "'min_score' must be a number between 0 and 1")
+        min_score = float(min_score)
+    explain = data.get("explain", 0)
+    if explain is None or explain is False:
+        explain = 0
+    if isinstance(explain, bool) or not isinstance(explain, int) or not 0 <= explain <= MAX_EXPLAIN:
+        raise ApiError(400, "invalid_field",
+                       f"'explain' must be an integer between 0 (off) and {MAX_EXPLAIN}")
+    return {"min_score": min_score, "explain": explain}
+
+
+# -- what a model version is (from its meta.json, read once per version) -------------
+_INFO: dict[tuple[str, Any], dict[str, Any]] = {}
+_INFO_CAP = 256
+
+
+def model_info(sup: Any, model: dict[str, Any]) -> dict[str, Any]:
+    """{"multi_label", "thresholds", "min_labels", "explainable", "why"} of a
+    served version; plain single-label defaults when its meta cannot be read."""
+    key = (model.get("name"), model.get("version"))
+    info = _INFO.get(key)
+    if info is not None:
+        return info
+    meta: dict[str, Any] = {}
+    try:
+        meta = sup.store.meta(model["name"], int(model["version"]))
+    except Exception:  # a tiny test model or a store hiccup: a plain classifier
+        meta = {}
+    info = describe_meta(meta)
+    if len(_INFO) >= _INFO_CAP:
+        _INFO.clear()
+    _INFO[key] = info
+    return info
+
+
+def describe_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    labels = meta.get("labels") or []
+    thresholds = meta.get("thresholds")
+    multi = bool(meta.get("multi_label")) and isinstance(thresholds, dict)
+    params = meta.get("params") or {}
+    arch = params.get("architecture")
+    chosen = ((meta.get("report") or {}).get("chosen") or {}).get("members") or []
+    explainable, why = True, ""
+    if arch in ("bow", "cnn"):
+        explainable = False
+        why = (f"a {arch} model cannot explain its predictions exactly (only the linear "
+               "models that architecture 'auto' builds can)")
+    elif arch != "auto" or any(m.get("learner") in ("bow", "cnn") for m in chosen):
+        explainable = False
+        why = "this model is not one of auto's linear models, which alone can explain exactly"
+    return {"multi_label": multi,
+            "thresholds": [float(thresholds.get(lab, 0.5)) for lab in labels] if multi else None,
+            "min_labels": int(meta.get("min_labels", 1)) if multi else 1,
+            "explainable": explainable, "why": why}
+
+
+# -- the model's policy -------------------------------------------------------------------
+def policy_min_score(sup: Any, name: str) -> float | None:
+    """The `min_score` of the model's policy (PUT /models/<name>/policy), if the
+    supervisor keeps policies and this one sets a valid one."""
+    policies = getattr(sup, "policies", None)
+    get = getattr(policies, "get", None)
+    if not callable(get):
+        return None
+    try:
+        policy = get(name)
+    except Exception:
+        return None
+    value = policy.get("min_score") if isinstance(policy, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        return None
+    return float(value)
+
+
+# -- calling the worker ----------------------------------------------------------------
+def _takes_options(sup: Any) -> bool:
+    try:
+        return "options" in inspect.signature(sup.predict).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+async def _predict_with_options(sup: Any, texts: list[str], name: str | None,
+                                options: dict[str, Any]) -> tuple[dict[str, Any], list[str], Any]:
+    """(model, labels, answer) where the worker is asked for more than scores.
+
+    Through the supervisor when its predict passes options on to the worker;
+    otherwise straight to a replica the slot routes to (no canary, shadow or
+    retry for these requests: an explanation is asked for by a person)."""
+    if _takes_options(sup):
+        return await sup.predict(texts, name, options=options)
+    from control.workerhandle import RequestFailed, RequestTimedOut, WorkerDied
+    from state.errors import ServiceError
+    from tornado.concurrent import Future
+
+    router = getattr(sup, "router", None)
+    slot_for = getattr(router, "slot_for", None) or getattr(sup, "_slot_for")
+    slot = slot_for(name)
+    deadline = sup.loop.time() + sup.wcfg["request_timeout"]
+    w = await slot.route(sup.wcfg["max_inflight"], deadline)
+    rid = next(w._ids)
+    fut: Future = Future()
+    w.send({"t": "predict", "id": rid, "texts": texts, **options})
+    w.pending[rid] = (fut, time.monotonic())
+    try:
+        out = await fut
+    except RequestFailed as exc:
+        if exc.code == "cannot_explain":
+            raise ApiError(422, "cannot_explain", str(exc)) from None
+        raise ServiceError(f"model failed on this request: {exc}", 500, exc.code) from None
+    except WorkerDied:
+        raise ServiceError("the model worker died on this request", 503, "worker_died") from None
+    except RequestTimedOut as exc:
+        raise ServiceError(str(exc), 504, "timeout") from None
+    return w.model, w.labels, out
+
+
+async def scores_for(sup: Any, texts: list[str], name: str | None, explain: int
+                     ) -> tuple[dict[str, Any], list[str], list, list | None]:
+    """(model, labels, score rows, explanations or None)."""
+    if not explain:
+        model, labels, scores = await sup.predict(texts, name)
+        return model, labels, scores, None
+    serving = sup.serving_model(name)
+    if serving is not None:
+        info = model_info(sup, serving)
+        if not info["explainable"]:
+            raise ApiError(422, "cannot_explain", info["why"])
+    model, labels, out = await _predict_with_options(sup, texts, name, {"x": explain})
+    if isinstance(out, dict):
+        return model, labels, out["scores"], out.get("explain")
+    return model, labels, out, None
+
+
+def _service_error(exc: Exception) -> ApiError:
+    from state.errors import InvalidName, NotFound, ServiceError, StoreError
+
+    if isinstance(exc, InvalidName):
+        return ApiError(400, "invalid_name", str(exc))
+    if isinstance(exc, NotFound):
+        return ApiError(404, "not_found", str(exc))
+    if isinstance(exc, ServiceError):
+        return ApiError(exc.status, exc.code, str(exc), exc.details)
+    if isinstance(exc, StoreError):
+        return ApiError(500, "store_error", str(exc))
+    raise exc
+
+
+# -- the answer ---------------------------------------------------------------------------
+def prediction(row: list[float], labels: list[str], k: int, info: dict[str, Any],
+               min_score: float | None) -> dict[str, Any]:
+    order = sorted(range(len(labels)), key=row.__getitem__, reverse=True)
+    top = [{"label": labels[i], "score": row[i]} for i in order[:k]]
+    p: dict[str, Any] = {"label": top[0]["label"], "score": top[0]["score"], "top": top}
+    if info["multi_label"]:
+        floor = min_score if min_score is not None else 0.0
+        chosen = [i for i in order if row[i] >= max(info["thresholds"][i], floor)]
+        if not chosen and info["min_labels"] > 0 and min_score is None:
+            chosen = order[:1]  # at least one label: the best, though under its threshold
+        p["labels"] = [{"label": labels[i], "score": row[i]} for i in chosen]
+        if min_score is not None:
+            p["abstained"] = not chosen
+            if not chosen:
+                p["label"] = None
+    elif min_score is not None:
+        p["abstained"] = top[0]["score"] < min_score
+        if p["abstained"]:
+            p["label"] = None
+    return p
+
+
+async def predict(sup: Any, texts: list[str], top_k: int, name: str | None,
+                  options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The /predict answer: one prediction per text, in order."""
+    options = options or {}
+    try:
+        model, labels, scores, explained = await scores_for(sup, texts, name,
+                                                            options.get("explain", 0))
+    except ApiError:
+        raise
+    except Exception as exc:
+        raise _service_error(exc) from None
+    info = model_info(sup, model)
+    min_score = options.get("min_score")
+    if min_score is None:
+        min_score = policy_min_score(sup, model["name"])
+    k = min(top_k, len(labels))
+    predictions = [prediction(row, labels, k, info, min_score) for row in scores]
+    if explained is not None:
+        for p, e in zip(predictions, explained):
+            p["explanation"] = e
+    return {"model": model, "predictions": predictions}

@@ -1,0 +1,178 @@
+"""Abstaining (min_score) and explanations (explain: k) on /predict.
+
+Real models (tests/featuremodels.py builds an `auto` linear model and a `bow`
+one in a child process), a real service with real workers, real HTTP. The
+arithmetic of explanations is checked in this process too, on an ensemble
+graph of two members over two views.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from helpers import ROOT, Service
+
+TEXTS = ["news about the football match", "spicy noodle soup today", "laptop battery software update",
+         "zzz", "完全 unseen 文本"]
+
+
+@pytest.fixture(scope="module")
+def feature_store(tmp_path_factory) -> str:
+    root = str(tmp_path_factory.mktemp("features") / "models")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "featuremodels.py"), root],
+                   check=True, cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return root
+
+
+@pytest.fixture(scope="module")
+def svc(feature_store):
+    s = Service(feature_store)
+    try:
+        for name in ("bowm", "lin"):  # lin last: the default model
+            code, body = s.mpost("/apply", {"name": name}, timeout=180)
+            assert code == 200, body
+        yield s
+    finally:
+        s.stop()
+
+
+def _check_sum(e: dict) -> None:
+    total = sum(f["contribution"] for f in e["features"]) + e["others"] + e["bias"]
+    assert total == pytest.approx(e["logit"], abs=1e-4)
+
+
+# -- abstaining ---------------------------------------------------------------------------
+def test_min_score_abstains_with_scores_kept(svc):
+    code, plain = svc.predict({"texts": TEXTS})
+    assert code == 200 and all("abstained" not in p for p in plain["predictions"])
+    code, body = svc.predict({"texts": TEXTS, "min_score": 1.0})
+    assert code == 200
+    for p, q in zip(body["predictions"], plain["predictions"]):
+        assert p["abstained"] is True and p["label"] is None
+        assert p["score"] == q["score"] and p["top"] == q["top"]  # the scores are still there
+    code, body = svc.predict({"texts": TEXTS, "min_score": 0.0})
+    assert [p["abstained"] for p in body["predictions"]] == [False] * len(TEXTS)
+    assert [p["label"] for p in body["predictions"]] == [p["label"] for p in plain["predictions"]]
+    # a threshold between the scores splits them, by the top score
+    scores = sorted(p["score"] for p in plain["predictions"])
+    mid = (scores[0] + scores[-1]) / 2
+    code, body = svc.predict({"texts": TEXTS, "min_score": mid})
+    for p, q in zip(body["predictions"], plain["predictions"]):
+        assert p["abstained"] == (q["score"] < mid)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "0.5", True, [0.5]])
+def test_bad_min_score_is_400(svc, bad):
+    code, body = svc.predict({"text": "hello", "min_score": bad})
+    assert code == 400 and body["error"]["code"] == "invalid_field", body
+
+
+def test_policy_min_score_is_the_default():
+    """The model's policy (PUT /models/<name>/policy) gives min_score when the
+    request does not; a request's own value wins; no policies: no abstaining."""
+    from frontend import predictions
+
+    class Sup:
+        def __init__(self, policies):
+            if policies is not None:
+                self.policies = policies
+            self.store = SimpleNamespace(meta=lambda n, v: {"labels": ["a", "b"]})
+
+        def serving_model(self, name):
+            return {"name": "m", "version": 1}
+
+        async def predict(self, texts, name=None):
+            return {"name": "m", "version": 1}, ["a", "b"], [[0.6, 0.4]] * len(texts)
+
+    import asyncio
+
+    def run(sup, **opts):
+        return asyncio.run(predictions.predict(sup, ["t"], 2, None, {"explain": 0, **opts}))["predictions"][0]
+
+    assert "abstained" not in run(Sup(None), min_score=None)
+    assert run(Sup({"m": {"min_score": 0.7}}), min_score=None)["abstained"] is True
+    assert run(Sup({"m": {"min_score": 0.7}}), min_score=0.5)["abstained"] is False
+    assert "abstained" not in run(Sup({"m": {"min_score": "high"}}), min_score=None)  # ignored
+    assert "abstained" not in run(Sup({}), min_score=None)
+
+
+def test_report_has_risk_coverage(svc):
+    code, meta = svc.mget("/models/lin/1")
+    rows = meta["report"]["risk_coverage"]
+    assert [r["threshold"] for r in rows] == [0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95]
+    cover = [r["coverage"] for r in rows]
+    assert cover == sorted(cover, reverse=True) and 0 < cover[0] <= 1
+    assert all(r["accuracy"] is None or 0 <= r["accuracy"] <= 1 for r in rows)
+
+
+# -- explanations ---------------------------------------------------------------------------
+def test_explain_through_http(svc):
+    code, plain = svc.predict({"texts": TEXTS})
+    code, body = svc.predict({"texts": TEXTS, "explain": 3})
+    assert code == 200, body
+    for p, q in zip(body["predictions"], plain["predictions"]):
+        assert p["label"] == q["label"] and p["top"] == q["top"]  # same prediction
+        e = p["explanation"]
+        assert e["label"] == p["label"] and len(e["features"]) <= 3
+        contribs = [f["contribution"] for f in e["features"]]
+        assert contribs == sorted(contribs, reverse=True)
+        for f in e["features"]:
+            assert f["contribution"] == pytest.approx(f["value"] * f["weight"], abs=1e-5)
+        _check_sum(e)
+    football = body["predictions"][0]["explanation"]["features"]
+    assert football and all(isinstance(f["ngram"], str) and f["ngram"] for f in football)
+    # every n-gram shown comes from the text (character n-grams padded with a space)
+    assert all(f["ngram"].strip() in TEXTS[0] for f in football)
+    assert "explanation" not in plain["predictions"][0]
+    # all features: they and the bias make the logit
+    code, body = svc.predict({"text": TEXTS[0], "explain": 100})
+    e = body["predictions"][0]["explanation"]
+    assert e["others"] == 0 and len(e["features"]) > 3
+    _check_sum(e)
+
+
+def test_explain_with_abstaining(svc):
+    code, body = svc.predict({"texts": TEXTS[:2], "explain": 2, "min_score": 1.0})
+    assert code == 200
+    assert all(p["abstained"] and p["explanation"]["features"] for p in body["predictions"])
+
+
+def test_bow_cannot_explain_422(svc):
+    code, body = svc.predict({"text": "football", "model": "bowm", "explain": 2})
+    assert code == 422 and body["error"]["code"] == "cannot_explain", body
+    assert svc.predict({"text": "football", "model": "bowm"})[0] == 200
+
+
+@pytest.mark.parametrize("bad", [-1, 101, "3", 2.5, True])
+def test_bad_explain_is_400(svc, bad):
+    code, body = svc.predict({"text": "hello", "explain": bad})
+    assert code == 400 and body["error"]["code"] == "invalid_field", body
+
+
+# -- the arithmetic, on an ensemble ----------------------------------------------------------
+def test_ensemble_contributions_sum_to_the_averaged_logit():
+    from model_worker import autofeatures, explain, serving
+
+    texts = ["the quick brown fox", "a lazy dog sleeps", "quick quick dog", "brown bread"] * 3
+    views = autofeatures.views_for("word")
+    parts = []
+    for name in ("word", "char"):
+        counts = autofeatures.count_matrix(views[name], texts, 1000)
+        parts.append((views[name], counts.vocabulary, autofeatures.idf_weights(counts.matrix)))
+    rng = np.random.default_rng(0)
+    members = [({v.name: rng.normal(size=(len(vocab), 3)) for v, vocab, _ in parts}, rng.normal(size=3))
+               for _ in range(2)]
+    model = autofeatures.linear_graph(parts, members)
+    probe = ["quick fox", "lazy bread dog", "unseen"]
+    probs, explained = explain.Explainer(model)(probe, 10_000)
+    np.testing.assert_allclose(probs, serving.make_predict_fn(model)(probe), atol=1e-6)
+    for p, e in zip(probs, explained):
+        assert e["label_index"] == int(p.argmax()) and e["others"] == 0
+        assert e["bias"] == pytest.approx(np.mean([b[e["label_index"]] for _, b in members]), abs=1e-5)
+        _check_sum(e)
+    assert len({f["view"] for f in explained[0]["features"]}) == 2  # both views contribute
