@@ -178,11 +178,56 @@ def run_textswap(ds, params: dict) -> Outcome:
     if result.report:
         out.extra["chosen"] = result.report["chosen"]["name"]
         out.notes.append(f"chosen: {out.extra['chosen']}")
+        if "risk_coverage" in result.report:
+            out.extra["risk_coverage"] = risk_coverage_check(result.report["risk_coverage"], probs,
+                                                             _indices(ds, ds.test_labels))
+        try:
+            out.extra["explain_latency"] = explain_latency(result.model, ds.test_texts)
+        except Exception as exc:  # a network winner cannot explain
+            out.notes.append(f"explain: {type(exc).__name__}")
     for key in ("chosen", "selected", "config", "candidate", "best"):
         if key in metrics:
             out.notes.append(f"{key}: {json.dumps(metrics[key])[:160]}")
     if not out.extra["safe_reload_same"]:
         out.notes.append("SAFE-MODE RELOAD DIFFERS")
+    return out
+
+
+def risk_coverage_check(cv_rows: list[dict], probs, y) -> list[dict]:
+    """The report's promise (out-of-fold coverage and accuracy per threshold)
+    next to what the same thresholds give on the test split."""
+    from model_worker import serving
+
+    test = {r["threshold"]: r for r in serving.risk_coverage(probs, y)}
+    return [{"threshold": r["threshold"], "cv_coverage": r["coverage"], "cv_accuracy": r["accuracy"],
+             "test_coverage": test[r["threshold"]]["coverage"],
+             "test_accuracy": test[r["threshold"]]["accuracy"]} for r in cv_rows]
+
+
+def explain_latency(model, texts: list[str], k: int = 5, rounds: int = 200) -> dict:
+    """Seconds per call of explain (k n-grams) against the plain predict, single
+    texts and batches of 64, alternating calls (median of each)."""
+    import statistics
+
+    from model_worker import explain, textmodel
+
+    predict, explainer = textmodel.make_predict_fn(model), explain.Explainer(model)
+    out = {}
+    for batch in (1, 64):
+        probe = (texts * (batch // max(1, len(texts)) + 1))[:batch]
+        predict(probe), explainer(probe, k)
+        p, e = [], []
+        for i in range(rounds if batch == 1 else rounds // 10):
+            one = probe if batch > 1 else [texts[i % len(texts)]]
+            t0 = time.perf_counter()
+            predict(one)
+            t1 = time.perf_counter()
+            explainer(one, k)
+            e.append(time.perf_counter() - t1)
+            p.append(t1 - t0)
+        out[f"batch_{batch}"] = {"predict_ms": round(1000 * statistics.median(p), 3),
+                                 "explain_ms": round(1000 * statistics.median(e), 3),
+                                 "ratio": round(statistics.median(e) / statistics.median(p), 2)}
     return out
 
 
@@ -547,6 +592,18 @@ def main() -> None:
         for set_name, sv in serving.items():
             print(f"  {set_name:12s} auto {sv['auto']:>8,}  bow {sv['bow']:>8,}  ratio {sv['ratio']:.2f}  "
                   f"{'ok' if sv['ratio'] >= SERVE_TARGET else 'BELOW'}  (auto: {sv['auto_chosen']})")
+    for set_name, by_model in results.items():
+        auto = by_model.get("auto") or {}
+        if auto.get("risk_coverage"):
+            print(f"\nrisk-coverage, {set_name}: threshold  CV coverage/accuracy -> test coverage/accuracy")
+            for r in auto["risk_coverage"]:
+                fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+                print(f"  {r['threshold']:.2f}  {fmt(r['cv_coverage'])} / {fmt(r['cv_accuracy'])}  ->  "
+                      f"{fmt(r['test_coverage'])} / {fmt(r['test_accuracy'])}")
+        if auto.get("explain_latency"):
+            el = auto["explain_latency"]
+            print(f"explain (k=5) vs predict, {set_name}: " + ", ".join(
+                f"{b}: {v['explain_ms']:.2f} vs {v['predict_ms']:.2f} ms ({v['ratio']:.2f}x)" for b, v in el.items()))
     for line in skipped:
         print(line)
     report = []

@@ -130,14 +130,38 @@ def inference_spec(cfg: Any) -> S:
             "model": {"type": "string", "nullable": True, "example": "sent",
                       "description": "the serving model to ask (null or absent: the default "
                                      "model); 404 model_not_serving when it does not serve"},
+            "min_score": {"type": "number", "minimum": 0, "maximum": 1, "nullable": True,
+                          "description": "abstain below this top score: 'label' null, "
+                                         "'abstained' true, scores kept (absent: the model "
+                                         "policy's min_score, else never)"},
+            "explain": {"type": "integer", "minimum": 0, "maximum": 100, "default": 0,
+                        "description": "give each prediction its k strongest n-grams "
+                                       "(auto's linear models; bow/cnn: 422 cannot_explain)"},
         },
         "example": {"text": "非常好用", "top_k": 2},
     }
     scored: S = {"type": "object", "required": ["label", "score"],
                  "properties": {"label": {"type": "string"}, "score": {"type": "number"}}}
+    feature: S = {"type": "object", "properties": {
+        "ngram": {"type": "string"}, "view": {"type": "string"}, "value": {"type": "number"},
+        "weight": {"type": "number"}, "contribution": {"type": "number"}}}
+    explanation: S = {"type": "object", "required": ["label", "logit", "bias", "features", "others"],
+                      "description": "features + others + bias = logit (the label's, averaged "
+                                     "over an ensemble's members)",
+                      "properties": {"label": {"type": "string"}, "logit": {"type": "number"},
+                                     "bias": {"type": "number"}, "others": {"type": "number"},
+                                     "features": {"type": "array", "items": feature}}}
     prediction: S = {"type": "object", "required": ["label", "score", "top"],
-                     "properties": {"label": {"type": "string"}, "score": {"type": "number"},
-                                    "top": {"type": "array", "items": scored, "minItems": 1}}}
+                     "properties": {"label": {"type": "string", "nullable": True,
+                                              "description": "null when abstained"},
+                                    "score": {"type": "number"},
+                                    "top": {"type": "array", "items": scored, "minItems": 1},
+                                    "abstained": {"type": "boolean",
+                                                  "description": "present when a min_score applies"},
+                                    "labels": {"type": "array", "items": scored,
+                                               "description": "multi-label models: every label "
+                                                              "over its threshold"},
+                                    "explanation": explanation}}
     response: S = {"type": "object", "required": ["model", "predictions"],
                    "properties": {"model": MODEL_REF,
                                   "predictions": {"type": "array", "items": prediction}}}
@@ -149,14 +173,16 @@ def inference_spec(cfg: Any) -> S:
                 "200": _json({"$ref": "#/components/schemas/PredictResponse"},
                               "one prediction per text, in order"),
                 "400": _err("not JSON, not an object, unknown field, both or neither of "
-                            "text/texts, a blank or non-string text, bad top_k"),
+                            "text/texts, a blank or non-string text, bad top_k, "
+                            "min_score or explain"),
                 **_body_errors(cfg),
                 "413": _err(f"body over limits.max_body_bytes, or more than "
                             f"{lim['max_texts']} texts"),
                 "404": _err("'model' names a model that does not serve here (code "
                             "model_not_serving; 'serving' lists those that do)"),
                 "422": _err(f"a text over limits.max_text_chars ({lim['max_text_chars']} "
-                            "characters; code text_too_long)"),
+                            "characters; code text_too_long), or explain asked of a model "
+                            "that cannot explain (code cannot_explain)"),
                 "500": _err("the model failed on this request (the worker lives on)"),
                 "503": _err("no model serving, the worker is overloaded, or it died twice"),
                 "504": _err("no answer within worker.request_timeout"),

@@ -176,3 +176,24 @@ def test_ensemble_contributions_sum_to_the_averaged_logit():
         assert e["bias"] == pytest.approx(np.mean([b[e["label_index"]] for _, b in members]), abs=1e-5)
         _check_sum(e)
     assert len({f["view"] for f in explained[0]["features"]}) == 2  # both views contribute
+
+
+# -- the command line -------------------------------------------------------------------------
+def test_cli_predict_explain_and_min_score(svc):
+    import json
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TEXTSWAP_")}
+    env.update({"TEXTSWAP_URL": f"http://127.0.0.1:{svc.mport}",
+                "TEXTSWAP_PREDICT_URL": f"http://127.0.0.1:{svc.port}"})
+    cmd = [sys.executable, "-m", "textswap_cli", "predict", "--explain", "2", "--min-score", "0.0",
+           TEXTS[0], TEXTS[1]]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = [json.loads(line) for line in p.stdout.splitlines()]
+    assert [line["text"] for line in lines] == TEXTS[:2]
+    for line in lines:
+        assert line["abstained"] is False and len(line["explanation"]["features"]) == 2
+        _check_sum(line["explanation"])
+    bad = subprocess.run([*cmd[:3], "--explain", "0", "x"], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=120)
+    assert bad.returncode == 2  # a usage error, refused before any request

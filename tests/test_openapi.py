@@ -269,7 +269,7 @@ def test_documents_are_served_and_match_the_routes(svc):
     assert set(doc["paths"]) == {"/predict", "/healthz", "/readyz", "/openapi.json"} | oip
     predict = doc["components"]["schemas"]["PredictRequest"]
     assert predict["properties"]["texts"]["maxItems"] == 8  # from the config's limits
-    assert set(predict["properties"]) == {"text", "texts", "top_k", "model"}
+    assert set(predict["properties"]) == {"text", "texts", "top_k", "model", "min_score", "explain"}
     assert predict["additionalProperties"] is False
     assert svc.mget("/openapi.json")[0] == 401  # the management document needs the token
     code, doc = svc.mget("/openapi.json", headers=AUTH)

@@ -495,12 +495,18 @@ def _strip_prefix(members: list[tarfile.TarInfo], prefix: str) -> list[tarfile.T
 @click.option("--top-k", type=click.IntRange(min=1), help="Ranked labels per text.")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(1, 1024),
               help="Texts per request.")
+@click.option("--explain", type=click.IntRange(1, 100), default=None,
+              help="Give each prediction its N strongest n-grams (auto's linear models).")
+@click.option("--min-score", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Abstain (label null) below this top score.")
 @command
 def predict(ctx: Ctx, texts: tuple[str, ...], model: str | None, top_k: int | None,
-            batch_size: int) -> None:
+            batch_size: int, explain: int | None, min_score: float | None) -> None:
     """Classify TEXTS (or stdin, one text per line); one JSON line out per text.
 
-    Output lines: {"text", "label", "score", "top", "model"}, in input order.
+    Output lines: {"text", "label", "score", "top", "model"}, in input order,
+    plus "abstained" with --min-score, "explanation" with --explain and
+    "labels" for a multi-label model.
     """
     stream = iter_texts(texts, click.get_text_stream("stdin"))
     count = 0
@@ -513,6 +519,10 @@ def predict(ctx: Ctx, texts: tuple[str, ...], model: str | None, top_k: int | No
             body["model"] = model
         if top_k:
             body["top_k"] = top_k
+        if explain:
+            body["explain"] = explain
+        if min_score is not None:
+            body["min_score"] = min_score
         answer = ctx.infer.post("/predict", body)
         for text, p in zip(batch, answer["predictions"]):
             click.echo(json.dumps({"text": text, **p, "model": answer.get("model")},
