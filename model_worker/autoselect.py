@@ -360,6 +360,81 @@ def confusion(y: np.ndarray, pred: np.ndarray, n_labels: int) -> list[list[int]]
     return m.tolist()
 
 
+# Serving cost. A cheaper candidate within one standard error of the most
+# accurate one replaces it only when its graph serves at least this many
+# times faster: speeds are timed on a shared machine, and a smaller gap would
+# make the choice (and so the model) depend on the load of the moment.
+_COST_MARGIN = 1.2
+_SPEED_BATCH = 256
+_SPEED_SECONDS = 0.4
+
+
+def serving_speed(search: Search, views: tuple[str, ...], n_members: int = 1,
+                  cache: dict | None = None) -> float:
+    """Texts/s at batch 256 of the final graph for these views and members, on
+    training texts. The weights do not change the work, so the graph is
+    built with zero kernels: no refit is needed to time it."""
+    key = (tuple(sorted(views)), n_members)
+    if cache is not None and key in cache:
+        return cache[key]
+    used = [v for v in search.view_defs if v in views]
+    idf = {v: autofeatures.idf_weights(search.counts[v].matrix) for v in used}
+    members = [({v: np.zeros((len(search.counts[v].vocabulary), search.n_labels)) for v in used},
+                np.zeros(search.n_labels)) for _ in range(n_members)]
+    model = autofeatures.linear_graph(
+        [(search.view_defs[v], search.counts[v].vocabulary, idf[v]) for v in used], members)
+    predict = serving.make_predict_fn(model)
+    texts = (search.texts * (_SPEED_BATCH // len(search.texts) + 1))[:_SPEED_BATCH]
+    predict(texts)
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < _SPEED_SECONDS:
+        predict(texts)
+        done += len(texts)
+    speed = done / (time.perf_counter() - t0)
+    if cache is not None:
+        cache[key] = speed
+    return speed
+
+
+def cost_aware(search: Search, members: list[Scored], temps: list[float]
+               ) -> tuple[list[Scored], list[float], dict]:
+    """The one-standard-error rule: among the linear candidates whose CV
+    macro-F1 is within one standard error (of the mean over folds) of the most
+    accurate choice, the cheapest to serve; the most accurate stays unless
+    that one serves _COST_MARGIN times faster."""
+    _, cal = oof_probs(members, temps)
+    folds = fold_f1(search, cal) if len(members) > 1 else members[0].fold_scores
+    best = float(np.mean(folds))
+    se = float(np.std(folds, ddof=1) / np.sqrt(len(folds))) if len(folds) > 1 else 0.0
+    cache: dict = {}
+    views = tuple(sorted({v for m in members for v in m.candidate.views}))
+    note: dict = {"rule": "one standard error", "se": round(se, 4), "margin": _COST_MARGIN,
+                  "batch": _SPEED_BATCH}
+    if members[0].candidate.learner in ("bow", "cnn"):
+        return members, temps, {**note, "applied": False, "why": "a network is the most accurate"}
+    top_speed = serving_speed(search, views, len(members), cache)
+    most = {"name": " + ".join(m.candidate.name for m in members), "cv_macro_f1": round(best, 4),
+            "texts_per_s": round(top_speed)}
+    finalists = [s for s in search.scored if s.candidate.learner not in ("bow", "cnn")
+                 and s.score >= best - se]
+    rows = []
+    for s in finalists:
+        rows.append((serving_speed(search, s.candidate.views, 1, cache), s.score, s))
+    note["finalists"] = [{"name": s.candidate.name, "cv_macro_f1": round(score, 4), "texts_per_s": round(sp)}
+                         for sp, score, s in sorted(rows, key=lambda r: (-r[0], -r[1]))]
+    note["most_accurate"] = most
+    fastest = max(rows, key=lambda r: (r[0], r[1]), default=None)
+    if fastest is None or fastest[0] < _COST_MARGIN * top_speed:
+        note.update(applied=False, chosen=most)
+        return members, temps, note
+    # the most accurate of the candidates that serve like the fastest (same views: same graph)
+    pick = max((r for r in rows if r[0] == fastest[0]), key=lambda r: r[1])[2]
+    t = calibration.fit_temperature(pick.oof, search.y)
+    note.update(applied=True, chosen={"name": pick.candidate.name, "cv_macro_f1": round(pick.score, 4),
+                                      "texts_per_s": round(fastest[0])})
+    return [pick], [t], note
+
+
 # --------------------------------------------------------------------------
 # Entry point
 # --------------------------------------------------------------------------
@@ -370,6 +445,7 @@ class AutoResult:
     metrics: dict
     report: dict
     history: list[dict]
+    held_out_probs: object = None  # calibrated out-of-fold probabilities (profile.json)
 
 
 def _refit_linear(search: Search, cand: Candidate, temperature: float,
@@ -439,6 +515,10 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         search.search(include_networks=params["include_networks"])
     search_s = time.monotonic() - started
     members, temps, ensemble = choose(search)
+    cost: dict = {"applied": False, "why": "cost_aware is false"}
+    if params.get("cost_aware", True):
+        with threadpool_limits(limits=1):
+            members, temps, cost = cost_aware(search, members, temps)
     raw, cal = oof_probs(members, temps)
     pred = cal.argmax(1)
 
@@ -468,6 +548,8 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         "skipped": search.skipped,
         "budget_bound": search.budget_bound,
         "ensemble": ensemble,
+        # serving cost: the most accurate, the finalists within one SE, the choice
+        "serving_cost": cost,
         "chosen": {"name": " + ".join(m.candidate.name for m in members),
                    "members": [{**m.candidate.describe(), "temperature": round(t, 4)} for m, t in zip(members, temps)],
                    "cv_macro_f1": round(float(np.mean(fold_f1(search, cal))), 4)},
@@ -486,4 +568,4 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         "seconds": {"features": round(search.features_s, 2), "search": round(search_s, 2),
                     "final_fit": round(final_s, 2)},
     }
-    return AutoResult(model, metrics, report, history)
+    return AutoResult(model, metrics, report, history, cal)
