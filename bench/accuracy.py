@@ -178,6 +178,8 @@ def run_textswap(ds, params: dict) -> Outcome:
     if result.report:
         out.extra["chosen"] = result.report["chosen"]["name"]
         out.notes.append(f"chosen: {out.extra['chosen']}")
+        if "serving_cost" in result.report:  # the one-SE rule: most accurate vs chosen
+            out.extra["serving_cost"] = result.report["serving_cost"]
         if "risk_coverage" in result.report:
             out.extra["risk_coverage"] = risk_coverage_check(result.report["risk_coverage"], probs,
                                                              _indices(ds, ds.test_labels))
