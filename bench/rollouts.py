@@ -16,17 +16,19 @@ the same run:
   1. POST /rollback within probation under c8 (apply v1, apply v2, rollback):
      from the call until the last answer from v2 (every answer after it comes
      from v1), the call's own latency, failed requests; target <= 50 ms, 0
-     failed. Repeated: median and max.
+     failed. Repeated: median and max; the server's took_s (the routing
+     assignment) against a cold apply of this run.
   2. applies 1 -> 2 -> 1 -> 2 ... under c8, each going back to the version in
      probation: median apply call latency (target <= 1 s), against cold
-     applies (worker.standby false, rollout.probation_s 0) in the same run.
+     applies (worker.standby false, rollout.probation_s 0) in the same run,
+     and the spawn phase of those from probation against the cold one.
   3. shadow at fraction 1.0: client p50/p99 (load generator of
      bench/serving.py, c8) against the same load with no candidate,
      interleaved ABBA, medians of the runs; the agreement figures of
      GET /rollouts/sent.
   4. canary at fraction 0.1 and 0.3, >= 2,000 requests each: the share the
      clients saw answered by the candidate (target: within +-3 points);
-     then promote (one assignment).
+     then promote (one assignment: its swap_s against a cold apply).
   5. automatic rollback of a crashing new version and of an erroring one
      (worker fault injection TEXTSWAP_TEST_FAULT, as in tests/test_rollouts.py):
      from the swap to the rollback, and the requests the clients saw fail.
@@ -226,8 +228,10 @@ def rollbacks(svc: Service, texts: list[str], repeats: int, ex: dict[str, Any]
         whole = outcome(cl.done)
     last = [t["last_v2_answer_s"] for t in tries]
     calls = [t["call_s"] for t in tries]
+    server = [t["server_took_s"] for t in tries]
     return {"tries": tries, "last_v2_answer_median_s": _med(last), "last_v2_answer_max_s":
             max(last), "call_median_s": _med(calls), "call_max_s": max(calls),
+            "server_took_median_s": _med(server), "server_took_max_s": max(server),
             "failed": whole["failed"], "requests": whole["requests"],
             "v2_after_answer": sum(t["v2_after_answer"] for t in tries),
             "all_instant": all(t["instant"] for t in tries)}
@@ -255,7 +259,11 @@ def apply_rounds(svc: Service, texts: list[str], n: int, expect_probation: bool
     log(f"  {n} applies ({'probation' if expect_probation else 'cold'}): median "
         f"{1000 * _med(calls):.0f} ms, max {1000 * max(calls):.0f} ms, {len(reused)} from "
         f"probation; {whole['failed']} failed of {whole['requests']}")
+    spawn = [a["phases_s"].get("spawn", 0.0) for a in applies]
     return {"applies": applies, "median_s": _med(calls), "max_s": max(calls),
+            "spawn_median_s": _med(spawn),
+            "from_probation_spawn_median_s": _med([a["phases_s"].get("spawn", 0.0)
+                                                   for a in reused]),
             "from_probation": len(reused),
             "from_probation_median_s": _med([a["call_s"] for a in reused]),
             "from_probation_max_s": max((a["call_s"] for a in reused), default=float("nan")), "failed": whole["failed"],
@@ -473,6 +481,16 @@ def run(args: argparse.Namespace) -> int:
     res["seconds"] = round(time.monotonic() - t_run, 1)
     res["machine"]["loadavg_at_end"] = os.getloadavg()
     res["pass"] = bool(ok and ap["median_s"] <= APPLY_TARGET_S)
+    # the claims tests/test_rollouts.py used to time, as ratios against a cold
+    # apply measured in this run (one routing assignment vs a process start)
+    res["ratios_vs_cold_apply"] = {
+        "rollback_server_took": rb["server_took_median_s"] / cold["median_s"],
+        "rollback_call": rb["call_median_s"] / cold["median_s"],
+        "promote_swap": cn["promote"]["swap_s"] / cold["median_s"],
+        "spawn_back_to_probation_vs_cold_spawn": (
+            ap["from_probation_spawn_median_s"] / cold["spawn_median_s"]
+            if cold["spawn_median_s"] else float("nan")),
+    }
     res["examples"] = {k: trim(v) for k, v in ex.items()}
     report(res)
     os.makedirs(RESULTS, exist_ok=True)
@@ -495,8 +513,11 @@ def report(res: dict[str, Any]) -> None:
         (f"rollback in probation ({len(rb['tries'])}x, c{CONC}): last v2 answer after call",
          f"median {ms(rb['last_v2_answer_median_s'])}, max {ms(rb['last_v2_answer_max_s'])}"
          f" (target <= {ms(ROLLBACK_TARGET_S)})", "-"),
-        ("  POST /rollback call latency", f"median {ms(rb['call_median_s'])}, max "
-         f"{ms(rb['call_max_s'])}", "-"),
+        ("  POST /rollback call latency vs a cold apply", f"median {ms(rb['call_median_s'])}, max "
+         f"{ms(rb['call_max_s'])}", f"{res['ratios_vs_cold_apply']['rollback_call']:.4f}"),
+        ("  server's took_s (the assignment) vs a cold apply",
+         f"median {ms(rb['server_took_median_s'])}, max {ms(rb['server_took_max_s'])}",
+         f"{res['ratios_vs_cold_apply']['rollback_server_took']:.5f}"),
         ("  failed requests / v2 answers to requests sent after it",
          f"{rb['failed']} of {rb['requests']} / {rb['v2_after_answer']}", "-"),
         (f"apply 1->2->1... back to probation ({len(ap['applies'])}x) vs cold",
@@ -505,6 +526,9 @@ def report(res: dict[str, Any]) -> None:
         ("  only those from probation: median, max", f"{ms(ap['from_probation_median_s'])}, "
          f"{ms(ap['from_probation_max_s'])} ({ap['from_probation']} of {len(ap['applies'])})",
          f"{ap['from_probation_median_s'] / cold['median_s']:.4f}"),
+        ("  their spawn phase vs a cold apply's", f"median {ms(ap['from_probation_spawn_median_s'])}"
+         f" vs {ms(cold['spawn_median_s'])}",
+         f"{res['ratios_vs_cold_apply']['spawn_back_to_probation_vs_cold_spawn']:.4f}"),
         ("  failed requests (probation, cold)",
          f"{ap['failed']} of {ap['requests']}, {cold['failed']} of {cold['requests']}", "-"),
         *[(f"shadow 1.0 vs none, client {p[:3]} (ABBA, c{CONC}, median)",
@@ -518,8 +542,9 @@ def report(res: dict[str, Any]) -> None:
         *[(f"canary {r['fraction']:.1f}: share answered by v2", f"{100 * r['observed']:.2f}% of "
            f"{r['requests']} ({r['off_by_points']:+.2f} points, {r['failed']} failed)", "-")
           for r in cn["fractions"]],
-        ("  promote: call / swap", f"{ms(cn['promote']['call_s'])} / "
-         f"{1000 * cn['promote']['swap_s']:.3f} ms", "-"),
+        ("  promote: call / swap (ratio: swap vs a cold apply)", f"{ms(cn['promote']['call_s'])} / "
+         f"{1000 * cn['promote']['swap_s']:.3f} ms",
+         f"{res['ratios_vs_cold_apply']['promote_swap']:.5f}"),
         (f"auto rollback, crashing version ({len(ac['tries'])}x): swap -> rollback",
          f"median {ms(ac['median_s'])}, max {ms(ac['max_s'])}; failed {ac['failed']} of "
          f"{ac['requests']}", "-"),

@@ -96,7 +96,8 @@ def test_rollback_within_probation_is_one_assignment(svc):
         t_answer = time.monotonic()
         assert code == 200 and body["instant"] is True, body
         assert (body["from_version"], body["to_version"]) == (2, 1)
-        assert body["took_s"] <= 0.05, body  # one routing assignment
+        # one routing assignment: timed by the server (its speed: bench/rollouts.py)
+        assert isinstance(body["took_s"], float) and body["took_s"] >= 0, body
         load.more()
     assert [r for r in load.results if r[2] != 200] == []
     after = [r[3]["model"]["version"] for r in load.results if r[0] > t_answer]
@@ -109,15 +110,21 @@ def test_rollback_within_probation_is_one_assignment(svc):
 
 
 def test_apply_back_to_the_version_in_probation_reuses_its_workers(svc):
+    svc.wait_standby()
+    assert svc.mpost("/apply", {"name": "sent", "version": 1})[0] == 200
+    v1_pids = {w["pid"] for w in svc.status()["models"]["sent"]["workers"]}
     code, body = svc.mpost("/apply", {"name": "sent", "version": 2})
     assert code == 200 and body["from_probation"] is False
+    assert {w["pid"] for w in body["old_workers"]} == v1_pids, body
     for _ in range(3):
         assert svc.predict({"text": "很好", "model": "sent"})[0] == 200
     code, body = svc.mpost("/apply", {"name": "sent", "version": 1})
     assert code == 200 and body["from_probation"] is True, body
     # 3 requests make no p99 to judge v1's latency by (it would be their max)
     assert body["probation"]["previous_p99_ms"] is None, body
-    assert body["phases_s"]["spawn"] < 0.5, body
+    # no process was started: v1's own workers serve again (the speed of
+    # this against a cold apply: bench/rollouts.py)
+    assert {w["pid"] for w in svc.status()["models"]["sent"]["workers"]} == v1_pids
     assert svc.predict({"text": "很好", "model": "sent"})[1]["model"]["version"] == 1
 
 
@@ -203,18 +210,17 @@ def test_quality_gate_refuses_and_passes(svc):
 def test_shadow_compares_without_slowing_clients(svc):
     assert svc.mpost("/apply", {"name": "sent", "version": 1})[0] == 200
 
-    def median_latency(n: int = 60) -> float:
-        took = []
+    def predict_n(n: int = 60) -> None:
         for _ in range(n):
-            t0 = time.monotonic()
-            assert svc.predict({"text": "很好", "model": "sent"})[0] == 200
-            took.append(time.monotonic() - t0)
-        return sorted(took)[n // 2]
-    base = median_latency()
+            code, body = svc.predict({"text": "很好", "model": "sent"})
+            assert code == 200 and body["model"] == {"name": "sent", "version": 1}, body
+    predict_n()
     code, body = svc.mpost("/apply", {"name": "sent", "version": 2, "mode": "shadow",
                                       "fraction": 1.0, "keep_examples": 5})
     assert code == 200 and body["candidate"]["version"] == 2, body
-    shadowed = median_latency()
+    # the clients keep getting v1's answers (the latency the shadow adds, or
+    # not, is a ratio in bench/rollouts.py)
+    predict_n()
     for text in ("terrible", "今天下雨", "love it"):
         body = svc.predict({"text": text, "model": "sent"})[1]
         assert body["model"]["version"] == 1  # the serving version answers
@@ -224,8 +230,6 @@ def test_shadow_compares_without_slowing_clients(svc):
     assert 0.0 <= figures["agreement_rate"] <= 1.0 and figures["mean_score_diff"] >= 0.0
     assert figures["candidate"]["requests"] >= 60 and figures["candidate"]["p50_ms"] > 0
     assert len(figures["disagreements"]) <= 5
-    # the client's latency does not carry the shadow (loose bound: shared CPU)
-    assert shadowed <= 2 * base + 0.005, (base, shadowed)
     cand_pids = figures["workers"]
     code, body = svc.mpost("/abort", {"name": "sent"})
     assert code == 200 and body["aborted_version"] == 2, body
@@ -265,10 +269,14 @@ def test_canary_share_and_promote(svc):
     share = versions.count(2) / len(versions)
     assert 0.07 <= share <= 0.13, share
     figures = _rollouts(svc, "sent")["candidate"]
-    assert figures["candidate"]["requests"] == versions.count(2)
+    cand_pids = set(figures["workers"])
+    assert cand_pids and figures["candidate"]["requests"] == versions.count(2)
     assert figures["serving"]["requests"] >= versions.count(1)
     code, body = svc.mpost("/promote", {"name": "sent"})
-    assert code == 200 and body["to_version"] == 2 and body["swap_s"] < 0.05, body
+    assert code == 200 and body["to_version"] == 2, body
+    assert isinstance(body["swap_s"], float) and body["swap_s"] >= 0, body
+    # the candidate's own worker now serves: promoted, not started anew
+    assert {w["pid"] for w in svc.status()["models"]["sent"]["workers"]} == cand_pids
     assert svc.predict({"text": "很好", "model": "sent"})[1]["model"]["version"] == 2
     assert _rollouts(svc, "sent")["probation"]["version"] == 1
     code, body = svc.mpost("/promote", {"name": "sent"})
