@@ -113,6 +113,13 @@ class Supervisor:
         self.jobs = JobManager(self, self.state)
         if self.cluster is not None:
             self.jobs.cluster = self.cluster.training
+        from control.policies import Policies
+        from state.predlog import FILENAME as PREDLOG_DB, PredictionLog
+        pcfg = config["predictions"]  # the learning loop (docs/loop.md)
+        self.predlog = PredictionLog(os.path.join(self.store.root, PREDLOG_DB) if self.cluster
+                                     is None else state_path[:-len(STATE_DB)] + PREDLOG_DB,
+                                     enabled=pcfg["log"], max_rows=pcfg["max_rows"])
+        self.policies = Policies(self)  # retrain policies; `policies` in config
         self._sweeper = PeriodicCallback(self.healer.sweep, 1000)
 
     @property
@@ -198,6 +205,7 @@ class Supervisor:
 
 
 # -- entry point ---------------------------------------------------------------------
+        self.predlog.close()  # and the queued predictions and feedback
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="textswap: train short-text classifiers and serve them with "
@@ -247,7 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     from frontend.app import start_servers  # Tornado apps; no TensorFlow anywhere
 
     loop = IOLoop.current()
-    sup = Supervisor(config)
+    try:
+        sup = Supervisor(config)
+    except ConfigError as exc:  # e.g. a bad retrain policy in config
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
     exit_code = 0
 
     servers: list = []

@@ -81,8 +81,18 @@ class Job:
         self.log_tail: str | None = None
         self.applied: dict[str, Any] | None = None
         self.process: TrainerProcess | None = None
+        self._done: Any = None  # a Future resolved when the job finishes (done_future)
         self.dir = ""
         self.on_change: Any = None  # (job, figures or None) -> None: persists the job
+
+    def done_future(self) -> Any:
+        """A Future resolved (with the job) once it has finished."""
+        from tornado.concurrent import Future
+        if self._done is None:
+            self._done = Future()
+            if self.state in FINISHED:
+                self._done.set_result(self)
+        return self._done
 
     def on_frame(self, msg: dict[str, Any]) -> None:
         kind = msg.get("t")
@@ -228,11 +238,24 @@ class JobManager:
 
     # -- API -----------------------------------------------------------------------
     async def submit(self, name: Any, data_spec: Any, params: Any, apply: Any,
-                     trusted_path: bool = False) -> Job:
+                     trusted_path: bool = False, feedback: Any = None,
+                     watermark: float | None = None) -> Job:
+        """feedback: True (the model's fed-back labels) or (text, label) pairs to fold
+        into the data; data_spec None: the data of the model's last training."""
         try:
             check_name(name)
         except Exception as exc:
             raise JobError(400, "invalid_name", str(exc)) from None
+        policies = getattr(self.sup, "policies", None)
+        given_spec = data_spec
+        if data_spec is None:  # the data (and parameters) of the last training
+            last = (await self.loop.run_in_executor(None, policies.last_training, name)
+                    if policies is not None else (None, None))
+            if last[0] is None:
+                raise JobError(400, "missing_field", f"'data' is required: no earlier "
+                                                     f"training of {name!r} to reuse")
+            data_spec, trusted_path = last[0], True
+            params = last[1] if params is None else params
         if not isinstance(apply, bool):
             raise JobError(400, "invalid_field", "'apply' must be true or false")
         if params is not None and not isinstance(params, dict):
@@ -246,7 +269,29 @@ class JobManager:
             data = await self.loop.run_in_executor(None, dataset.load, data_spec, roots)
         except dataset.DataError as exc:
             raise JobError(400, "invalid_data", str(exc)) from None
+        base = data
+        if feedback is True:
+            plog = getattr(self.sup, "predlog", None)
+            feedback = (await self.loop.run_in_executor(None, plog.feedback_examples, name)
+                        if plog is not None else [])
+            watermark = time.time() if watermark is None else watermark
+        folded = None
+        if feedback is not None:
+            try:
+                data, folded = dataset.merge_feedback(data, list(feedback))
+            except dataset.DataError as exc:
+                raise JobError(400, "invalid_data", str(exc)) from None
         summary = await self.loop.run_in_executor(None, data.summary)  # hashes every text
+        if folded is not None:
+            summary["feedback"] = folded
+        if given_spec is None:
+            summary["reused"] = data_spec.get("path")
+        if policies is not None:
+            try:
+                await self.loop.run_in_executor(None, policies.remember_training, name,
+                                                data_spec, base, params, watermark)
+            except OSError as exc:
+                log.error("cannot remember the data of %s's training: %s", name, exc)
         # cluster mode: an id unique across nodes (JobError 503 when Redis is down)
         job_id = await self.cluster.new_id() if self.cluster is not None else None
         job = Job(name, full, summary, apply, job_id=job_id)
@@ -385,6 +430,8 @@ class JobManager:
             job.log_tail = self._tail(os.path.join(job.dir, "train.log"))
         shutil.rmtree(job.dir, ignore_errors=True)
         self._save(job)
+        if job._done is not None and not job._done.done():
+            job._done.set_result(job)
         self._trim()
         # a cancelled or crashed trainer may leave a staging folder behind
         if not self._any_running() and not self.shared_store:

@@ -155,6 +155,9 @@ class RolloutControl:
     async def quality_gate(self, slot: Slot, version: int, workers: list[WorkerHandle],
                             enabled: bool, min_accuracy: float | None) -> dict[str, Any] | None:
         golden = self.sup.golden.get(slot.name)
+        policies = getattr(self.sup, "policies", None)
+        if policies is not None:  # a policy retrain: its feedback hold-out too (docs/loop.md)
+            golden = policies.gate_set(slot.name, golden)
         if golden is None:
             if min_accuracy is not None and enabled:
                 raise ServiceError(f"min_accuracy needs a golden set: register one with PUT "

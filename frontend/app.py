@@ -10,7 +10,7 @@ from tornado.web import Application
 from frontend import handlers as h
 from frontend import rollout_handlers
 from frontend import metrics_http
-from frontend import artifact, clusterapi, oip, openapi
+from frontend import artifact, clusterapi, loop_handlers, oip, openapi
 from frontend.base import NotFoundHandler, log_level
 
 log = logging.getLogger("textswap.http")
@@ -30,6 +30,7 @@ def inference_app(sup: Any, config: Any) -> Application:
         (r"/readyz", h.ReadyHandler, kw),
         (r"/openapi.json", openapi.InferenceSpecHandler, kw),
         *oip.routes(kw),  # Open Inference Protocol v2
+        *loop_handlers.inference_routes(kw, config),  # POST /feedback (docs/loop.md)
     ], default_handler_class=NotFoundHandler, default_handler_args=kw,
         log_function=metrics_http.counting(sup, _log))  # counts what fastpath.py does not
 
@@ -49,6 +50,7 @@ def management_app(sup: Any, config: Any) -> Application:
         *rollout_handlers.routes(kw),  # rollback, promote, abort, rollouts, golden, history
         *metrics_http.routes(kw),  # GET /metrics (Prometheus)
         *clusterapi.routes(kw),  # GET /cluster (cluster mode; 404 otherwise)
+        *loop_handlers.management_routes(kw),  # review queue, retrain policy
     ]
     try:
         from frontend import training

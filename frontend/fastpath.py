@@ -26,7 +26,7 @@ from tornado.ioloop import IOLoop
 from tornado.iostream import StreamClosedError
 from tornado.web import Application
 
-from frontend import oip, predictions
+from frontend import loop, oip, predictions
 from frontend.base import ApiError, check_object, log_level, parse_json
 from frontend.handlers import PREDICT_FIELDS, predict_request
 
@@ -111,8 +111,9 @@ class _Predict(httputil.HTTPMessageDelegate):
         self.closed = True
 
     async def _answer(self) -> None:
-        status = 200
+        status, rid = 200, None
         try:
+            rid = loop.request_id(self.headers)
             if self.too_large:
                 raise ApiError(413, "body_too_large", self.too_large)
             body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
@@ -121,6 +122,7 @@ class _Predict(httputil.HTTPMessageDelegate):
             texts, top_k, model = predict_request(data, self.router.limits)
             payload: Any = await predictions.predict(self.router.sup, texts, top_k, model,
                                                      predictions.predict_options(data))
+            loop.log_predictions(self.router.sup, rid, texts, payload)
         except ApiError as exc:
             status = exc.status_code
             payload = {"error": {**exc.details, "code": exc.code, "message": exc.message}}
@@ -137,7 +139,8 @@ class _Predict(httputil.HTTPMessageDelegate):
         if status >= 400:  # a 503 while no model serves yet is expected: not ERROR
             log.log(log_level(status), "%d POST /predict %.1fms", status,
                     1000 * (time.monotonic() - self.started))
-        self._write(status, out, {"Content-Type": _JSON})
+        self._write(status, out, {"Content-Type": _JSON} if rid is None
+                    else {"Content-Type": _JSON, loop.HEADER: rid})
 
     async def _answer_oip(self) -> None:
         """POST /v2/models/<name>[/versions/<v>]/infer: frontend/oip.py's infer,
@@ -157,6 +160,7 @@ class _Predict(httputil.HTTPMessageDelegate):
             if head is not None:
                 headers = {"Content-Type": "application/octet-stream",
                            oip.HEADER_LENGTH: str(head)}
+            headers[loop.HEADER] = model["request_id"]
         except ApiError as exc:
             status = exc.status_code
             out = json.dumps({"error": exc.message}, ensure_ascii=False).encode()

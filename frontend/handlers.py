@@ -81,12 +81,16 @@ class PredictHandler(JsonHandler):
     for the lean path that normally answers it)."""
 
     async def post(self) -> None:
-        from frontend import predictions
+        from frontend import loop, predictions
 
+        rid = loop.request_id(self.request.headers)
+        self.set_header(loop.HEADER, rid)
         data = self.json_object(PREDICT_FIELDS)
         texts, top_k, model = predict_request(data, self.limits)
-        self.send_json(await predictions.predict(self.sup, texts, top_k, model,
-                                                 predictions.predict_options(data)))
+        payload = await predictions.predict(self.sup, texts, top_k, model,
+                                            predictions.predict_options(data))
+        loop.log_predictions(self.sup, rid, texts, payload)
+        self.send_json(payload)
 
 
 class HealthHandler(JsonHandler):

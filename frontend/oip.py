@@ -35,6 +35,7 @@ from typing import Any
 from tornado.web import HTTPError
 
 from state.errors import ServiceError, UnknownModel
+from frontend import loop
 from frontend.base import ApiError, JsonHandler
 
 SERVER = "textswap"
@@ -347,6 +348,7 @@ async def infer(sup: Any, limits: dict[str, Any], name: str, version: str | None
     """One infer call: (model, body, header length or None). Raises OipError."""
     resolve(sup, name, version)  # 404 before parsing: the model must serve
     texts, outputs, rid = parse_infer(body, headers, limits)
+    request_id = loop.request_id(headers, rid)  # X-Request-Id, else the body's id
     try:
         model, labels, scores = await sup.predict(texts, model=name)
     except Exception as exc:
@@ -355,7 +357,8 @@ async def infer(sup: Any, limits: dict[str, Any], name: str, version: str | None
         # an apply swapped versions while this request waited: say so, don't mislabel
         raise _not_serving(sup, name, version)
     out, head = infer_response(model, labels, scores, outputs, rid)
-    return model, out, head
+    loop.log_scores(sup, request_id, texts, model, labels, scores)
+    return {**model, "request_id": request_id}, out, head
 
 
 # -- handlers ------------------------------------------------------------------------------
@@ -419,6 +422,7 @@ class InferHandler(OipHandler):
         model, out, head = await infer(self.sup, self.limits, name, version,
                                        self.request.headers, self.body)
         self.metric_model = model
+        self.set_header(loop.HEADER, model["request_id"])
         if head is not None:
             self.set_header("Content-Type", "application/octet-stream")
             self.set_header(HEADER_LENGTH, str(head))

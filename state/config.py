@@ -129,8 +129,27 @@ DEFAULTS: dict[str, Any] = {
         # finished jobs kept (listed by GET /train, in the state db); older ones go
         "keep_jobs": 200,
     },
+    # The learning loop (docs/loop.md): every prediction logged with its text,
+    # true labels fed back (POST /feedback), per-model retrain policies
+    "predictions": {
+        "log": True,         # keep what /predict answered (texts too) in models_dir/.predictions.db
+        "sample": 1.0,       # share of requests logged (a request is logged whole or not at all)
+        "max_rows": 100000,  # per model; the oldest go first
+    },
+    "feedback": {
+        # Bearer token for POST /feedback; empty: the management token, if set;
+        # neither: no token (TEXTSWAP_FEEDBACK_TOKEN overrides it)
+        "token": "",
+        "max_items": 1024,   # labels in one POST /feedback
+    },
+    # per-model retrain policies, e.g. {news: {retrain_after_labels: 200, apply: gate}};
+    # PUT /models/<name>/policy overrides them (control/policies.py)
+    "policies": {},
     "log_level": "INFO",
 }
+
+# mappings whose keys are the user's (model names), checked where they are used
+_FREE_MAPPINGS = {"policies"}
 
 
 class ConfigError(ValueError):
@@ -146,6 +165,9 @@ def _merge(base: dict, override: dict, path: str = "") -> dict:
         if isinstance(base[key], dict):
             if not isinstance(value, dict):
                 raise ConfigError(f"setting '{where}' must be a mapping")
+            if where in _FREE_MAPPINGS:
+                out[key] = copy.deepcopy(value)
+                continue
             out[key] = _merge(base[key], value, where + ".")
         else:
             default = base[key]

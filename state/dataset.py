@@ -203,3 +203,41 @@ def load(spec: Any, roots: list[str]) -> Dataset:
         return check_examples(list(enumerate(examples)), "inline", declared)
     path = resolve_path(spec["path"], roots)
     return check_examples(read_file(path), path, declared)
+
+
+def merge_feedback(data: Dataset, examples: list[tuple[str, str]]) -> tuple[Dataset, dict[str, Any]]:
+    """The training data with fed-back labels folded in (docs/loop.md): a text in
+    both keeps the feedback's label; a label that the data lacks becomes a class
+    once it has MIN_PER_LABEL examples (until then its rows wait, reported)."""
+    known = set(data.counts)
+    fed: dict[str, str] = {}
+    for text, label in examples:
+        label = str(label).strip()
+        if text and text.strip() and label and len(text) <= MAX_TEXT_CHARS:
+            fed[text] = label
+    new_counts = collections.Counter(lab for lab in fed.values() if lab not in known)
+    waiting = {lab for lab, n in new_counts.items() if n < MIN_PER_LABEL}
+    fed = {t: lab for t, lab in fed.items() if lab not in waiting}
+    texts, labels, replaced, overlap = [], [], 0, 0
+    for t, lab in zip(data.texts, data.labels):
+        if t in fed:
+            overlap += 1
+            replaced += fed[t] != lab
+            continue  # the feedback row below stands for it
+        texts.append(t)
+        labels.append(lab)
+    for t, lab in fed.items():
+        texts.append(t)
+        labels.append(lab)
+    counts = dict(sorted(collections.Counter(labels).items()))
+    if len(counts) < 2:
+        raise DataError(f"with the feedback folded in, the data has one label: {list(counts)}")
+    few = {k: v for k, v in counts.items() if v < MIN_PER_LABEL}
+    if few:  # feedback relabelled a class's examples away
+        raise DataError(f"with the feedback folded in, labels have too few examples: {few}")
+    new_labels = sorted(lab for lab in new_counts if lab not in waiting)
+    summary = {"rows": len(fed), "new_label_rows": sum(new_counts[lab] for lab in new_labels),
+               "new_labels": new_labels, "relabelled": replaced,
+               "added": len(fed) - min(overlap, len(fed)),
+               "waiting": {lab: new_counts[lab] for lab in sorted(waiting)}}
+    return Dataset(texts, labels, data.source, counts), summary

@@ -1,0 +1,325 @@
+"""Per-model retrain policies and the retraining that folds feedback in (docs/loop.md).
+
+``sup.policies`` (class Policies):
+
+    get(name) -> dict | None        the model's policy: config ``policies.<name>``
+                                    overlaid by what PUT /models/<name>/policy stored
+    put(name, policy) -> dict       validated (PolicyError, a 400), written atomically to
+                                    ``<models_dir>/.policies.json`` before it takes effect;
+                                    blocking: call it from an executor
+    delete(name)                    the same, removing the stored policy
+
+Keys: ``retrain_after_labels`` (int >= 1, or null: off), ``apply`` ("gate",
+"canary", "swap" or "none"), ``min_score`` (a default abstain threshold for
+/predict, in (0, 1]), ``holdout`` (the share of feedback held back as the
+gate's golden set, default 0.2).
+
+What a model's last training used (its data source and parameters), the
+moment its feedback was last folded in (the watermark new labels are counted
+from) and the feedback hold-out live in ``<models_dir>/.loop/<name>.json``.
+
+The retrain loop: after each committed POST /feedback the handler calls
+``labels_arrived(name)``; when the policy's number of labels has arrived since
+the last training, a job starts with the feedback folded in (a hold-out share
+kept out of it), and its result is applied as the policy says: "gate" (an
+apply through the quality gate, the hold-out beside any registered golden
+set), "canary", "swap" (no gate) or "none" (published only). The history
+records the cause ("retrain after 200 labels") and the outcome.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+from typing import Any
+
+from tornado.ioloop import IOLoop
+
+from state.config import ConfigError
+from state.store import check_name
+
+log = logging.getLogger("textswap.policies")
+
+FILENAME = ".policies.json"
+LOOP_DIR = ".loop"
+APPLY = ("gate", "canary", "swap", "none")
+KEYS = {"retrain_after_labels", "apply", "min_score", "holdout"}
+DEFAULT = {"retrain_after_labels": None, "apply": "gate", "holdout": 0.2}
+
+
+class PolicyError(ValueError):
+    pass
+
+
+def validate(policy: Any, where: str = "policy") -> dict[str, Any]:
+    if not isinstance(policy, dict):
+        raise PolicyError(f"{where} must be an object")
+    unknown = sorted(set(policy) - KEYS)
+    if unknown:
+        raise PolicyError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
+                          f"allowed: {', '.join(sorted(KEYS))}")
+    out: dict[str, Any] = {}
+    n = policy.get("retrain_after_labels")
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 10_000_000:
+            raise PolicyError(f"{where}: 'retrain_after_labels' must be an integer >= 1 "
+                              "(or null: no automatic retraining)")
+    out["retrain_after_labels"] = n
+    apply = policy.get("apply", DEFAULT["apply"])
+    if apply not in APPLY:
+        raise PolicyError(f"{where}: 'apply' must be one of {', '.join(APPLY)}")
+    out["apply"] = apply
+    for key, low_open, default in (("min_score", True, None), ("holdout", False, 0.2)):
+        v = policy.get(key, default)
+        if v is None:
+            if key == "min_score":
+                continue
+            raise PolicyError(f"{where}: '{key}' must be a number")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+            raise PolicyError(f"{where}: '{key}' must be a number")
+        v = float(v)
+        if key == "min_score" and not 0.0 < v <= 1.0:
+            raise PolicyError(f"{where}: 'min_score' must be in (0, 1]")
+        if key == "holdout" and not 0.0 <= v <= 0.5:
+            raise PolicyError(f"{where}: 'holdout' must be between 0 and 0.5")
+        out[key] = v
+    return out
+
+
+def held_out(text: str, share: float) -> bool:
+    """Whether a fed-back text belongs to the hold-out: by a hash of the text, so
+    it stays on the same side at every retraining."""
+    if share <= 0:
+        return False
+    h = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:4], "big")
+    return h < share * 2**32
+
+
+def _write_atomic(path: str, data: Any) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, ensure_ascii=False)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class Policies:
+    def __init__(self, sup: Any) -> None:
+        self.sup = sup
+        self.root = sup.store.root
+        self.path = os.path.join(self.root, FILENAME)
+        self.dir = os.path.join(self.root, LOOP_DIR)
+        self._lock = threading.Lock()
+        self.config: dict[str, dict[str, Any]] = {}
+        for name, p in (sup.cfg.raw.get("policies") or {}).items():
+            try:
+                check_name(name)
+                self.config[name] = validate(p, f"policies.{name}")
+            except Exception as exc:  # reported at start, never a crash later
+                raise ConfigError(f"config policies.{name}: {exc}") from None
+        self.stored: dict[str, dict[str, Any]] = {}
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                self.stored = {k: validate(v) for k, v in json.load(fh).items()}
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, PolicyError, AttributeError) as exc:
+            log.error("cannot read %s (%s): stored policies ignored", self.path, exc)
+        self.running: dict[str, Any] = {}  # name -> the policy's job while it runs
+        self.last: dict[str, dict[str, Any]] = {}  # name -> the last policy retrain's outcome
+        self.gating: dict[str, dict[str, Any]] = {}  # name -> hold-out, while its apply runs
+
+    # -- the policy ------------------------------------------------------------------------
+    def get(self, name: str) -> dict[str, Any] | None:
+        p = self.stored.get(name) or self.config.get(name)
+        return dict(p) if p is not None else None
+
+    def describe(self, name: str) -> dict[str, Any]:
+        p = self.get(name)
+        return {"name": name, "policy": p,
+                "source": "api" if name in self.stored else "config" if p else None,
+                "running_job": getattr(self.running.get(name), "id", None),
+                "last_retrain": self.last.get(name)}
+
+    def put(self, name: str, policy: Any) -> dict[str, Any]:
+        """Validate, persist, then use (blocking: from an executor)."""
+        check_name(name)
+        p = validate(policy)
+        with self._lock:
+            stored = {**self.stored, name: p}
+            _write_atomic(self.path, stored)
+            self.stored = stored
+        return p
+
+    def delete(self, name: str) -> bool:
+        with self._lock:
+            if name not in self.stored:
+                return False
+            stored = {k: v for k, v in self.stored.items() if k != name}
+            _write_atomic(self.path, stored)
+            self.stored = stored
+        return True
+
+    # -- what the last training used (blocking file access) ----------------------------------
+    def _state_path(self, name: str) -> str:
+        return os.path.join(self.dir, f"{name}.json")
+
+    def model_state(self, name: str) -> dict[str, Any]:
+        try:
+            with open(self._state_path(name), encoding="utf-8") as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            return {}
+
+    def _update_state(self, name: str, **changes: Any) -> None:
+        with self._lock:
+            os.makedirs(self.dir, exist_ok=True)
+            state = {**self.model_state(name), **changes}
+            _write_atomic(self._state_path(name), state)
+
+    def remember_training(self, name: str, data_spec: dict[str, Any], data: Any,
+                          params: dict[str, Any] | None, trained_at: float | None) -> None:
+        """Keep the source of a training's data for a later retrain without data:
+        a path as given, inline examples copied to .loop/<name>.data.jsonl."""
+        if "path" in data_spec:
+            spec = {k: v for k, v in data_spec.items() if k in ("path", "labels")}
+            spec["path"] = os.path.realpath(spec["path"])
+        else:
+            copy = os.path.join(self.dir, f"{name}.data.jsonl")
+            os.makedirs(self.dir, exist_ok=True)
+            data.write_jsonl(copy + ".tmp")
+            os.replace(copy + ".tmp", copy)
+            spec = {"path": copy}
+        changes: dict[str, Any] = {"last_data": spec, "last_params": params}
+        if trained_at is not None:
+            changes["trained_at"] = trained_at
+        self._update_state(name, **changes)
+
+    def last_training(self, name: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        s = self.model_state(name)
+        return s.get("last_data"), s.get("last_params")
+
+    def holdout(self, name: str) -> dict[str, Any] | None:
+        """The feedback hold-out of the last policy retrain: {"texts", "labels"}."""
+        h = self.model_state(name).get("holdout")
+        return h if h and h.get("texts") else None
+
+    def gate_set(self, name: str, golden: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The gate's golden set while a policy retrain applies: the registered
+        one (if any) plus the feedback hold-out; otherwise `golden` unchanged."""
+        hold = self.gating.get(name)
+        if not hold:
+            return golden
+        texts = list((golden or {}).get("texts", [])) + hold["texts"]
+        labels = list((golden or {}).get("labels", [])) + hold["labels"]
+        sha = hashlib.sha256(json.dumps([texts, labels], ensure_ascii=False).encode()).hexdigest()
+        return {"name": name, "texts": texts, "labels": labels, "sha256": sha,
+                "source": "golden set + feedback hold-out" if golden else "feedback hold-out",
+                "min_accuracy": (golden or {}).get("min_accuracy")}
+
+    # -- the loop --------------------------------------------------------------------------
+    def labels_arrived(self, name: str) -> None:
+        """On the IOLoop, after feedback for `name` was committed."""
+        p = self.get(name)
+        if not p or not p.get("retrain_after_labels") or name in self.running:
+            return
+        if getattr(self.sup, "stopping", False):
+            return
+        self.running[name] = "checking"
+        IOLoop.current().spawn_callback(self._maybe_retrain, name, p)
+
+    async def _maybe_retrain(self, name: str, p: dict[str, Any]) -> None:
+        loop = IOLoop.current()
+        try:
+            state = await loop.run_in_executor(None, self.model_state, name)
+            since = state.get("trained_at")
+            n = await loop.run_in_executor(None, self.sup.predlog.feedback_count, name, since)
+            if n < p["retrain_after_labels"]:
+                return
+            await self.retrain(name, p, n)
+        except Exception as exc:
+            log.exception("retrain policy of %s failed", name)
+            self.last[name] = {"at": time.time(), "error": str(exc)}
+            self._history(name, "retrain_failed", f"retrain policy: {exc}", None, {})
+        finally:
+            self.running.pop(name, None)
+
+    async def retrain(self, name: str, p: dict[str, Any], n: int) -> dict[str, Any]:
+        loop = IOLoop.current()
+        cause = f"retrain after {n} labels"
+        started = time.time()
+        examples = await loop.run_in_executor(None, self.sup.predlog.feedback_examples, name)
+        share = p.get("holdout", 0.2) if p["apply"] == "gate" else 0.0
+        train = [(t, lab) for t, lab in examples if not held_out(t, share)]
+        hold = [(t, lab) for t, lab in examples if held_out(t, share)]
+        job = await self.sup.jobs.submit(name, None, None, False, feedback=train,
+                                         watermark=started)
+        self.running[name] = job
+        await loop.run_in_executor(None, lambda: self._update_state(
+            name, holdout={"texts": [t for t, _ in hold], "labels": [lab for _, lab in hold],
+                           "at": started} if hold else None))
+        log.info("%s: %s: job %s (%d feedback rows, %d held out for the gate)", name, cause,
+                 job.id, len(train), len(hold))
+        self._history(name, "retrain", cause, None,
+                      {"job": job.id, "apply": p["apply"], "feedback": len(train),
+                       "held_out": len(hold)})
+        await job.done_future()
+        outcome: dict[str, Any] = {"at": time.time(), "cause": cause, "job": job.id,
+                                   "state": job.state, "apply": p["apply"],
+                                   "held_out": len(hold), "train_s": round(
+                                       (job.finished or time.time()) - started, 3)}
+        if job.state != "succeeded" or job.result is None:
+            outcome["error"] = job.error
+            self.last[name] = outcome
+            self._history(name, "retrain_failed", f"{cause}: job {job.state}", None, outcome)
+            return outcome
+        version = job.result["version"]
+        outcome["version"] = version
+        t = time.monotonic()
+        if hold:
+            self.gating[name] = {"texts": [x for x, _ in hold], "labels": [y for _, y in hold]}
+        try:
+            if p["apply"] == "gate":
+                res = await self.sup.apply(name, version, source="train")
+            elif p["apply"] == "canary":
+                res = await self.sup.apply(name, version, source="train", mode="canary")
+            elif p["apply"] == "swap":
+                res = await self.sup.apply(name, version, source="train", gate=False)
+            else:
+                res = None
+            outcome["applied"] = res is not None
+            outcome["gate"] = (res or {}).get("gate")
+        except Exception as exc:
+            outcome["applied"] = False
+            outcome["refused"] = str(exc)
+            outcome["gate"] = (getattr(exc, "details", None) or {}).get("gate")
+        finally:
+            self.gating.pop(name, None)
+        outcome["apply_s"] = round(time.monotonic() - t, 3)
+        self.last[name] = outcome
+        what = ("applied" if outcome["applied"] else
+                "published only" if p["apply"] == "none" else "not applied")
+        self._history(name, "retrain_done", f"{cause}: v{version} {what}", version, outcome)
+        log.info("%s: %s: v%s %s", name, cause, version, what)
+        return outcome
+
+    def _history(self, name: str, kind: str, reason: str, version: Any,
+                 details: dict[str, Any]) -> None:
+        state = getattr(self.sup, "state", None)
+        if state is None:
+            return
+        try:
+            state.add_history(name, kind, source="policy", to_version=version, reason=reason,
+                              details=details)
+        except Exception as exc:
+            log.error("cannot record %s of %s: %s", kind, name, exc)
+
+
+async def wait(fut: Any) -> Any:
+    return await asyncio.wrap_future(fut)

@@ -1,0 +1,312 @@
+"""The learning loop's routes (docs/loop.md).
+
+Inference port:  POST /feedback                (its own bearer token: feedback.token,
+                                                else the management token, else none)
+Management port: GET /models/<name>/review     (the review queue)
+                 GET/PUT/DELETE /models/<name>/policy   (the retrain policy)
+
+The prediction log (state/predlog.py) is read and written from a small
+executor of this module's own, so a flood of feedback queues there and never
+holds the IOLoop or the default executor; an answered feedback is committed.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import hmac
+import os
+from typing import Any
+
+from tornado.ioloop import IOLoop
+
+from frontend.base import ApiError, JsonHandler, int_field
+from frontend.loop import check_id
+from state.errors import InvalidName, NotFound
+
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="loop")
+FEEDBACK_FIELDS = {"request_id", "index", "label", "labels", "model", "examples"}
+MAX_LABEL_CHARS = 200
+STRATEGIES = ("uncertain", "random")
+MAX_REVIEW = 1000
+
+
+def feedback_token(config: Any) -> str | None:
+    """feedback.token (or TEXTSWAP_FEEDBACK_TOKEN), else the management token, else none."""
+    token = os.environ.get("TEXTSWAP_FEEDBACK_TOKEN") or config["feedback"]["token"]
+    return token or config.token or None
+
+
+async def _run(fn: Any, *args: Any) -> Any:
+    return await IOLoop.current().run_in_executor(_POOL, fn, *args)
+
+
+def _label(value: Any, where: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ApiError(400, "invalid_field", f"{where} must be a string")
+    label = str(value).strip()
+    if not label:
+        raise ApiError(400, "invalid_field", f"{where} is empty")
+    if len(label) > MAX_LABEL_CHARS:
+        raise ApiError(400, "invalid_field", f"{where} has {len(label)} characters; the "
+                                             f"limit is {MAX_LABEL_CHARS}")
+    try:
+        label.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "invalid_field", f"{where} is not valid Unicode") from None
+    return label
+
+
+def _labels_of(sup: Any, name: str, version: Any, cache: dict) -> set[str]:
+    """The labels a version of a model knows (from its meta.json); blocking."""
+    key = (name, version)
+    if key not in cache:
+        try:
+            v = sup.store.resolve(name, None if version is None else int(version))[0]
+            cache[key] = set(sup.store.meta(name, v).get("labels") or [])
+        except Exception:
+            cache[key] = set()
+    return cache[key]
+
+
+_LABELS: dict = {}
+
+
+class FeedbackHandler(JsonHandler):
+    """POST /feedback: true labels for logged predictions, or free examples."""
+
+    def _check_token(self) -> None:
+        got = self.request.headers.get("Authorization", "")
+        scheme, _, value = got.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                value.strip().encode(), self.token.encode()):  # type: ignore[union-attr]
+            self.set_header("WWW-Authenticate", 'Bearer realm="textswap-feedback"')
+            raise ApiError(401, "unauthorized", "POST /feedback needs 'Authorization: Bearer "
+                                                "<token>' (feedback.token, else the "
+                                                "management token)")
+
+    async def post(self) -> None:
+        data = self.json_object(FEEDBACK_FIELDS)
+        plog = getattr(self.sup, "predlog", None)
+        if plog is None or not plog.enabled:
+            raise ApiError(409, "log_off", "the prediction log is off (predictions.log: false)")
+        cap = self.cfg["feedback"]["max_items"]
+        if "examples" in data or "model" in data:
+            answer, model = await self._examples(data, plog, cap)
+        else:
+            answer, model = await self._on_predictions(data, plog, cap)
+        policies = getattr(self.sup, "policies", None)
+        if policies is not None and answer["stored"]:
+            policies.labels_arrived(model)
+        self.send_json(answer)
+
+    async def _examples(self, data: dict[str, Any], plog: Any, cap: int
+                        ) -> tuple[dict[str, Any], str]:
+        extra = sorted(set(data) & {"request_id", "index", "label", "labels"})
+        if extra or "model" not in data or "examples" not in data:
+            raise ApiError(400, "bad_request", "free examples are {\"model\": name, "
+                                               "\"examples\": [{\"text\", \"label\"}, ...]}"
+                           + (f"; not with {', '.join(extra)}" if extra else ""))
+        name = data["model"]
+        if not isinstance(name, str):
+            raise ApiError(400, "invalid_field", "'model' must be a model name")
+        examples = data["examples"]
+        if not isinstance(examples, list) or not examples:
+            raise ApiError(400, "invalid_field", "'examples' must be a non-empty list")
+        if len(examples) > cap:
+            raise ApiError(413, "too_many_items", f"'examples' has {len(examples)} items; "
+                                                  f"the limit is {cap} (feedback.max_items)")
+        pairs = []
+        for i, ex in enumerate(examples):
+            where = f"'examples[{i}]'"
+            if not isinstance(ex, dict) or set(ex) - {"text", "label"}:
+                raise ApiError(400, "invalid_field", f"{where} must be {{\"text\", \"label\"}}")
+            text = ex.get("text")
+            if not isinstance(text, str) or not text.strip():
+                raise ApiError(400, "invalid_field", f"{where}.text must be a non-empty string")
+            if len(text) > self.limits["max_text_chars"]:
+                raise ApiError(422, "text_too_long", f"{where}.text has {len(text)} characters;"
+                                                     f" the limit is "
+                                                     f"{self.limits['max_text_chars']}")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ApiError(400, "bad_text", f"{where}.text is not valid Unicode") from None
+            pairs.append((text, _label(ex.get("label"), f"{where}.label")))
+
+        def store() -> dict[str, Any]:
+            try:
+                self.sup.store.resolve(name)
+            except (NotFound, InvalidName):
+                raise ApiError(404, "not_found", f"no model named {name!r} in the store") from None
+            known = _labels_of(self.sup, name, None, _LABELS)
+            new = sorted({lab for _, lab in pairs if lab not in known})
+            plog.add_examples(name, pairs, new).result(30)
+            return {"model": name, "stored": len(pairs), "new_labels": new,
+                    "new_label": bool(new),
+                    "items": [{"index": i, "label": lab, "new_label": lab in new}
+                              for i, (_, lab) in enumerate(pairs)]}
+        return await _run(store), name
+
+    async def _on_predictions(self, data: dict[str, Any], plog: Any, cap: int
+                              ) -> tuple[dict[str, Any], str]:
+        if "request_id" not in data:
+            raise ApiError(400, "missing_field", "'request_id' is required (or 'model' and "
+                                                 "'examples' for labels without a prediction)")
+        rid = check_id(data["request_id"], "'request_id'")
+        if ("label" in data) == ("labels" in data):
+            raise ApiError(400, "bad_request", "give exactly one of 'label' (one text, or "
+                                               "with 'index') or 'labels' (the whole batch)")
+        index = None
+        if "labels" in data:
+            if "index" in data:
+                raise ApiError(400, "bad_request", "'index' goes with 'label', not 'labels'")
+            labels = data["labels"]
+            if not isinstance(labels, list) or not labels:
+                raise ApiError(400, "invalid_field", "'labels' must be a non-empty list")
+            if len(labels) > cap:
+                raise ApiError(413, "too_many_items", f"'labels' has {len(labels)} items; "
+                                                      f"the limit is {cap}")
+            wanted = [_label(x, f"'labels[{i}]'") for i, x in enumerate(labels)]
+        else:
+            if "index" in data:
+                index = int_field(data, "index", minimum=0, maximum=10**6)
+            wanted = [_label(data["label"], "'label'")]
+
+        def store() -> dict[str, Any]:
+            rows = plog.get(rid)
+            if not rows:  # maybe still queued for the writer
+                plog.flush(30)
+                rows = plog.get(rid)
+            if not rows:
+                raise ApiError(404, "unknown_request_id",
+                               f"no logged prediction has request id {rid!r}",
+                               {"request_id": rid})
+            if "labels" in data:
+                if len(wanted) != len(rows):
+                    raise ApiError(400, "wrong_length",
+                                   f"'labels' has {len(wanted)} items; request {rid} had "
+                                   f"{len(rows)} texts", {"expected": len(rows)})
+                targets = list(zip(rows, wanted))
+            elif index is None:
+                if len(rows) != 1:
+                    raise ApiError(400, "missing_field",
+                                   f"request {rid} had {len(rows)} texts: give 'index' "
+                                   "(0-based) or 'labels' for all of them")
+                targets = [(rows[0], wanted[0])]
+            else:
+                hit = [r for r in rows if r["index"] == index]
+                if not hit:
+                    raise ApiError(404, "unknown_index", f"request {rid} has no text at index "
+                                                         f"{index} (it had {len(rows)})",
+                                   {"request_id": rid, "index": index})
+                targets = [(hit[0], wanted[0])]
+            items, batch = [], []
+            for row, label in targets:
+                known = _labels_of(self.sup, row["model"], row["version"], _LABELS)
+                new = bool(known) and label not in known
+                batch.append((rid, row["index"], label, row["model"], row["version"],
+                              row["text"], row["label"], new))
+                items.append({"request_id": rid, "index": row["index"], "label": label,
+                              "predicted": row["label"], "correct": label == row["label"],
+                              "new_label": new})
+            plog.add_feedback_many(batch).result(30)
+            model = {"name": rows[0]["model"], "version": rows[0]["version"]}
+            out = {"request_id": rid, "model": model, "stored": len(items),
+                   "new_label": any(i["new_label"] for i in items), "items": items}
+            if len(items) == 1:
+                out.update({k: items[0][k] for k in ("index", "label", "predicted", "correct")})
+            return out
+        answer = await _run(store)
+        return answer, answer["model"]["name"]
+
+
+def _top(scores: dict[str, float]) -> list[dict[str, Any]]:
+    return [{"label": k, "score": v}
+            for k, v in sorted(scores.items(), key=lambda kv: kv[1], reverse=True)]
+
+
+class ReviewHandler(JsonHandler):
+    """GET /models/<name>/review?limit=50&strategy=uncertain|random"""
+
+    async def get(self, name: str) -> None:
+        args = {k: self.get_query_argument(k) for k in self.request.query_arguments}
+        unknown = sorted(set(args) - {"limit", "strategy"})
+        if unknown:
+            raise ApiError(400, "unknown_field", f"unknown query argument(s) {unknown}; "
+                                                 "allowed: limit, strategy")
+        try:
+            limit = int(args.get("limit", "50"))
+        except ValueError:
+            raise ApiError(400, "invalid_field", "'limit' must be an integer") from None
+        if not 1 <= limit <= MAX_REVIEW:
+            raise ApiError(400, "invalid_field", f"'limit' must be between 1 and {MAX_REVIEW}")
+        strategy = args.get("strategy", "uncertain")
+        if strategy not in STRATEGIES:
+            raise ApiError(400, "invalid_field", f"'strategy' must be one of "
+                                                 f"{', '.join(STRATEGIES)}")
+        plog = self.sup.predlog
+
+        def read() -> list[dict[str, Any]]:
+            try:
+                self.sup.store.resolve(name)
+            except (NotFound, InvalidName):
+                raise ApiError(404, "not_found", f"no model named {name!r} in the store") from None
+            plog.flush(10)  # what was answered before this request is in the queue
+            return plog.review(name, limit, strategy)
+        rows = await _run(read)
+        items = [{"request_id": r["request_id"], "index": r["index"], "text": r["text"],
+                  "label": r["label"], "top": _top(r["scores"]),
+                  "score": max(r["scores"].values()) if r["scores"] else None,
+                  "margin": r["margin"], "version": r["version"], "at": r["at"]}
+                 for r in rows]
+        self.send_json({"model": name, "strategy": strategy, "count": len(items),
+                        "items": items})
+
+
+class PolicyHandler(JsonHandler):
+    """GET/PUT/DELETE /models/<name>/policy: the model's retrain policy."""
+
+    async def _known(self, name: str) -> None:
+        def check() -> None:
+            try:
+                self.sup.store.resolve(name)
+            except (NotFound, InvalidName):
+                raise ApiError(404, "not_found", f"no model named {name!r} in the store") from None
+        await _run(check)
+
+    async def get(self, name: str) -> None:
+        await self._known(name)
+        self.send_json(self.sup.policies.describe(name))
+
+    async def put(self, name: str) -> None:
+        from control.policies import PolicyError
+
+        data = self.json_body()
+        await self._known(name)
+        try:
+            await _run(self.sup.policies.put, name, data)
+        except PolicyError as exc:
+            raise ApiError(400, "invalid_policy", str(exc)) from None
+        except OSError as exc:
+            raise ApiError(507, "insufficient_storage", f"cannot store the policy: {exc}") \
+                from None
+        self.send_json(self.sup.policies.describe(name))
+        self.sup.policies.labels_arrived(name)  # labels may be waiting already
+
+    async def delete(self, name: str) -> None:
+        await self._known(name)
+        try:
+            removed = await _run(self.sup.policies.delete, name)
+        except OSError as exc:
+            raise ApiError(507, "insufficient_storage", f"cannot store the policy: {exc}") \
+                from None
+        self.send_json({**self.sup.policies.describe(name), "removed": removed})
+
+
+def inference_routes(kw: dict[str, Any], config: Any) -> list:
+    return [(r"/feedback", FeedbackHandler, {**kw, "token": feedback_token(config)})]
+
+
+def management_routes(kw: dict[str, Any]) -> list:
+    return [(r"/models/([^/]+)/review", ReviewHandler, kw),
+            (r"/models/([^/]+)/policy", PolicyHandler, kw)]
+

@@ -1,0 +1,276 @@
+"""Request ids, the prediction log and POST /feedback on the real service
+(tiny real models, real worker processes, real HTTP); the review queue."""
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import os
+import shutil
+import signal
+
+import pytest
+
+from helpers import Service, request, wait_for
+from state.config import load_config
+from state.predlog import FILENAME as PREDLOG, PredictionLog
+
+TOKEN = "fb-secret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _post(port: int, path: str, body: dict, headers: dict | None = None
+          ) -> tuple[int, dict, dict]:
+    """(status, body, headers) of a POST."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", path, body=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"null"), dict(resp.getheaders())
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def svc(tiny_store, tmp_path_factory):
+    base = tmp_path_factory.mktemp("feedback")
+    root = str(base / "models")
+    shutil.copytree(tiny_store, root)
+    cfg = base / "config.yaml"
+    cfg.write_text(f"rollout:\n  probation_s: 0\nfeedback:\n  token: {TOKEN}\n  max_items: 64\n"
+                   "management:\n  token: mgmt\n")
+    s = Service(root, args=["--config", str(cfg)])
+    s.cfg = str(cfg)
+    code, body = s.mpost("/apply", {"name": "sent"}, headers={"Authorization": "Bearer mgmt"})
+    assert code == 200, body
+    yield s
+    s.stop()
+
+
+def feedback(svc: Service, body: dict, headers: dict | None = AUTH) -> tuple[int, dict]:
+    return request(svc.port, "POST", "/feedback", body, headers=headers)
+
+
+def mget(svc: Service, path: str) -> tuple[int, dict]:
+    return svc.mget(path, headers={"Authorization": "Bearer mgmt"})
+
+
+def predict(svc: Service, body: dict, headers: dict | None = None) -> tuple[int, dict, dict]:
+    return _post(svc.port, "/predict", body, headers)
+
+
+def log_of(svc: Service) -> PredictionLog:
+    return PredictionLog(os.path.join(svc.models_dir, PREDLOG))
+
+
+# -- request ids ------------------------------------------------------------------------------
+def test_every_answer_has_a_request_id_also_as_header(svc):
+    code, body, headers = predict(svc, {"text": "很好"})
+    assert code == 200 and body["request_id"] == headers["X-Request-Id"]
+    code, other, _ = predict(svc, {"texts": ["很好", "很差"]})
+    assert other["request_id"] != body["request_id"]
+
+
+def test_a_clients_id_is_used_and_a_malformed_one_refused(svc):
+    code, body, headers = predict(svc, {"text": "很好"}, {"X-Request-Id": "ticket:42_a.b-c"})
+    assert code == 200 and body["request_id"] == "ticket:42_a.b-c"
+    assert headers["X-Request-Id"] == "ticket:42_a.b-c"
+    for bad in ("has space", "x" * 65, "semi;colon", "", "ünï"):
+        code, body, _ = predict(svc, {"text": "很好"}, {"X-Request-Id": bad})
+        assert code == 400 and body["error"]["code"] == "invalid_request_id", bad
+
+
+def test_oip_infer_uses_its_id_and_logs_it(svc):
+    req = {"id": "oip-7", "inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
+                                      "data": ["喜欢", "讨厌"]}]}
+    code, body, headers = _post(svc.port, "/v2/models/sent/infer", req)
+    assert code == 200 and body["id"] == "oip-7" and headers["X-Request-Id"] == "oip-7"
+    code, fb = feedback(svc, {"request_id": "oip-7", "labels": ["pos", "neg"]})
+    assert code == 200 and fb["stored"] == 2
+    req.pop("id")
+    code, body, headers = _post(svc.port, "/v2/models/sent/infer", req)
+    assert code == 200 and "id" not in body  # the protocol's body as asked...
+    assert predict(svc, {"text": "x"})[2]["X-Request-Id"] != headers["X-Request-Id"]
+    code, fb = feedback(svc, {"request_id": headers["X-Request-Id"], "labels": ["pos", "neg"]})
+    assert code == 200 and fb["stored"] == 2  # ... and the id made up for it in the header
+
+
+# -- feedback ---------------------------------------------------------------------------------
+def test_feedback_single_index_and_whole_batch(svc):
+    _, one, _ = predict(svc, {"text": "非常好用"})
+    code, fb = feedback(svc, {"request_id": one["request_id"], "label": "pos"})
+    assert code == 200 and fb["stored"] == 1 and fb["new_label"] is False
+    assert fb["predicted"] == one["predictions"][0]["label"] and fb["index"] == 0
+
+    _, batch, _ = predict(svc, {"texts": ["很好", "很差", "桌子"]})
+    rid = batch["request_id"]
+    code, fb = feedback(svc, {"request_id": rid, "labels": ["pos", "neg", "furniture"]})
+    assert code == 200 and fb["stored"] == 3 and fb["new_label"] is True
+    assert [i["new_label"] for i in fb["items"]] == [False, False, True]
+    # the same (request id, index) again replaces the earlier label
+    code, fb = feedback(svc, {"request_id": rid, "index": 2, "label": "neg"})
+    assert code == 200 and fb["new_label"] is False
+    plog = log_of(svc)
+    try:
+        rows = {(r["request_id"], r["index"]): r for r in plog.fed_back("sent")}
+        assert rows[(rid, 2)]["truth"] == "neg" and rows[(rid, 0)]["truth"] == "pos"
+        assert sum(1 for k in rows if k[0] == rid) == 3
+        assert rows[(rid, 1)]["scores"] and rows[(rid, 1)]["version"] == 2
+    finally:
+        plog.close()
+
+
+@pytest.mark.parametrize("body,status,code", [
+    ({"request_id": "never-seen", "label": "pos"}, 404, "unknown_request_id"),
+    ({"request_id": "bad id", "label": "pos"}, 400, "invalid_request_id"),
+    ({"request_id": 7, "label": "pos"}, 400, "invalid_request_id"),
+    ({"label": "pos"}, 400, "missing_field"),
+    ({"request_id": "x", "label": "pos", "labels": ["pos"]}, 400, "bad_request"),
+    ({"request_id": "x", "label": ""}, 400, "invalid_field"),
+    ({"request_id": "x", "label": ["pos"]}, 400, "invalid_field"),
+    ({"request_id": "x", "label": "pos", "index": -1}, 400, "invalid_field"),
+    ({"request_id": "x", "labels": []}, 400, "invalid_field"),
+    ({"request_id": "x", "labels": ["pos"] * 65}, 413, "too_many_items"),
+    ({"request_id": "x", "label": "pos", "extra": 1}, 400, "unknown_field"),
+    ({"model": "sent"}, 400, "bad_request"),
+    ({"model": "nosuch", "examples": [{"text": "a", "label": "b"}]}, 404, "not_found"),
+    ({"model": "sent", "examples": [{"text": "", "label": "b"}]}, 400, "invalid_field"),
+    ({"model": "sent", "examples": [{"text": "a"}]}, 400, "invalid_field"),
+    ({"model": "sent", "examples": [{"text": "a", "label": "b", "x": 1}]}, 400, "invalid_field"),
+    ({"model": "sent", "examples": [{"text": "a", "label": "b"}] * 65}, 413, "too_many_items"),
+    ({"model": "sent", "request_id": "x", "examples": []}, 400, "bad_request"),
+])
+def test_bad_feedback_is_refused_with_what_is_wrong(svc, body, status, code):
+    got, answer = feedback(svc, body)
+    assert got == status, answer
+    assert answer["error"]["code"] == code and answer["error"]["message"]
+
+
+def test_batch_feedback_of_the_wrong_length_or_index(svc):
+    _, batch, _ = predict(svc, {"texts": ["很好", "很差"]})
+    rid = batch["request_id"]
+    for labels in (["pos"], ["pos", "neg", "neg"]):
+        code, fb = feedback(svc, {"request_id": rid, "labels": labels})
+        assert code == 400 and fb["error"]["code"] == "wrong_length"
+        assert fb["error"]["expected"] == 2
+    code, fb = feedback(svc, {"request_id": rid, "label": "pos"})  # which of the two?
+    assert code == 400 and "index" in fb["error"]["message"]
+    code, fb = feedback(svc, {"request_id": rid, "index": 2, "label": "pos"})
+    assert code == 404 and fb["error"]["code"] == "unknown_index"
+    plog = log_of(svc)
+    try:
+        assert not [r for r in plog.fed_back("sent") if r["request_id"] == rid]
+    finally:
+        plog.close()
+
+
+def test_free_examples_are_stored_and_new_labels_flagged(svc):
+    code, fb = feedback(svc, {"model": "sent", "examples": [
+        {"text": "比赛赢了", "label": "sport"}, {"text": "讨厌下雨", "label": "neg"}]})
+    assert code == 200 and fb["stored"] == 2 and fb["new_labels"] == ["sport"]
+    plog = log_of(svc)
+    try:
+        assert ("比赛赢了", "sport") in plog.feedback_examples("sent")
+    finally:
+        plog.close()
+
+
+def test_wrong_or_missing_token_is_refused_with_401(svc):
+    _, one, _ = predict(svc, {"text": "很好"})
+    body = {"request_id": one["request_id"], "label": "pos"}
+    for headers in (None, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer mgmt"},
+                    {"Authorization": TOKEN}):
+        code, fb = feedback(svc, body, headers)
+        assert code == 401 and fb["error"]["code"] == "unauthorized", headers
+    plog = log_of(svc)
+    try:
+        assert not [r for r in plog.fed_back("sent") if r["request_id"] == one["request_id"]]
+    finally:
+        plog.close()
+    assert feedback(svc, body)[0] == 200
+
+
+def test_which_token_feedback_takes(tmp_path, monkeypatch):
+    from frontend.loop_handlers import feedback_token
+
+    monkeypatch.delenv("TEXTSWAP_MANAGEMENT_TOKEN", raising=False)
+    monkeypatch.delenv("TEXTSWAP_FEEDBACK_TOKEN", raising=False)
+    assert feedback_token(load_config(None)) is None  # a default local install: none
+    both = {"feedback": {"token": "f"}, "management": {"token": "m"}}
+    assert feedback_token(load_config(None, both)) == "f"
+    assert feedback_token(load_config(None, {"management": {"token": "m"}})) == "m"
+    monkeypatch.setenv("TEXTSWAP_FEEDBACK_TOKEN", "env")
+    assert feedback_token(load_config(None, both)) == "env"
+
+
+def test_a_feedback_flood_is_answered_and_stored_whole(svc):
+    texts = [f"很好 {i}" for i in range(40)]
+    rids = []
+    for i in range(0, 40, 20):
+        _, batch, _ = predict(svc, {"texts": texts[i:i + 20]})
+        rids.append(batch["request_id"])
+    jobs = [(rid, i) for rid in rids for i in range(20)] * 3  # every label three times
+
+    def send(job):
+        rid, i = job
+        return feedback(svc, {"request_id": rid, "index": i, "label": "neg" if i % 2 else "pos"})
+    with concurrent.futures.ThreadPoolExecutor(24) as ex:
+        answers = list(ex.map(send, jobs))
+    assert all(code == 200 for code, _ in answers), [a for a in answers if a[0] != 200][:3]
+    plog = log_of(svc)
+    try:
+        fed = [r for r in plog.fed_back("sent") if r["request_id"] in rids]
+        assert len(fed) == 40  # each (request id, index) once: repeats replaced
+        assert all(r["truth"] == ("neg" if r["index"] % 2 else "pos") for r in fed)
+    finally:
+        plog.close()
+    assert svc.get("/healthz")[0] == 200
+
+
+# -- the review queue --------------------------------------------------------------------------
+def test_review_lists_unlabelled_predictions_uncertain_first(svc):
+    _, batch, _ = predict(svc, {"texts": ["评审一号 好", "评审二号 差", "评审三号"]})
+    code, body = mget(svc, "/models/sent/review?limit=1000")
+    assert code == 200 and body["strategy"] == "uncertain"
+    items = body["items"]
+    margins = [i["margin"] for i in items]
+    assert margins == sorted(margins)
+    mine = [i for i in items if i["request_id"] == batch["request_id"]]
+    assert len(mine) == 3 and {"request_id", "index", "text", "label", "top"} <= set(mine[0])
+    assert mine[0]["top"][0]["label"] == mine[0]["label"]
+    feedback(svc, {"request_id": batch["request_id"], "index": 0, "label": "pos"})
+    code, body = mget(svc, "/models/sent/review?limit=1000&strategy=random")
+    left = [i for i in body["items"] if i["request_id"] == batch["request_id"]]
+    assert code == 200 and sorted(i["index"] for i in left) == [1, 2]
+    for path, status in (("/models/sent/review?limit=0", 400),
+                         ("/models/sent/review?limit=x", 400),
+                         ("/models/sent/review?strategy=best", 400),
+                         ("/models/sent/review?color=red", 400),
+                         ("/models/nosuch/review", 404)):
+        code, body = mget(svc, path)
+        assert code == status and body["error"]["message"], path
+
+
+# -- a restart ----------------------------------------------------------------------------------
+def test_a_restart_loses_nothing_logged_or_fed_back(svc, tmp_path):
+    _, before, _ = predict(svc, {"texts": ["重启前 好", "重启前 差"]})
+    rid = before["request_id"]
+    assert feedback(svc, {"request_id": rid, "index": 0, "label": "pos"})[0] == 200
+    rids = [predict(svc, {"text": f"重启 {i}"})[1]["request_id"] for i in range(30)]
+    root, cfg = svc.models_dir, svc.cfg
+    assert svc.stop(signal.SIGTERM) == 0
+    again = Service(root, args=["--config", cfg])
+    try:
+        plog = log_of(again)
+        try:
+            assert all(plog.get(r) for r in rids)  # every answered prediction was logged
+            assert [r["truth"] for r in plog.fed_back("sent") if r["request_id"] == rid] == ["pos"]
+        finally:
+            plog.close()
+        wait_for(lambda: again.get("/readyz")[0] == 200, 90, "sent serving again")
+        # feedback on a prediction made before the restart
+        code, fb = feedback(again, {"request_id": rid, "index": 1, "label": "neg"})
+        assert code == 200 and fb["predicted"] == before["predictions"][1]["label"]
+    finally:
+        again.stop()
