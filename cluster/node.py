@@ -19,6 +19,10 @@ watcher (same calls: ``start(record)``, ``note_record(record, changed)``,
   record whose every slot (version, replicas) and default match what it
   serves; GET /cluster compares those.
 
+Applies go in two phases (cluster/twophase.py): every live node prepares
+the version first, then the record write flips them all (``prepare_all``,
+called by Applies.apply before its local switch).
+
 Training (`ClusterTraining`): jobs are queued in Redis (clusterjobs.py);
 each node claims one when it has a free training slot and runs it with the
 ordinary JobManager machinery, mirroring the job's state into Redis.
@@ -37,6 +41,7 @@ from typing import Any
 
 from cluster.record import Cluster, ClusterUnreachable
 from cluster.jobs import ClusterJobs
+from cluster.twophase import PREPARED, TwoPhase
 from control.jobs import JobError
 
 log = logging.getLogger("textswap.cluster")
@@ -73,6 +78,7 @@ class ClusterNode:
             heartbeat_ttl=cfg["heartbeat_ttl"])
         self.training = ClusterTraining(self, ClusterJobs(self.cluster, cfg["job_lease"],
                                                           sup.cfg["training"]["keep_jobs"]))
+        self.twophase = TwoPhase(self)
         self._writes: asyncio.Queue = asyncio.Queue()
         self._writer: asyncio.Task | None = None
         self._write_error: BaseException | None = None
@@ -98,7 +104,11 @@ class ClusterNode:
         self._on_change = on_change or self.sup.applies.on_record_change
         self._writer = asyncio.ensure_future(self._write_loop())
         self.sup.events.subscribe(self._on_event)
-        self.cluster.start(self._deliver, self._describe, self.training.tick)
+        self.cluster.start(self._deliver, self._describe, self._tick, self.twophase.on_message)
+
+    def _tick(self) -> None:
+        self.training.tick()
+        self.twophase.tick()
 
     def stop(self) -> None:
         """Stop following the record (the watcher's stop); close() finishes."""
@@ -111,6 +121,7 @@ class ClusterNode:
         except asyncio.TimeoutError:
             pass
         await self.training.flush()
+        self.twophase.stop()
         if self._writer is not None:
             self._writer.cancel()
         await self.cluster.stop()
@@ -223,6 +234,12 @@ class ClusterNode:
         """Before an operator's change: refuse (503) while Redis is down."""
         await self.cluster.call(self.cluster.redis.ping)
 
+    async def prepare_all(self, name: str, version: int | None, replicas: int,
+                          partial: bool = False, mode: str | None = None) -> None:
+        """Before a local apply: every live node prepares (name, version);
+        409 not_prepared (nothing switched) when one cannot (twophase.py)."""
+        await self.twophase.prepare_all(name, version, replicas, partial, mode)
+
     async def after_change(self) -> dict[str, Any]:
         """After a local apply/unload: wait for its record write, then say
         which nodes serve that revision already."""
@@ -240,8 +257,13 @@ class ClusterNode:
             done, pending = await self.cluster.serving_revision(rev)
         except ClusterUnreachable:
             done, pending = [self.node_id], []
-        return {"revision": rev, "node": self.node_id, "nodes_serving": done,
-                "nodes_pending": pending}
+        out = {"revision": rev, "node": self.node_id, "nodes_serving": done,
+               "nodes_pending": pending}
+        prepared = PREPARED.get()
+        if prepared is not None:  # this apply's prepare phase (two-phase apply)
+            out["prepare"] = prepared
+            PREPARED.set(None)
+        return out
 
     async def overview(self) -> dict[str, Any]:
         out = await self.cluster.overview()
@@ -349,6 +371,10 @@ class ClusterTraining:
                 log.warning("job %s: not written to the cluster (lease not ours)", doc["id"])
         except ClusterUnreachable:
             pass  # the next change writes the whole job again
+        result = doc.get("result") or {}
+        if final == "succeeded" and result.get("name") and result.get("version"):
+            # a new version in the shared store: every node preloads it
+            await self.node.twophase.published(result["name"], int(result["version"]))
 
     async def get(self, job_id: str) -> dict[str, Any] | None:
         local = self.jobs.jobs.get(job_id)

@@ -11,7 +11,10 @@ record here instead, so an apply on any node reaches all of them:
                            read-modify-write that retries when another node
                            wrote in between), which bumps the revision and
                            publishes it
-    <prefix>:events        pub/sub channel: "record <rev>", "jobs"
+    <prefix>:events        pub/sub channel: "record <rev>", "jobs", and the
+                           two-phase apply's "prepare <id>", "prepared <id>",
+                           "abort <id>", "published <name> <version>"
+                           (cluster/twophase.py)
     <prefix>:node:<id>     a node's heartbeat (JSON, expires after
                            heartbeat_ttl): what it serves, the revision it
                            has fully applied, the time
@@ -96,6 +99,7 @@ class Cluster:
         self._on_record: Callable[[dict[str, Any]], Any] | None = None
         self._describe: Callable[[], dict[str, Any]] | None = None
         self._on_jobs: Callable[[], Any] | None = None
+        self._on_message: Callable[[str], Any] | None = None
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self._wake = asyncio.Event()
@@ -224,11 +228,14 @@ class Cluster:
     # -- following ----------------------------------------------------------------------
     def start(self, on_record: Callable[[dict[str, Any]], Any],
               describe: Callable[[], dict[str, Any]],
-              on_jobs: Callable[[], Any] | None = None) -> None:
+              on_jobs: Callable[[], Any] | None = None,
+              on_message: Callable[[str], Any] | None = None) -> None:
         """Follow the record (on_record(latest) on each new revision), send
         heartbeats (describe() -> what this node serves), call on_jobs on a
-        jobs notification and on every tick."""
+        jobs notification and on every tick, on_message(data) on any other
+        notification."""
         self._on_record, self._describe, self._on_jobs = on_record, describe, on_jobs
+        self._on_message = on_message
         self._tasks = [asyncio.ensure_future(self._listen()),
                        asyncio.ensure_future(self._tick())]
 
@@ -293,6 +300,8 @@ class Cluster:
                         await self._sync()
                     elif data == "jobs" and self._on_jobs is not None:
                         self._on_jobs()
+                    elif self._on_message is not None:
+                        self._on_message(data)
             except asyncio.CancelledError:
                 raise
             except DOWN_ERRORS as exc:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from tornado import gen
+from tornado.locks import Lock
 
-from state.errors import ApplyFailed, Conflict, ServiceError, UnknownModel
+from state.errors import ApplyFailed, Conflict, ServiceError, StorageFailed, UnknownModel
 from state.store import InvalidArtifact, StoreError, check_name
 from control.slots import Slot
 from control.workerhandle import State
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("textswap.supervisor")
 
+KEEP: Any = object()  # commit(): leave this part of the record as it is
+
 
 class Applies:
     """Switches slots to versions, unloads them, and keeps the record."""
@@ -34,6 +37,8 @@ class Applies:
         self.sup = sup
         self.cfg, self.wcfg, self.loop = sup.cfg, sup.wcfg, sup.loop
         self.store, self.pool, self.events = sup.store, sup.pool, sup.events
+        self._commit_lock = Lock()
+        self.dirty = False  # the last record write failed: the sweep tries again
 
     def on_record_change(self, record: dict[str, Any]) -> None:
         """The record was edited from outside: converge on it, name by name.
@@ -104,6 +109,10 @@ class Applies:
             await self.sup.cluster.check()  # 503 while the cluster store is unreachable
         slot.applying += 1
         try:
+            partial = rollout.pop("partial", False)  # cluster: let the ready nodes switch alone
+            if self.sup.cluster is not None and persist and source in ("api", "train"):
+                await self.sup.cluster.prepare_all(name, version, replicas, partial,
+                                                   rollout.get("mode"))  # cluster/twophase.py
             async with slot.lock:
                 result = await self.apply_locked(slot, version, replicas, default, explicit,
                                                   source, persist, t_call, **rollout)
@@ -201,25 +210,53 @@ class Applies:
                 raise
             phases["gate"] = time.monotonic() - t
         t = time.monotonic()
-        # re-read what serves now: an automatic rollback may have swapped the
-        # slot while the new workers loaded or the gate scored them
-        old = list(slot.replicas)
-        previous = {"name": name, "version": slot.version} if old else None
+        # the slot's flags and the default as they will be: written first
+        new_explicit = slot.explicit
         if explicit is not None:
-            slot.explicit = explicit
+            new_explicit = explicit
         elif source == "api" or (source == "train" and not self.sup._demo_training):
-            slot.explicit = True
+            new_explicit = True
         elif source == "train":
-            slot.explicit, self.sup._demo_training = False, False
-        self.sup.router.swap(slot, workers, version, replicas)
+            new_explicit = False
         make_default = default if default is not None else source in ("api", "train")
         old_default = self.sup.default_name
-        if make_default or self.sup.default_name is None and source not in ("startup", "watcher"):
-            self.sup.default_name = name
-            if old_default != name:
-                self.sup.previous_default = old_default
+
+        def new_default() -> str | None:
+            if make_default or self.sup.default_name is None and source not in (
+                    "startup", "watcher"):
+                return name
+            return self.sup.default_name
+        seen: dict[str, Any] = {}
+
+        def switch() -> None:
+            # re-read what serves now: an automatic rollback may have swapped
+            # the slot while the new workers loaded, the gate scored them or
+            # the record was written
+            seen["old"] = list(slot.replicas)
+            seen["previous"] = {"name": name, "version": slot.version} if seen["old"] else None
+            if source == "train" and explicit is None and not new_explicit:
+                self.sup._demo_training = False
+            slot.explicit = new_explicit
+            self.sup.router.swap(slot, workers, version, replicas)
+            before, self.sup.default_name = self.sup.default_name, new_default()
+            if before != self.sup.default_name:
+                self.sup.previous_default = before
         if persist:
-            self.save_record(name)
+            try:
+                await self.commit(name, {"version": version, "replicas": replicas,
+                                         "explicit": new_explicit},
+                                  default=new_default, switch=switch,
+                                  strict=source != "fallback")
+            except StorageFailed as exc:
+                # nothing switched: the new workers go, the old ones serve on
+                self.loop.spawn_callback(self.sup.provision.retire, workers)
+                self.events.emit("apply_failed", name=name, version=version, source=source,
+                                 reason=str(exc))
+                exc.args = (f"{exc}; {name} still serves {serving_now}",)
+                raise
+        else:
+            switch()
+        old, previous = seen["old"], seen["previous"]
         phases["swap"] = time.monotonic() - t
         log.info("%s now serves v%s on %d replica(s) (pids %s; %s)", name, version,
                  len(workers), ", ".join(str(w.pid) for w in workers), source)
@@ -271,18 +308,68 @@ class Applies:
                      "(apply it explicitly to keep it)", name)
             self.loop.spawn_callback(self.unload_logged, name, "demo_retired")
 
-    def save_record(self, changed: str | None = None) -> None:
-        """Persist what serves; `changed`: the one slot this change was about."""
-        models = {n: {"version": s.version, "replicas": s.wanted, "explicit": s.explicit}
-                  for n, s in sorted(self.sup.slots.items()) if s.version is not None}
-        self.sup.record = {"default": self.sup.default_name if self.sup.default_name in models else None,
-                       "models": models, "revision": self.sup.record.get("revision", 0) + 1}
-        if self.sup.cluster is not None:  # merged into the Redis record (that slot only)
-            self.sup.cluster.note_record(self.sup.record, changed)
-            return
-        if self.sup.watcher:
-            self.sup.watcher.note_record(self.sup.record)
-        self.store.write_record(self.sup.record)
+    async def commit(self, changed: str | None, entry: Any = KEEP, *, default: Any = KEEP,
+                     switch: Callable[[], None] | None = None, strict: bool = True) -> None:
+        """Persist, then switch. The record as it will be (every slot as it
+        serves, slot `changed` set to `entry` or removed when `entry` is None,
+        the default set to `default`, a name or a function of no arguments
+        giving it) is written durably, off the IOLoop; then `switch()` changes
+        routing, in the same IOLoop step as the write's completion. Commits
+        are serialized (each record is built from what the previous one left).
+
+        strict (an operator's or a job's change): a failed write raises
+        StorageFailed (507 disk full, 503 other I/O errors) and nothing
+        switches. Not strict (the service's own moves: fallback, automatic
+        rollback, a FAILED default): switch anyway, serving comes first, and
+        the sweep writes the record again until a write succeeds."""
+        async with self._commit_lock:
+            models = {n: {"version": s.version, "replicas": s.wanted, "explicit": s.explicit}
+                      for n, s in sorted(self.sup.slots.items()) if s.version is not None}
+            if changed is not None and entry is not KEEP:
+                if entry is None:
+                    models.pop(changed, None)
+                else:
+                    models[changed] = dict(entry)
+            want = self.sup.default_name if default is KEEP else (
+                default() if callable(default) else default)
+            record = {"default": want if want in models else None,
+                      "models": dict(sorted(models.items())),
+                      "revision": self.sup.record.get("revision", 0) + 1}
+            if self.sup.cluster is not None:  # merged into the Redis record (that slot only)
+                if switch is not None:
+                    switch()
+                self.sup.record = record
+                self.sup.cluster.note_record(record, changed)
+                return
+            watcher, before = self.sup.watcher, self.sup.record
+            if watcher:
+                watcher.note_record(record)  # our own write: not a change to follow
+            try:
+                await self.sup.storage.write("the applied-model record", self.store.record_path,
+                                             self.store.write_record, record)
+                self.dirty = False
+            except StorageFailed:
+                if strict:
+                    if watcher:
+                        watcher.note_record(before)
+                    raise
+                self.dirty = True
+                log.error("serving changed without a durable record: it is written again "
+                          "once the store accepts writes")
+            self.sup.record = record
+            if switch is not None:
+                switch()
+
+    def save_later(self, changed: str | None = None) -> None:
+        """After a switch the service made on its own (an automatic rollback):
+        write the record as things serve now, without holding anything up."""
+        self.loop.spawn_callback(self.commit, changed, strict=False)
+
+    def retry_dirty(self) -> None:
+        """From the sweep: a record that failed to write is written again."""
+        if self.dirty and not self._commit_lock.locked():
+            self.dirty = False  # set again by the commit if it fails again
+            self.save_later()
 
     async def unload(self, name: str, *, source: str = "api", persist: bool = True
                      ) -> dict[str, Any]:
@@ -295,15 +382,22 @@ class Applies:
         async with slot.lock:
             if self.sup.slots.get(name) is not slot:
                 raise UnknownModel(f"model {name!r} is not serving here")
-            del self.sup.slots[name]
-            slot.unloaded = True
-            old, slot.replicas = slot.replicas, []
-            slot.wake_all()
-            was_default = self.sup.default_name == name
-            if was_default:
-                self.sup.default_name = None
+            seen: dict[str, Any] = {}
+
+            def switch() -> None:
+                del self.sup.slots[name]
+                slot.unloaded = True
+                seen["old"], slot.replicas = slot.replicas, []
+                slot.wake_all()
+                seen["was_default"] = self.sup.default_name == name
+                if seen["was_default"]:
+                    self.sup.default_name = None
             if persist:
-                self.save_record(name)
+                await self.commit(name, None, switch=switch, default=lambda: (
+                    None if self.sup.default_name == name else self.sup.default_name))
+            else:
+                switch()
+            old, was_default = seen["old"], seen["was_default"]
             log.info("unloaded %s v%s (%s)", name, slot.version, source)
             self.events.emit("unload", name=name, version=slot.version, source=source)
             ended = await self.sup.provision.retire(old)

@@ -104,6 +104,34 @@ class Provisioner:
                               status=status) from exc
         return w, ready, False
 
+    async def prepare(self, name: str, version: int, replicas: int, *,
+                      make_room: bool = True) -> list[WorkerHandle]:
+        """Load (name, version) into `replicas` workers beside what serves and
+        hold them READY among the standbys, where `obtain` takes them first:
+        an apply of that version is then only the swap (the cluster's
+        two-phase apply). make_room=False: within the free budget only (no
+        probation ends for it). Raises what an apply's load would: Conflict
+        (memory_budget), ApplyFailed."""
+        version, path = self.store.resolve(name, version)
+        self.store.check_artifact(name, version)
+        what = (f"preparing {name} v{version} with {replicas} "
+                f"replica{'s' if replicas != 1 else ''}")
+        if make_room:
+            await self.make_room(replicas, what)
+        new = self.obtain(name, version, replicas, what)
+        try:
+            ready = list(await gen.multi([self.make_ready(w, name, version, path)
+                                          for w in new]))
+        except Exception:
+            for w in new:
+                if w.alive and w.state is not State.SERVING:
+                    self.loop.spawn_callback(w.stop, 1.0)
+            self.pool.ensure(delay=1.0)
+            raise
+        workers = [w for w, _, _ in ready]
+        self.pool.give_back(workers)
+        return workers
+
     async def retire(self, ws: list[WorkerHandle]) -> list[dict[str, Any]]:
         """Drain then stop workers that no longer receive requests."""
         async def one(w: WorkerHandle) -> dict[str, Any]:

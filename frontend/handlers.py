@@ -118,7 +118,8 @@ class ApplyHandler(JsonHandler):
     """POST /apply {"name", "version"?, "replicas"?, "default"?}: swap that slot."""
 
     async def post(self) -> None:
-        data = self.json_object({"name", "version", "replicas", "default"} | ROLLOUT_FIELDS)
+        data = self.json_object({"name", "version", "replicas", "default", "partial"}
+                                | ROLLOUT_FIELDS)
         name = name_field(data)
         version = None  # null or absent: the latest version
         if data.get("version") is not None:
@@ -129,9 +130,12 @@ class ApplyHandler(JsonHandler):
         default = data.get("default")
         if default is not None and not isinstance(default, bool):
             raise ApiError(400, "invalid_field", "'default' must be true or false")
+        partial = data.get("partial", False)  # cluster mode: the ready nodes may switch alone
+        if not isinstance(partial, bool):
+            raise ApiError(400, "invalid_field", "'partial' must be true or false")
         try:
             result = await self.sup.apply(name, version, replicas=replicas, default=default,
-                                          **rollout_options(data))
+                                          partial=partial, **rollout_options(data))
         except Exception as exc:
             raise service_error(exc) from None
         self.send_json(result)

@@ -352,6 +352,11 @@ def management_spec(cfg: Any) -> S:
                              "description": "the gate's accuracy floor on the golden set "
                                             "(null or absent: the golden set's own); needs "
                                             "a golden set"},
+            "partial": {"type": "boolean", "default": False,
+                        "description": "cluster mode: when some nodes cannot prepare the "
+                                       "version within cluster.prepare_timeout, the ready "
+                                       "ones switch anyway (false: nothing switches, 409 "
+                                       "not_prepared); ignored on one node"},
         },
         # a numeric fraction needs mode shadow or canary
         "anyOf": [{"not": {"required": ["fraction"],
@@ -474,7 +479,10 @@ def management_spec(cfg: Any) -> S:
                             "quality_gate, with the figures), worker.max_workers (code "
                             "memory_budget), a shadow or canary of a model that does not "
                             "serve yet (not_serving) or of the version that serves "
-                            "(already_serving), the model was unloaded meanwhile"),
+                            "(already_serving), the model was unloaded meanwhile, "
+                            "cluster mode: a node could not prepare the version (code "
+                            "not_prepared, not_ready names each node and why; "
+                            "nothing switched)"),
                 **_body_errors(cfg),
                 "422": _err("the version's files are invalid, the model failed to load "
                             "or warm up (the serving model serves on), or min_accuracy "

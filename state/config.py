@@ -109,6 +109,8 @@ DEFAULTS: dict[str, Any] = {
         "heartbeat_ttl": 5.0,   # a node missing beats this long is gone
         "job_lease": 10.0,      # a training job's lease; a dead node's job is
                                 # `interrupted` this long after its last renewal
+        "prepare_timeout": 60.0,  # two-phase apply: a node not ready this long
+                                  # refuses the apply (409), unless "partial"
     },
     # Prometheus metrics (metrics.py): GET /metrics on the management port
     # (behind its token), and on a port of its own when `port` is set
@@ -116,6 +118,18 @@ DEFAULTS: dict[str, Any] = {
         "enabled": True,
         "port": 0,           # 0: no separate port (TorchServe's convention is 8082)
         "host": "0.0.0.0",  # where that port listens; it has no token
+    },
+    # Drift of live traffic against each version's training-data profile
+    # (control/quality.py, docs/loop.md "Live quality and drift"). Thresholds
+    # measured with bench/drift.py: quiet on in-domain windows, alert on
+    # another language or domain within 500 texts.
+    "drift": {
+        "window": 1000,        # the last texts of a version that are compared
+        "min_texts": 200,      # no alert on fewer texts than this
+        "max_unknown_excess": 0.15,  # unknown n-gram share above the training's own
+        "max_label_js": 0.1,   # predicted-label distribution (Jensen-Shannon, base 2)
+        "max_top_score_js": 0.1,  # top-score distribution (Jensen-Shannon, base 2)
+        "refresh_s": 30.0,     # /metrics figures recomputed this often (0: only on GET /quality)
     },
     "training": {
         "max_concurrent": 1,
