@@ -105,6 +105,28 @@ def _restore_thread_pools(env: dict[str, str]) -> None:
         log.debug("thread pools stay at one: %s", exc)
 
 
+# fds the zygote got from its own start (its channel, multiprocess's sentinel
+# pipe and tracker): a child must not hold them, or the supervisor would not
+# see the zygote's exit. Set by main().
+_OWN_FDS: list[int] = []
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)  # the listing's own directory fd is closed again by now
+    except OSError:
+        return False
+    return True
+
+
+def _close_own_fds() -> None:
+    for fd in _OWN_FDS:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def _run_child(msg: dict[str, Any], fd: int, tf_level: str, intermediate: int) -> None:
     """The worker or trainer, forked. Never returns."""
     code = EXIT_BOOT
@@ -151,7 +173,7 @@ def _intermediate(sock: socket.socket, msg: dict[str, Any], fd: int, w: int,
     """Forks the child and exits, so that the child is re-parented to the
     supervisor. Never returns."""
     try:
-        sock.close()  # the zygote's channel stays the zygote's
+        _close_own_fds()  # its channel and sentinel stay the zygote's
         me = os.pidfd_open(os.getpid())
         child = os.fork()
         if child == 0:
@@ -203,6 +225,7 @@ def main(sock: socket.socket, options: dict[str, Any]) -> None:
     """Process entry point (spawned by the supervisor's WorkerPool)."""
     from model_worker.worker import die_with_parent, quiet_tensorflow, tf_log_level
 
+    _OWN_FDS[:] = [fd for fd in map(int, os.listdir("/proc/self/fd")) if fd > 2 and _is_open(fd)]
     level = options.get("log_level", "INFO")
     logging.basicConfig(level=level,
                         format="%(asctime)s %(levelname)s [zygote %(process)d] %(message)s")

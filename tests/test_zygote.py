@@ -1,0 +1,235 @@
+"""The zygote: workers forked from one process that imported TensorFlow once.
+
+Real processes and real TensorFlow, with the tiny models of tinymodels.py.
+The first tests drive control.zygote.Zygote and WorkerHandle on an IOLoop in
+this process (which becomes a child subreaper for that, as the supervisor
+does); the last ones run the real service. This process never imports
+TensorFlow: the zygote does.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+import time
+from typing import Any, Awaitable, Callable
+
+import psutil
+import pytest
+
+from helpers import ROOT, Service, pid_gone, wait_for
+
+sys.path.insert(0, ROOT)
+
+from control import zygote as zmod  # noqa: E402
+from control.workerhandle import State, WorkerHandle  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not zmod.supported(), reason="needs Linux pidfds (5.3+)")
+
+TEXTS = ["a wonderful, moving film", "dull and far too long", "今天下雨"]
+BOOT = 240.0  # a cold TensorFlow import on a busy 2-core machine
+STEP = 120.0  # a fork, a load, a prediction, an exit: generous on a shared machine
+# what TensorFlow's C++ logging writes (glog/absl style lines and its import notices)
+TF_CPP_LOG = re.compile(r"^[IWEF]\d{4} |tensorflow/core/|cpu_feature_guard|"
+                        r"oneDNN custom operations|absl::InitializeLog", re.M)
+
+
+def _options(**kw: Any) -> dict[str, Any]:
+    return {"max_batch": 256, "batch_wait_ms": 0.0, "intra_op_threads": 1,
+            "inter_op_threads": 1, "boot_nice": 0, "log_level": "INFO",
+            "parent_pid": os.getpid(), **kw}
+
+
+def _same(a: list[list[float]], b: list[list[float]]) -> bool:
+    """Equal scores (to rounding) for the same texts."""
+    return len(a) == len(b) and all(
+        x == pytest.approx(y, abs=1e-5) for x, y in zip(a, b, strict=True))
+
+
+async def _within(aw: Awaitable[Any], timeout: float = STEP) -> Any:
+    return await asyncio.wait_for(asyncio.ensure_future(aw), timeout)
+
+
+async def _until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll pred() on the loop until truthy, or fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _run(test: Callable[[zmod.Zygote, list[WorkerHandle]], Awaitable[Any]],
+         log_level: str = "INFO") -> Any:
+    """Run test(zygote, workers) on a fresh IOLoop; every worker it adds to
+    `workers` and the zygote are gone afterwards."""
+    async def main() -> Any:
+        assert zmod.become_subreaper()
+        z = zmod.Zygote({"log_level": log_level, "parent_pid": os.getpid()})
+        workers: list[WorkerHandle] = []
+        try:
+            return await test(z, workers)
+        finally:
+            for w in workers:
+                w.kill(signal.SIGKILL)
+            for w in workers:
+                await _within(w.exited, 30)
+            z.close()
+            if z.process is not None:
+                await _until(lambda: not z.process.is_alive(), 30, "the zygote to stop")
+    return asyncio.run(main())
+
+
+async def _worker(z: zmod.Zygote, workers: list[WorkerHandle], timeout: float = STEP,
+                  **kw: Any) -> WorkerHandle:
+    w = WorkerHandle(_options(**kw), lambda w: None, zygote=z)
+    workers.append(w)
+    await _within(w.booted, timeout)
+    return w
+
+
+async def _serve(w: WorkerHandle, store: str, name: str, version: int = 1) -> list[list[float]]:
+    await _within(w.load(os.path.join(store, name, str(version)), name, version))
+    return await _within(w.predict(TEXTS))
+
+
+def test_worker_forked_after_many_others_predicts_correctly(tiny_store):
+    async def test(z: zmod.Zygote, workers: list[WorkerHandle]) -> None:
+        first = await _worker(z, workers, BOOT)
+        expect = {"sent": await _serve(first, tiny_store, "sent"),
+                  "topic": None}
+        # a zygote fit to fork: one thread, TensorFlow's context never created
+        assert z.threads == 1, z.describe()
+        # many forks, loads and exits, some beside each other, some after
+        alive: list[WorkerHandle] = []
+        for i in range(12):
+            w = await _worker(z, workers)
+            name = "sent" if i % 2 else "topic"
+            scores = await _serve(w, tiny_store, name)
+            if expect[name] is None:
+                expect[name] = scores
+            assert _same(scores, expect[name]), (i, name)
+            assert psutil.Process(w.pid).ppid() == os.getpid()  # ours, not the zygote's
+            alive.append(w)
+            if len(alive) > 3:  # bounded memory on a small machine
+                old = alive.pop(0)
+                assert await _within(old.stop(10)) == "stopped"
+                assert old.exitcode == 0
+        last = await _worker(z, workers)
+        assert _same(await _serve(last, tiny_store, "sent"), expect["sent"])
+        assert _same(await _serve(first, tiny_store, "topic"), expect["topic"])
+        assert z.forks >= 14 and z.starts == 1
+        labels = last.labels
+        assert len(labels) == len(expect["sent"][0])
+    _run(test)
+
+
+def test_kill9_of_a_forked_worker_is_seen_with_its_exit_status(tiny_store):
+    async def test(z: zmod.Zygote, workers: list[WorkerHandle]) -> None:
+        w = await _worker(z, workers, BOOT)
+        await _serve(w, tiny_store, "sent")
+        pid = w.pid
+        os.kill(pid, signal.SIGKILL)  # from outside, as an operator or the OOM killer
+        assert await _within(w.exited) == -signal.SIGKILL
+        assert w.state is State.FAILED
+        assert pid_gone(pid)  # reaped by us: no zombie left
+
+        # a model that fails to load: the worker's own exit code 4
+        bad = await _worker(z, workers)
+        with pytest.raises(Exception):
+            await _within(bad.load(os.path.join(tiny_store, "corrupt", "1"), "corrupt", 1))
+        assert await _within(bad.exited) == 4
+
+        # a clean stop: 0
+        ok = await _worker(z, workers)
+        assert await _within(ok.stop(10)) == "stopped" and ok.exitcode == 0
+
+        # killed while it is still being forked: no process is left behind
+        early = WorkerHandle(_options(), lambda w: None, zygote=z)
+        workers.append(early)
+        early.kill(signal.SIGKILL)
+        assert await _within(early.exited) == -signal.SIGKILL
+        assert early.pid == 0 or pid_gone(early.pid)
+    _run(test)
+
+
+def test_zygote_killed_is_restarted_and_running_workers_keep_serving(tiny_store):
+    async def test(z: zmod.Zygote, workers: list[WorkerHandle]) -> None:
+        w = await _worker(z, workers, BOOT)
+        before = await _serve(w, tiny_store, "sent")
+        old = z.pid
+        os.kill(old, signal.SIGKILL)
+        # a launch asked while it is dead or booting waits for the new one
+        await _until(lambda: z.pid != old, STEP, "the zygote to be restarted")
+        queued = WorkerHandle(_options(), lambda w: None, zygote=z)
+        workers.append(queued)
+        for _ in range(20):  # the running worker answers all along
+            assert _same(await _within(w.predict(TEXTS)), before)
+        assert psutil.Process(w.pid).ppid() == os.getpid()
+        await _within(queued.booted, BOOT)
+        assert z.ready and z.starts == 2
+        assert _same(await _serve(queued, tiny_store, "sent"), before)
+        assert w.alive and w.state is State.READY
+    _run(test)
+
+
+def test_tensorflow_cpp_logs_are_silent_unless_debug(tiny_store, capfd, monkeypatch):
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+
+    async def test(z: zmod.Zygote, workers: list[WorkerHandle]) -> None:
+        w = await _worker(z, workers, BOOT, log_level=z.options["log_level"])
+        await _serve(w, tiny_store, "sent")
+        assert await _within(w.stop(10)) == "stopped"
+
+    _run(test)
+    quiet = capfd.readouterr().err
+    assert not TF_CPP_LOG.search(quiet), TF_CPP_LOG.search(quiet)
+
+    _run(test, log_level="DEBUG")
+    loud = capfd.readouterr().err  # (also shows that children's stderr is captured)
+    assert TF_CPP_LOG.search(loud), loud[-2000:]
+
+
+def _zygote_pid(svc: Service) -> int:
+    """The service's child that is neither a worker nor multiprocess's tracker."""
+    workers = {w["pid"] for w in svc.status()["workers"]}
+    for p in psutil.Process(svc.proc.pid).children():
+        try:
+            if p.pid not in workers and "resource_tracker" not in " ".join(p.cmdline()):
+                return p.pid
+        except psutil.NoSuchProcess:
+            continue
+    return 0
+
+
+def test_service_zygote_restart_and_parent_death(store_copy):
+    svc = Service(store_copy)
+    killed = False
+    try:
+        assert svc.mpost("/apply", {"name": "topic"}, timeout=BOOT)[0] == 200
+        wpid = svc.serving()["pid"]
+        zpid = wait_for(lambda: _zygote_pid(svc), STEP, "the zygote")
+        assert psutil.Process(wpid).ppid() == svc.proc.pid
+        os.kill(zpid, signal.SIGKILL)
+        wait_for(lambda: _zygote_pid(svc) not in (0, zpid), STEP, "a new zygote")
+        code, body = svc.predict({"text": "今天下雨"})
+        assert code == 200 and svc.serving()["pid"] == wpid  # the same worker serves
+        # a worker forked from the new zygote serves another model
+        assert svc.mpost("/apply", {"name": "sent", "default": False}, timeout=BOOT)[0] == 200
+        code, body = svc.predict({"text": "fine", "model": "sent"})
+        assert code == 200, body
+        zpid2 = _zygote_pid(svc)
+        pids = [w["pid"] for w in svc.status()["workers"]] + [zpid2]
+        # the supervisor dies: every worker and the zygote go with it
+        svc.proc.send_signal(signal.SIGKILL)
+        svc.proc.wait(30)
+        killed = True
+        for pid in pids:
+            wait_for(lambda: pid_gone(pid) or psutil.Process(pid).status() == "zombie",
+                     60, f"process {pid} to die with the supervisor")
+    finally:
+        svc.stop(signal.SIGKILL if killed else signal.SIGTERM)
