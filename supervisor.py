@@ -200,12 +200,12 @@ class Supervisor:
         for s in self.slots.values():
             s.replicas = []
         self.state.close()  # commits the pending job and history writes
+        self.predlog.close()  # and the queued predictions and feedback
         self.stopped.set()
         log.info("all workers stopped")
 
 
 # -- entry point ---------------------------------------------------------------------
-        self.predlog.close()  # and the queued predictions and feedback
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="textswap: train short-text classifiers and serve them with "
