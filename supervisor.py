@@ -35,6 +35,7 @@ from tornado.locks import Event
 
 from state.config import Config, ConfigError, load_config
 from state.statedb import FILENAME as STATE_DB, StateDB
+from state.storage import Storage
 from state.store import ModelStore, StoreError
 from control import metrics
 from control.applies import Applies
@@ -42,6 +43,7 @@ from control.events import Events
 from control.healing import Healer
 from control.jobs import JobManager
 from control.pool import WorkerPool
+from control.quality import Quality
 from control.provision import Provisioner
 from control.rollout_control import RolloutControl
 from control.rollouts import GoldenSets
@@ -65,6 +67,7 @@ class Supervisor:
         self.cfg = config
         self.wcfg = config["worker"]
         self.store = ModelStore(config.models_dir)
+        self.storage = Storage(self.store.root)  # durable writes off the IOLoop; health
         self.loop = IOLoop.current()
         self.pool = WorkerPool(config, self.store, lambda w: self.healer.on_worker_exit(w),
                                lambda: self.provision.preload_guesses())
@@ -92,6 +95,7 @@ class Supervisor:
         self.healer = Healer(self)
         self.statusview = StatusView(self)
         self.metrics = metrics.build(self, config)  # Prometheus figures (control/metrics.py)
+        self.quality = Quality(self)  # live quality and drift per version (control/quality.py)
         # what the handlers, jobs and the cluster node call
         self.predict = self.router.predict
         self.serving_names, self.serving_model = self.router.serving_names, self.router.serving_model
@@ -109,10 +113,6 @@ class Supervisor:
             self.cluster = ClusterNode(self)
             state_path = node_state_path(self.store.root, self.cluster.node_id)
         self.state = StateDB(state_path)  # jobs, history
-        self.events.subscribe(self.statusview.to_history)
-        self.jobs = JobManager(self, self.state)
-        if self.cluster is not None:
-            self.jobs.cluster = self.cluster.training
         from control.policies import Policies
         from state.predlog import FILENAME as PREDLOG_DB, PredictionLog
         pcfg = config["predictions"]  # the learning loop (docs/loop.md)
@@ -120,6 +120,11 @@ class Supervisor:
                                      is None else state_path[:-len(STATE_DB)] + PREDLOG_DB,
                                      enabled=pcfg["log"], max_rows=pcfg["max_rows"])
         self.policies = Policies(self)  # retrain policies; `policies` in config
+        self.state.health = self.storage
+        self.events.subscribe(self.statusview.to_history)
+        self.jobs = JobManager(self, self.state)
+        if self.cluster is not None:
+            self.jobs.cluster = self.cluster.training
         self._sweeper = PeriodicCallback(self.healer.sweep, 1000)
 
     @property
@@ -201,6 +206,7 @@ class Supervisor:
             s.replicas = []
         self.state.close()  # commits the pending job and history writes
         self.predlog.close()  # and the queued predictions and feedback
+        self.storage.close()
         self.stopped.set()
         log.info("all workers stopped")
 
@@ -238,6 +244,10 @@ def build_config(args: argparse.Namespace) -> Config:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if os.environ.pop("TEXTSWAP_PRELOAD_SUPERVISOR_ONLY", None):
+        # fault injection (tests/test_faults_disk.py runs this process under
+        # libfiu's fiu-run): the preload is for this process, not its workers
+        os.environ.pop("LD_PRELOAD", None)
     try:
         config = build_config(args)
     except (ConfigError, OSError) as exc:

@@ -154,13 +154,17 @@ class Healer:
             # before it (still serving in its own slot) answers again
             log.info("default model %s FAILED: %s is the default again", slot.name,
                      self.sup.previous_default)
-            self.sup.default_name, self.sup.previous_default = self.sup.previous_default, None
-            self.sup.applies.save_record()
+            back = self.sup.previous_default
+
+            def switch() -> None:
+                self.sup.default_name, self.sup.previous_default = back, None
+            await self.sup.applies.commit(None, default=back, switch=switch, strict=False)
 
     def sweep(self) -> None:
         """Once a second: fail requests past their deadline, kill hung workers,
         judge versions in probation, recycle workers past their limits."""
         self.sup.rollouts.check_probations()
+        self.sup.applies.retry_dirty()
         limit = self.wcfg["hang_timeout"]
         for w in list(self.pool.workers.values()):
             w.expire(self.wcfg["request_timeout"])

@@ -237,6 +237,19 @@ class JobManager:
             self.cluster.changed(job)
 
     # -- API -----------------------------------------------------------------------
+    async def _check_space(self, name: str) -> None:
+        """The low-space guard: a job starts only with twice the size of the
+        model's newest version free in the store (it stages, then publishes)."""
+        need = 2 * await self.loop.run_in_executor(None, self.sup.store.version_bytes, name)
+        try:
+            free = shutil.disk_usage(self.sup.store.root).free
+        except OSError:
+            return
+        if need and free < need:
+            raise JobError(507, "insufficient_storage",
+                           f"the model store ({self.sup.store.root}) has {free} bytes free; "
+                           f"training {name} needs about {need} (twice its newest version)")
+
     async def submit(self, name: Any, data_spec: Any, params: Any, apply: Any,
                      trusted_path: bool = False, feedback: Any = None,
                      watermark: float | None = None) -> Job:
@@ -294,6 +307,7 @@ class JobManager:
                 log.error("cannot remember the data of %s's training: %s", name, exc)
         # cluster mode: an id unique across nodes (JobError 503 when Redis is down)
         job_id = await self.cluster.new_id() if self.cluster is not None else None
+        await self._check_space(name)
         job = Job(name, full, summary, apply, job_id=job_id)
         job.dir = os.path.join(self.root, job.id)
         try:

@@ -6,7 +6,7 @@ automatic when the new version's error rate or p99 passes the limits), the
 golden-set quality gate of an apply or a promotion, and shadow/canary
 candidates (start, promote, abort). The figures themselves are
 `control/rollouts.py`'s. It routes only through `Router.swap` and persists
-through `Applies.save_record`.
+through `Applies.commit` (persist, then switch).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tornado import gen
 
-from state.errors import ApplyFailed, Conflict, ServiceError
+from state.errors import ApplyFailed, Conflict, ServiceError, StorageFailed
 from state.store import check_name
 from control.rollouts import Candidate, Probation, label_changes
 from control.rollouts import score as rollouts_score
@@ -79,12 +79,15 @@ class RolloutControl:
                          to_version=p.new_version, details=p.new_stats.describe())
         self.loop.spawn_callback(self.sup.provision.retire, p.workers)
 
-    def rollback_now(self, slot: Slot, reason: str, auto: bool,
-                      figures: dict[str, Any] | None = None) -> dict[str, Any]:
+    def switch_back(self, slot: Slot, reason: str, auto: bool,
+                    figures: dict[str, Any] | None = None) -> dict[str, Any]:
         """Within probation: the previous version serves again, in one
-        assignment; the rolled-back version's workers drain and stop."""
+        assignment; the rolled-back version's workers drain and stop. Routing
+        only: the callers persist (before it, or right after it)."""
         p = slot.probation
-        assert p is not None
+        if p is None or not p.workers:
+            raise Conflict(f"{slot.name} has no version in probation any more",
+                           code="no_previous")
         self.cancel_probation(slot)
         bad_version, bad = slot.version, list(slot.replicas)
         for w in bad:
@@ -95,7 +98,6 @@ class RolloutControl:
         info = {"version": bad_version, "reason": reason, "auto": auto, "figures": figures,
                 "at": time.time(), "back_to": p.version}
         slot.rolled_back[bad_version] = info  # type: ignore[index]
-        self.sup.applies.save_record(slot.name)
         (log.warning if auto else log.info)(
             "%s rolled back from v%s to v%s (%s): %s", slot.name, bad_version, p.version,
             "automatic" if auto else "manual", reason)
@@ -105,14 +107,45 @@ class RolloutControl:
         self.loop.spawn_callback(self.sup.provision.retire, bad)
         return info
 
+    def rollback_now(self, slot: Slot, reason: str, auto: bool,
+                     figures: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The automatic rollback (errors, latency, a crash in probation):
+        switch at once, since every moment on the bad version costs requests,
+        then write the record (Applies.save_later; retried until it succeeds)."""
+        info = self.switch_back(slot, reason, auto, figures)
+        self.sup.applies.save_later(slot.name)
+        return info
+
     async def rollback(self, name: str, source: str = "api") -> dict[str, Any]:
         """POST /rollback: the previous version serves again. Within probation
         it is one routing assignment; after it, an apply of that version."""
         check_name(name)
         slot = self.sup.router.slot_for(name)
         t0 = time.monotonic()
-        if slot.probation is not None and all(w.usable for w in slot.probation.workers):
-            info = self.rollback_now(slot, "manual rollback", auto=False)
+        p = slot.probation
+        if p is not None and all(w.usable for w in p.workers):
+            # persist, then switch: the record names the version in probation
+            if p.timer is not None:  # it must not end while the record is written
+                self.loop.remove_timeout(p.timer)
+                p.timer = None
+            done: dict[str, Any] = {}
+
+            def switch() -> None:
+                done["info"] = self.switch_back(slot, "manual rollback", auto=False)
+            try:
+                await self.sup.applies.commit(
+                    name, {"version": p.version, "replicas": len(p.workers),
+                           "explicit": slot.explicit}, switch=switch)
+            except StorageFailed:
+                if slot.probation is p:  # nothing changed: probation runs on
+                    p.timer = self.loop.call_at(
+                        self.loop.time() + max(0.0, p.until - time.monotonic()),
+                        self.end_probation, slot, p)
+                raise
+            except Conflict:  # the probation ended while the record was written
+                self.sup.applies.save_later(name)
+                raise
+            info = done["info"]
             return {"name": name, "from_version": info["version"], "to_version": info["back_to"],
                     "instant": True, "took_s": round(time.monotonic() - t0, 6)}
         if not slot.previous:
@@ -262,12 +295,26 @@ class RolloutControl:
                 raise Conflict(f"{name} has no shadow or canary candidate to promote",
                                code="no_candidate")
             gate_info = await self.quality_gate(slot, c.version, c.workers, gate, None)
-            t0 = time.monotonic()
-            slot.candidate = None
-            old, previous = list(slot.replicas), {"name": name, "version": slot.version}
-            self.sup.router.swap(slot, c.workers, c.version, len(c.workers))
-            self.sup.applies.save_record(name)
-            took = time.monotonic() - t0
+            seen: dict[str, Any] = {}
+
+            def switch() -> None:
+                if slot.candidate is not c or not c.workers:
+                    raise Conflict(f"the {c.mode} candidate of {name} is gone (its workers "
+                                   "died)", code="no_candidate")
+                seen["t0"] = time.monotonic()
+                slot.candidate = None
+                seen["old"] = list(slot.replicas)
+                seen["previous"] = {"name": name, "version": slot.version}
+                self.sup.router.swap(slot, c.workers, c.version, len(c.workers))
+                seen["took"] = time.monotonic() - seen["t0"]
+            try:  # persist, then switch
+                await self.sup.applies.commit(
+                    name, {"version": c.version, "replicas": len(c.workers),
+                           "explicit": slot.explicit}, switch=switch)
+            except Conflict:
+                self.sup.applies.save_later(name)
+                raise
+            old, previous, took = seen["old"], seen["previous"], seen["took"]
             log.info("%s v%s promoted from %s", name, c.version, c.mode)
             self.events.emit("promote", name=name, source="api", from_version=previous["version"],
                              to_version=c.version, details={"mode": c.mode, **c.describe(),

@@ -173,13 +173,13 @@ class GoldenSets:
         self.dir = os.path.join(root, ".golden")
         self._cache: dict[str, dict[str, Any] | None] = {}
 
-    def _path(self, name: str) -> str:
+    def path(self, name: str) -> str:
         return os.path.join(self.dir, f"{name}.json")
 
     def get(self, name: str) -> dict[str, Any] | None:
         if name not in self._cache:
             try:
-                with open(self._path(name), encoding="utf-8") as fh:
+                with open(self.path(name), encoding="utf-8") as fh:
                     self._cache[name] = json.load(fh)
             except (OSError, ValueError):
                 self._cache[name] = None
@@ -190,17 +190,20 @@ class GoldenSets:
         entry = {"name": name, "texts": texts, "labels": labels, "source": source,
                  "sha256": sha256, "min_accuracy": min_accuracy, "created_at": time.time()}
         os.makedirs(self.dir, exist_ok=True)
-        write_json_atomic(self._path(name), entry)
+        write_json_atomic(self.path(name), entry)
         self._cache[name] = entry
         return summary(entry)
 
     def delete(self, name: str) -> bool:
-        self._cache.pop(name, None)
+        """Called off the IOLoop (it removes a file); the cache forgets the
+        set only once the file is gone."""
         try:
-            os.remove(self._path(name))
-            return True
+            os.remove(self.path(name))
         except FileNotFoundError:
+            self._cache.pop(name, None)
             return False
+        self._cache.pop(name, None)
+        return True
 
 
 def summary(entry: dict[str, Any]) -> dict[str, Any]:

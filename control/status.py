@@ -88,6 +88,7 @@ class StatusView:
             "failed_models": list(self.sup.failed_models.values()),
             "last_apply": self.sup.last_apply,
             "record_revision": self.sup.record.get("revision", 0),
+            "storage": {**self.sup.storage.health(), "record_dirty": self.sup.applies.dirty},
             "jobs": self.sup.jobs.list(),
             "cluster": None if self.sup.cluster is None else self.sup.cluster.cluster.status(),
         }

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from state import dataset
-from state.errors import InvalidName
+from state.errors import InvalidName, ServiceError
 from frontend.base import ApiError, JsonHandler, int_field, name_field, service_error
 from state.store import check_name
 
@@ -118,8 +118,14 @@ class GoldenHandler(JsonHandler):
         except dataset.DataError as exc:
             raise ApiError(getattr(exc, "status", 400), getattr(exc, "code", "invalid_data"),
                            str(exc)) from None
-        self.send_json({"golden": self.sup.golden.put(name, ds.texts, ds.labels, ds.source,
-                                                      ds.sha256, floor)})
+        # persisted (off the IOLoop) before the answer; a failed write: 507/503
+        try:
+            entry = await self.sup.storage.write(
+                f"the golden set of {name}", self.sup.golden.path(name), self.sup.golden.put,
+                name, ds.texts, ds.labels, ds.source, ds.sha256, floor)
+        except ServiceError as exc:
+            raise service_error(exc) from None
+        self.send_json({"golden": entry})
 
     def get(self, name: str) -> None:
         from control.rollouts import summary
@@ -128,8 +134,15 @@ class GoldenHandler(JsonHandler):
             raise ApiError(404, "not_found", f"no golden set for {name!r}")
         self.send_json({"golden": summary(entry)})
 
-    def delete(self, name: str) -> None:
-        if not self.sup.golden.delete(self._name(name)):
+    async def delete(self, name: str) -> None:
+        name = self._name(name)
+        try:
+            deleted = await self.sup.storage.write(f"the golden set of {name}",
+                                                   self.sup.golden.path(name),
+                                                   self.sup.golden.delete, name)
+        except ServiceError as exc:
+            raise service_error(exc) from None
+        if not deleted:
             raise ApiError(404, "not_found", f"no golden set for {name!r}")
         self.send_json({"deleted": name})
 

@@ -46,6 +46,12 @@ class Conflict(ServiceError):
     status, code = 409, "conflict"
 
 
+class StorageFailed(ServiceError):
+    """A durable write failed, so nothing changed: 507 when the disk is full
+    (ENOSPC, EDQUOT), 503 for any other I/O error. `details` says what and where."""
+    status, code = 503, "store_unavailable"
+
+
 # -- the model store ------------------------------------------------------------
 class StoreError(Exception):
     pass

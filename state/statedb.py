@@ -20,6 +20,7 @@ Imports no TensorFlow.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import json
 import logging
 import os
@@ -105,6 +106,7 @@ class StateDB:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._local = threading.local()
         self._closed = False
+        self.health: Any = None  # state/storage.py's Storage, set by the supervisor
         # schema first, synchronously: a start that cannot open its state fails loudly
         conn = self._connect()
         try:
@@ -159,12 +161,26 @@ class StateDB:
                 conn.execute("COMMIT")
                 return out
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # SQLite may have rolled back itself (disk full)
+                    conn.execute("ROLLBACK")
                 raise
 
         future = self._writer.submit(run)
-        future.add_done_callback(_log_failure)
+        future.add_done_callback(self._done)
         return future
+
+    def _done(self, future: concurrent.futures.Future) -> None:
+        """Every write's outcome: failures logged and, with `health` set
+        (state/storage.py's Storage), shown as the storage health."""
+        exc = future.exception()
+        if exc is not None:  # e.g. a full disk: the service serves on
+            log.error("state db write failed: %s: %s", type(exc).__name__, exc)
+        if self.health is None:
+            return
+        if exc is None:
+            self.health.succeeded("the state db")
+        elif isinstance(exc, (OSError, sqlite3.Error)):
+            self.health.failed("the state db", self.path, as_oserror(exc))
 
     def save_job(self, record: dict[str, Any]) -> concurrent.futures.Future:
         """Insert or replace a job's row (keys: JOB_COLUMNS; others ignored)."""
@@ -272,7 +288,12 @@ class StateDB:
         return d
 
 
-def _log_failure(future: concurrent.futures.Future) -> None:
-    exc = future.exception()
-    if exc is not None:  # e.g. a full disk: the service serves on, the record is lost
-        log.error("state db write failed: %s: %s", type(exc).__name__, exc)
+def as_oserror(exc: BaseException) -> OSError:
+    """SQLite's disk errors as the OSError they stand for (SQLITE_FULL is a
+    full disk, SQLITE_IOERR an I/O error), so they map to 507/503 alike."""
+    if isinstance(exc, OSError):
+        return exc
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    no = errno.ENOSPC if primary == 13 else errno.EIO
+    return OSError(no, f"{os.strerror(no)} ({exc})")

@@ -221,6 +221,24 @@ class ModelStore:
             raise StoreError(f"unreadable applied-model record: {exc}") from exc
         return normalize_record(rec)
 
+    def version_bytes(self, name: str) -> int:
+        """Bytes on disk of the newest version of `name` (0 when none): the
+        training guard wants twice that free before a job starts."""
+        try:
+            versions = self.versions(name)
+        except StoreError:
+            return 0
+        if not versions:
+            return 0
+        total = 0
+        for folder, _, files in os.walk(os.path.join(self.root, name, str(versions[-1]))):
+            for fn in files:
+                try:
+                    total += os.path.getsize(os.path.join(folder, fn))
+                except OSError:
+                    pass
+        return total
+
     def write_record(self, record: dict[str, Any]) -> None:
         os.makedirs(self.root, exist_ok=True)
         write_json_atomic(self.record_path, {

@@ -65,7 +65,8 @@ class Service:
     """The real service (python supervisor.py) on free ports."""
 
     def __init__(self, models_dir: str, *, args: list[str] | None = None,
-                 env: dict[str, str] | None = None, log_path: str | None = None) -> None:
+                 env: dict[str, str] | None = None, log_path: str | None = None,
+                 prefix: list[str] | None = None) -> None:
         self.models_dir = models_dir
         self.port = free_port()
         self.mport = free_port()
@@ -74,7 +75,8 @@ class Service:
                "--host", "127.0.0.1", "--port", str(self.port), "--manage-port", str(self.mport)]
         self._log = open(self.log_path, "ab")
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.proc = subprocess.Popen(cmd + (args or []), cwd=ROOT, stdout=self._log,
+        # prefix: a command that runs the service, e.g. fiu-run (test_faults_disk.py)
+        self.proc = subprocess.Popen((prefix or []) + cmd + (args or []), cwd=ROOT, stdout=self._log,
                                      stderr=subprocess.STDOUT, env=full_env)
         wait_for(lambda: self.get("/healthz")[0] == 200, 30, "service /healthz")
 

@@ -1,0 +1,243 @@
+"""When the disk fails: every write path of serving state under real faults.
+
+Real fault injection, no mocks: the model store is a small tmpfs that a
+filler file fills up (a real ENOSPC), and the service runs under libfiu's
+`fiu-run -x` (Debian fiu-utils), whose POSIX wrappers make fsync or pwrite
+fail with EIO/ENOSPC in the supervisor process only, switched on and off
+from outside with `fiu-ctrl`. After each fault: serving never stopped, the
+operation was refused cleanly (507 insufficient_storage / 503
+store_unavailable, nothing changed) or done, the state DB passes
+`PRAGMA integrity_check`, writes work again without a restart, and a
+restart serves what was last answered 200.
+
+Needs root (mount) and fiu-utils; `.ci/run` installs fiu-utils."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+
+import pytest
+
+from helpers import Service, wait_for
+
+FIU_RUN = shutil.which("fiu-run")
+FIU_CTRL = shutil.which("fiu-ctrl")
+
+
+def _mount_tmpfs(path: str, size: str) -> bool:
+    os.makedirs(path, exist_ok=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+                         capture_output=True)
+    return res.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def disk(tiny_store, tmp_path_factory):
+    if FIU_RUN is None or FIU_CTRL is None:
+        pytest.skip("fiu-utils (fiu-run, fiu-ctrl) not installed: apt-get install fiu-utils")
+    base = tmp_path_factory.mktemp("disk")
+    mnt = str(base / "mnt")
+    if not _mount_tmpfs(mnt, "16m"):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    store = os.path.join(mnt, "models")
+    shutil.copytree(tiny_store, store)
+    yield {"store": store, "mnt": mnt, "base": str(base)}
+    subprocess.run(["umount", "-l", mnt], capture_output=True)
+
+
+class Disk:
+    """The service under fiu-run on the tmpfs store, restartable."""
+
+    def __init__(self, d: dict) -> None:
+        self.d = d
+        self.ctl = os.path.join(d["base"], "fiu")
+        self.n = 0
+        self.svc = self.start()
+
+    def start(self) -> Service:
+        self.n += 1
+        return Service(self.d["store"], prefix=[FIU_RUN, "-x", "-f", self.ctl],
+                       log_path=os.path.join(self.d["base"], f"service-{self.n}.log"),
+                       args=["--config", self._config()],
+                       env={"TEXTSWAP_PRELOAD_SUPERVISOR_ONLY": "1"})
+
+    def _config(self) -> str:
+        path = os.path.join(self.d["base"], "config.yaml")
+        with open(path, "w") as fh:  # one worker per model, no standby: less to wait for
+            fh.write("worker:\n  standby_pool: 0\nrollout:\n  probation_s: 600\n")
+        return path
+
+    def restart(self) -> None:
+        assert self.svc.stop() == 0
+        self.svc = self.start()
+
+    def fiu(self, command: str) -> None:
+        res = subprocess.run([FIU_CTRL, "-f", self.ctl, "-c", command, str(self.svc.proc.pid)],
+                             capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+
+    def serving(self, model: str = "sent") -> int:
+        code, got = self.svc.predict({"text": "很好", "model": model})
+        assert code == 200, got  # serving never stops
+        return got["model"]["version"]
+
+    def fill(self) -> str:
+        """Fill the tmpfs to the last byte: a real ENOSPC for every write."""
+        filler = os.path.join(self.d["mnt"], "filler")
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            for chunk in (1 << 20, 65536, 4096, 512, 1):
+                try:
+                    while True:
+                        os.write(fd, b"\0" * chunk)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        return filler
+
+    def integrity(self) -> str:
+        db = os.path.join(self.d["store"], ".state.db")
+        conn = sqlite3.connect(db)
+        try:
+            return conn.execute("PRAGMA integrity_check").fetchone()[0]
+        finally:
+            conn.close()
+
+    def record(self) -> dict:
+        with open(os.path.join(self.d["store"], ".applied.json")) as fh:
+            return json.load(fh)
+
+
+@pytest.fixture(scope="module")
+def svc(disk):
+    s = Disk(disk)
+    code, got = s.svc.mpost("/apply", {"name": "sent", "version": 1})
+    assert code == 200, got
+    yield s
+    s.svc.stop()
+
+
+def _refused(code: int, got: dict, status: int, error: str) -> None:
+    assert code == status and got["error"]["code"] == error, (code, got)
+    assert "nothing changed" in got["error"]["message"], got
+    assert got["error"]["path"], got  # says where
+
+
+def test_full_disk_refuses_every_serving_change_and_a_restart_serves_the_last_200(svc):
+    filler = svc.fill()
+    try:
+        # the case that answered 500 and had switched: now 507, nothing switched
+        code, got = svc.svc.mpost("/apply", {"name": "sent", "version": 2})
+        _refused(code, got, 507, "insufficient_storage")
+        assert svc.serving() == 1
+        assert svc.record()["models"]["sent"]["version"] == 1
+        code, got = svc.svc.mpost("/apply", {"name": "topic", "version": 1})
+        _refused(code, got, 507, "insufficient_storage")
+        assert svc.svc.predict({"text": "x", "model": "topic"})[0] == 404  # not half-applied
+        code, got = svc.svc.mpost("/unload", {"name": "sent"})
+        _refused(code, got, 507, "insufficient_storage")
+        assert svc.serving() == 1
+        code, got = svc.svc.request_put("/models/sent/golden", {
+            "data": {"examples": [{"text": "很好", "label": "pos"},
+                                  {"text": "很差", "label": "neg"}] * 2}})
+        _refused(code, got, 507, "insufficient_storage")
+        assert svc.svc.mget("/models/sent/golden")[0] == 404
+        code, got = svc.svc.mpost("/train", {"name": "sent", "data": {"examples": [
+            {"text": "很好", "label": "pos"}, {"text": "很差", "label": "neg"}] * 10}})
+        assert code == 507 and got["error"]["code"] == "insufficient_storage", got
+        st = svc.svc.status()["storage"]
+        assert st["ok"] is False and st["last_error"]["errno_name"] == "ENOSPC", st
+        assert svc.svc.mget("/metrics")[0] == 200
+    finally:
+        os.remove(filler)
+    # writes work again without a restart
+    code, got = svc.svc.mpost("/apply", {"name": "sent", "version": 2})
+    assert code == 200, got
+    assert svc.serving() == 2
+    code, got = svc.svc.request_put("/models/sent/golden", {
+        "data": {"examples": [{"text": "很好", "label": "pos"},
+                              {"text": "很差", "label": "neg"}] * 2}})
+    assert code == 200, got
+    assert svc.svc.request_delete("/models/sent/golden")[0] == 200
+    # each target that failed wrote again (the history's next write is async)
+    wait_for(lambda: svc.svc.status()["storage"]["ok"], 60, "storage health back to ok")
+    assert svc.integrity() == "ok"
+    svc.restart()
+    assert svc.serving() == 2  # what was answered 200
+
+
+def test_eio_on_fsync_refuses_rollback_and_apply_then_recovers(svc):
+    assert svc.serving() == 2
+    code, got = svc.svc.mpost("/apply", {"name": "sent", "version": 1})
+    assert code == 200, got  # v2 stays loaded in probation
+    svc.fiu("enable name=posix/io/sync/fsync,failinfo=5")
+    try:
+        code, got = svc.svc.mpost("/rollback", {"name": "sent"})
+        _refused(code, got, 503, "store_unavailable")
+        assert svc.serving() == 1
+        assert svc.svc.mget("/rollouts/sent")[1]["probation"] is not None  # still there
+        code, got = svc.svc.mpost("/apply", {"name": "topic", "version": 1})
+        _refused(code, got, 503, "store_unavailable")
+        assert svc.svc.status()["storage"]["last_error"]["errno_name"] == "EIO"
+    finally:
+        svc.fiu("disable name=posix/io/sync/fsync")
+    code, got = svc.svc.mpost("/rollback", {"name": "sent"})
+    assert code == 200 and got["instant"] is True, got
+    assert svc.serving() == 2
+    svc.restart()
+    assert svc.serving() == 2
+    assert svc.record()["models"]["sent"]["version"] == 2
+
+
+def test_state_db_faults_leave_it_intact_and_serving_on(svc):
+    """SQLite writes with pwrite: ENOSPC and EIO there make the history
+    writes fail (logged, shown as storage health); serving and the applies
+    (their record is a separate file) go on; the db stays intact."""
+    for info, name in ((28, "ENOSPC"), (5, "EIO")):
+        svc.fiu(f"enable name=posix/io/rw/pwrite,failinfo={info}")
+        try:
+            code, got = svc.svc.mpost("/apply", {"name": "sent", "version": 1})
+            assert code == 200, got
+            assert svc.serving() == 1
+
+            def failed():
+                st = svc.svc.status()["storage"]
+                return st["last_error"] and st["last_error"]["what"] == "the state db" and st
+            st = wait_for(failed, 60, "the failed history write in the storage health")
+            assert st["last_error"]["errno_name"] == name
+        finally:
+            svc.fiu("disable name=posix/io/rw/pwrite")
+        code, got = svc.svc.mpost("/apply", {"name": "sent", "version": 2})
+        assert code == 200, got
+        wait_for(lambda: svc.svc.status()["storage"]["ok"], 60, "writes working again")
+        assert svc.integrity() == "ok"
+        hist = svc.svc.mget("/history?name=sent&limit=5")[1]["history"]
+        assert hist[0]["kind"] == "apply" and hist[0]["to_version"] == 2, hist
+    svc.restart()
+    assert svc.serving() == 2 and svc.integrity() == "ok"
+
+
+def test_unreadable_model_files_keep_the_old_version_serving(svc, disk):
+    bad = os.path.join(disk["store"], "sent", "3")
+    shutil.copytree(os.path.join(disk["store"], "sent", "1"), bad)
+    with open(os.path.join(bad, "meta.json")) as fh:
+        meta = json.load(fh)
+    meta["version"] = 3
+    with open(os.path.join(bad, "meta.json"), "w") as fh:
+        json.dump(meta, fh)
+    for fn in os.listdir(bad):  # the model's bytes are garbage: it cannot load
+        if fn.endswith(".keras"):
+            path = os.path.join(bad, fn)
+            size = os.path.getsize(path)
+            with open(path, "wb") as fh:
+                fh.write(b"\x13" * size)
+    code, got = svc.svc.mpost("/apply", {"name": "sent", "version": 3})
+    assert code in (422, 503) and got["error"]["code"] in (
+        "invalid_model", "model_load_failed"), got
+    assert svc.serving() == 2
+    svc.restart()
+    assert svc.serving() == 2
