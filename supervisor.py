@@ -44,6 +44,7 @@ from control.healing import Healer
 from control.jobs import JobManager
 from control.pool import WorkerPool
 from control.quality import Quality
+from control.quality import Quality
 from control.provision import Provisioner
 from control.rollout_control import RolloutControl
 from control.rollouts import GoldenSets
@@ -95,6 +96,7 @@ class Supervisor:
         self.healer = Healer(self)
         self.statusview = StatusView(self)
         self.metrics = metrics.build(self, config)  # Prometheus figures (control/metrics.py)
+        self.quality = Quality(self)  # live quality and drift per version (control/quality.py)
         self.quality = Quality(self)  # live quality and drift per version (control/quality.py)
         # what the handlers, jobs and the cluster node call
         self.predict = self.router.predict

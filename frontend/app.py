@@ -9,6 +9,7 @@ from tornado.web import Application
 
 from frontend import handlers as h
 from frontend import rollout_handlers
+from frontend import quality_handlers
 from frontend import metrics_http
 from frontend import artifact, clusterapi, loop_handlers, oip, openapi
 from frontend.base import NotFoundHandler, log_level
@@ -48,6 +49,7 @@ def management_app(sup: Any, config: Any) -> Application:
         (r"/healthz", h.HealthHandler, kw),
         (r"/openapi.json", openapi.ManagementSpecHandler, kw),
         *rollout_handlers.routes(kw),  # rollback, promote, abort, rollouts, golden, history
+        *quality_handlers.routes(kw),  # GET /models/<name>/quality (live quality, drift)
         *metrics_http.routes(kw),  # GET /metrics (Prometheus)
         *clusterapi.routes(kw),  # GET /cluster (cluster mode; 404 otherwise)
         *loop_handlers.management_routes(kw),  # review queue, retrain policy

@@ -187,6 +187,9 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)
     # architecture "auto": the search report (candidates, choice, calibration)
     report: dict | None = None
+    # probabilities on texts the model was not fitted on, for profile.json
+    held_out_probs: np.ndarray | None = None
+    held_out_on: str | None = None
 
 
 def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -348,7 +351,8 @@ def _train_auto(texts: list[str], labels: list[str], label_names: list[str], par
                                  network_cv, network_fit)
     auto.metrics["train_seconds"] = round(time.monotonic() - started, 3)
     return TrainResult(model=auto.model, labels=label_names, metrics=auto.metrics,
-                       history=auto.history, report=auto.report)
+                       history=auto.history, report=auto.report,
+                       held_out_probs=auto.held_out_probs, held_out_on="out_of_fold")
 
 
 def calibrated_network(texts: list[str], labels: list[str], params: dict, temperature: float,
@@ -432,7 +436,8 @@ def _train_network(texts: list[str], labels: list[str], params: dict, on_epoch, 
         metrics["measured_on"] = "train"
     metrics.update(n_train=len(train_idx), n_val=len(val_idx), train_seconds=round(train_seconds, 3),
                    tokenize=tokenize, vocabulary_size=vocab_size, epochs_run=len(history))
-    return TrainResult(model=model, labels=label_names, metrics=metrics, history=history)
+    return TrainResult(model=model, labels=label_names, metrics=metrics, history=history,
+                       held_out_probs=val_probs if len(val_idx) else None, held_out_on="validation")
 
 
 

@@ -82,7 +82,7 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from model_worker import textmodel
+    from model_worker import profile, textmodel
     from model_worker.worker import quiet_absl
     from state.store import ModelStore
 
@@ -143,6 +143,9 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
         }
         if result.report is not None:
             meta["report"] = result.report
+        # what drift detection compares live traffic with (control/quality.py)
+        profile.write(staged, texts, labels, result.labels, result.held_out_probs,
+                      result.held_out_on)
         version = store.publish(spec["name"], staged, meta)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)

@@ -1,0 +1,254 @@
+"""Live quality and drift per model version (GET /models/<name>/quality,
+the Prometheus figures, the dashboard). No TensorFlow.
+
+Reads the prediction log only through its read interface (`sup.predlog`:
+recent, fed_back, counts; state/predlog.py), always on an executor thread,
+and each version's training-data profile (`profile.json`, written by the
+trainer: model_worker/profile.py).
+
+Live quality, on the predictions that got feedback: accuracy, macro-F1,
+per-label precision/recall/F1, the confusion matrix (rows: the true label,
+columns: the predicted one); with abstentions (label null), coverage and
+accuracy on the answered texts.
+
+Drift, over the last `drift.window` logged texts of the version, against
+its profile:
+- unknown_ngram_share: the share of a text's n-grams the training data does
+  not hold (mean over the window), minus the same share measured
+  leave-one-out on the training texts: `unknown_ngram_excess`;
+- label_js: Jensen-Shannon divergence (base 2, 0..1) between the predicted
+  labels in the window and the labels predicted on held-out training texts;
+- top_score_js: the same between the histograms of the top score.
+`alert` is true when the window holds at least `drift.min_texts` texts and a
+signal is above its threshold (`drift.max_*`). A version without a profile
+(trained before profiles existed, or built outside the trainer) has
+`drift: null`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from model_worker import profile as prof
+from state.errors import NotFound
+
+log = logging.getLogger("textswap.quality")
+
+SIGNALS = (("unknown_ngram_excess", "max_unknown_excess"), ("label_js", "max_label_js"),
+           ("top_score_js", "max_top_score_js"))
+
+
+# -- live figures ---------------------------------------------------------------------------
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 6) if b else None
+
+
+def live_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Accuracy, macro-F1, per-label figures and confusion on fed-back rows
+    ({"label": predicted or None when abstained, "truth"})."""
+    answered = [r for r in rows if r.get("label") is not None and not r.get("abstained")]
+    out: dict[str, Any] = {"feedback": len(rows), "answered": len(answered),
+                           "coverage": _ratio(len(answered), len(rows)),
+                           "accuracy": None, "macro_f1": None, "per_label": {},
+                           "confusion": None}
+    if not answered:
+        return out
+    labels = sorted({r["truth"] for r in answered} | {r["label"] for r in answered})
+    index = {name: i for i, name in enumerate(labels)}
+    matrix = [[0] * len(labels) for _ in labels]
+    for r in answered:
+        matrix[index[r["truth"]]][index[r["label"]]] += 1
+    correct = sum(matrix[i][i] for i in range(len(labels)))
+    per_label, f1s = {}, []
+    for i, name in enumerate(labels):
+        tp = matrix[i][i]
+        predicted = sum(matrix[j][i] for j in range(len(labels)))
+        support = sum(matrix[i])
+        p = tp / predicted if predicted else 0.0
+        r = tp / support if support else 0.0
+        f1 = 2 * p * r / (p + r) if p + r else 0.0
+        per_label[name] = {"precision": round(p, 6), "recall": round(r, 6), "f1": round(f1, 6),
+                           "support": support, "predicted": predicted}
+        f1s.append(f1)  # macro over every label true or predicted (as scikit-learn does)
+    out.update(accuracy=round(correct / len(answered), 6),
+               macro_f1=round(sum(f1s) / len(f1s), 6) if f1s else None,
+               per_label=per_label, confusion={"labels": labels, "rows": matrix})
+    return out
+
+
+# -- drift ------------------------------------------------------------------------------------
+def _top_score(scores: Any) -> float | None:
+    if isinstance(scores, dict) and scores:
+        return max(float(v) for v in scores.values())
+    if isinstance(scores, list) and scores:
+        return max(float(s["score"]) for s in scores)
+    return None
+
+
+def drift_signals(rows: list[dict[str, Any]], profile: dict[str, Any], known: frozenset[int],
+                  cfg: dict[str, Any]) -> dict[str, Any]:
+    """The drift signals of a window of logged predictions against a profile."""
+    shares = prof.known_shares((r["text"] for r in rows), known)
+    expected_unknown = (None if profile["known_share"].get("mean") is None
+                        else 1.0 - profile["known_share"]["mean"])
+    unknown = 1.0 - sum(shares) / len(shares) if shares else None
+    labels = profile["labels"]
+    names = labels["names"]
+    expected_labels = labels.get("predicted") or labels["train"]
+    answered = [r["label"] for r in rows if r.get("label") is not None and not r.get("abstained")]
+    counts = Counter(answered)
+    live_labels = {n: round(counts[n] / len(answered), 6) for n in names} if answered else None
+    label_js = None
+    if answered:
+        # a label the model does not know cannot be predicted; kept for safety
+        other = sum(c for n, c in counts.items() if n not in expected_labels)
+        label_js = prof.js_divergence([counts[n] for n in names] + [other],
+                                      [expected_labels.get(n, 0.0) for n in names] + [0.0])
+    top = [t for t in (_top_score(r.get("scores")) for r in rows) if t is not None]
+    top_js = top_mean = None
+    if top:
+        top_mean = sum(top) / len(top)
+        ref = profile.get("top_score")
+        if ref and ref.get("bins") == prof.TOP_SCORE_BINS:
+            top_js = prof.js_divergence(prof.histogram(top), ref["counts"])
+    out: dict[str, Any] = {
+        "texts": len(rows),
+        "window": cfg["window"],
+        "min_texts": cfg["min_texts"],
+        "unknown_ngram_share": _round(unknown),
+        "expected_unknown_ngram_share": _round(expected_unknown),
+        "unknown_ngram_excess": (_round(unknown - expected_unknown)
+                                 if unknown is not None and expected_unknown is not None else None),
+        "label_js": _round(label_js),
+        "label_distribution": live_labels,
+        "expected_label_distribution": expected_labels,
+        "expected_labels_from": labels.get("predicted_on") if labels.get("predicted") else "train",
+        "top_score_js": _round(top_js),
+        "top_score_mean": _round(top_mean),
+        "top_score_histogram": {"bins": prof.TOP_SCORE_BINS, "counts": prof.histogram(top)},
+        "thresholds": {key: cfg[key] for _, key in SIGNALS},
+    }
+    over = [name for name, key in SIGNALS if out[name] is not None and out[name] > cfg[key]]
+    out["over"] = over
+    out["alert"] = bool(len(rows) >= cfg["min_texts"] and over)
+    return out
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 6)
+
+
+# -- the part ---------------------------------------------------------------------------------
+class Quality:
+    """`sup.quality`: computes reports off the IOLoop and keeps the latest per
+    model for /metrics (refreshed every drift.refresh_s for the serving models,
+    and by each GET /models/<name>/quality)."""
+
+    def __init__(self, sup: Any) -> None:
+        self.sup = sup
+        self.cfg = dict(sup.cfg["drift"])
+        self.latest: dict[str, dict[str, Any]] = {}  # name -> last report (for metrics)
+        self._profiles: dict[tuple[str, int], tuple[float, Any, Any]] = {}
+        self._lock = threading.Lock()
+        self._refreshing = False
+        self._timer = None
+        if self.cfg["refresh_s"] > 0:
+            from tornado.ioloop import PeriodicCallback
+            self._timer = PeriodicCallback(self._tick, self.cfg["refresh_s"] * 1000)
+            self._timer.start()
+
+    @property
+    def predlog(self) -> Any:
+        return getattr(self.sup, "predlog", None)
+
+    async def report(self, name: str) -> dict[str, Any]:
+        """The quality report of a model (NotFound when neither the store nor
+        the log knows it)."""
+        result = await self.sup.loop.run_in_executor(None, self.compute, name)
+        self.latest[name] = result
+        return result
+
+    async def _tick(self) -> None:
+        if self._refreshing or self.predlog is None:
+            return
+        self._refreshing = True
+        try:
+            names = set(getattr(self.sup, "slots", {}) or {}) | set(self.latest)
+            for name in sorted(names):
+                try:
+                    await self.report(name)
+                except NotFound:
+                    self.latest.pop(name, None)
+                except Exception:
+                    log.exception("quality of %s not computed", name)
+        finally:
+            self._refreshing = False
+
+    # -- executor thread ------------------------------------------------------------------
+    def _profile(self, name: str, version: int) -> tuple[dict[str, Any] | None, Any]:
+        """(profile, decoded n-gram set) of a version, cached by the file's mtime."""
+        folder = os.path.join(self.sup.store.root, name, str(version))
+        path = os.path.join(folder, prof.FILENAME)
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            return None, None
+        with self._lock:
+            hit = self._profiles.get((name, version))
+        if hit is not None and hit[0] == mtime:
+            return hit[1], hit[2]
+        try:
+            profile = prof.read(folder)
+            known = prof.decode_set(profile["ngrams"]["set"]) if profile else None
+        except Exception as exc:  # a damaged profile: no drift, not an error
+            log.warning("profile of %s v%s unreadable: %s", name, version, exc)
+            profile, known = None, None
+        with self._lock:
+            self._profiles[(name, version)] = (mtime, profile, known)
+        return profile, known
+
+    def _training(self, name: str, version: int) -> dict[str, Any] | None:
+        try:
+            metrics = self.sup.store.meta(name, version).get("metrics") or {}
+        except Exception:
+            return None
+        return {k: metrics.get(k) for k in ("accuracy", "macro_f1", "measured_on")}
+
+    def compute(self, name: str) -> dict[str, Any]:
+        store_versions = self.sup.store.versions(name)  # InvalidName on a bad name
+        plog = self.predlog
+        counts = plog.counts(name) if plog is not None else {}
+        if not store_versions and not counts:
+            raise NotFound(f"no model named '{name}' in the store or the prediction log")
+        serving = None
+        slot = (getattr(self.sup, "slots", None) or {}).get(name)
+        if slot is not None:
+            serving = getattr(slot, "version", None)
+        versions = sorted((v for v in counts if v is not None), reverse=True)
+        if serving is not None and serving not in versions:
+            versions.insert(0, serving)
+        out = []
+        for version in versions:
+            c = counts.get(version, {"predictions": 0, "feedback": 0})
+            fed = plog.fed_back(name, version) if plog is not None and c["feedback"] else []
+            live = live_figures(fed)
+            entry: dict[str, Any] = {
+                "version": version, "serving": version == serving,
+                "predictions": c["predictions"], "feedback": c["feedback"],
+                "live": {k: live[k] for k in ("accuracy", "macro_f1", "per_label", "confusion",
+                                              "coverage", "answered")},
+                "training": self._training(name, version) if version in store_versions else None,
+                "drift": None,
+            }
+            profile, known = (self._profile(name, version) if version in store_versions
+                              else (None, None))
+            if profile is not None:
+                rows = (plog.recent(name, version, limit=self.cfg["window"])
+                        if plog is not None and c["predictions"] else [])
+                entry["drift"] = drift_signals(rows, profile, known, self.cfg)
+            out.append(entry)
+        return {"model": name, "at": time.time(), "serving_version": serving, "versions": out}

@@ -1,0 +1,31 @@
+"""GET /models/<name>/quality: live quality and drift per version (management
+port; computed by control/quality.py on an executor thread)."""
+from __future__ import annotations
+
+from typing import Any
+
+from frontend.base import ApiError, JsonHandler, service_error
+from state.errors import InvalidName
+from state.store import check_name
+
+
+class QualityHandler(JsonHandler):
+    """Per version: predictions logged, feedback, live accuracy/macro-F1/per-label/
+    confusion on the fed-back predictions, drift signals and the alert."""
+
+    async def get(self, name: str) -> None:
+        try:
+            check_name(name)
+        except InvalidName as exc:
+            raise ApiError(400, "invalid_name", str(exc)) from None
+        quality = getattr(self.sup, "quality", None)
+        if quality is None:
+            raise ApiError(404, "not_found", "live quality is not available on this service")
+        try:
+            self.send_json(await quality.report(name))
+        except Exception as exc:
+            raise service_error(exc) from None
+
+
+def routes(kw: dict[str, Any]) -> list:
+    return [(r"/models/([^/]+)/quality", QualityHandler, kw)]
