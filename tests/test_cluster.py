@@ -22,9 +22,10 @@ import pytest
 from clusterkit import Load, Nginx, Node, RedisServer, have_redis_and_nginx
 from helpers import ROOT, free_port, request, wait_for
 
-pytestmark = pytest.mark.skipif(not have_redis_and_nginx(),
-                                reason="redis-server and nginx are not installed "
-                                       "(.ci/run installs them)")
+# every test but the import check needs the real binaries
+needs_redis_and_nginx = pytest.mark.skipif(not have_redis_and_nginx(),
+                                           reason="redis-server and nginx are not installed "
+                                                  "(.ci/run installs them)")
 
 
 # -- the Redis side alone (no service, no TensorFlow) ------------------------------------
@@ -39,6 +40,7 @@ def _run(coro):
     return asyncio.run(coro)
 
 
+@needs_redis_and_nginx
 def test_record_updates_are_atomic_and_followed(redis_server, tmp_path):
     from cluster.record import Cluster
 
@@ -81,47 +83,27 @@ def test_record_updates_are_atomic_and_followed(redis_server, tmp_path):
     _run(main())
 
 
-def test_job_queue_leases(redis_server):
+@needs_redis_and_nginx
+def test_job_queue_claims_race_to_one_winner_each(redis_server):
     from cluster.record import Cluster
     from cluster.jobs import ClusterJobs
 
     async def main():
-        a = Cluster(redis_server.url, "a", prefix="t2")
-        b = Cluster(redis_server.url, "b", prefix="t2")
-        qa, qb = ClusterJobs(a, lease_s=0.5), ClusterJobs(b, lease_s=0.5)
-        ids = [await qa.new_id() for _ in range(2)]
-        assert len(set(ids)) == 2
+        a = Cluster(redis_server.url, "a", prefix="t2race")
+        b = Cluster(redis_server.url, "b", prefix="t2race")
+        qa, qb = ClusterJobs(a), ClusterJobs(b)
+        ids = [await qa.new_id() for _ in range(3)]
+        assert len(set(ids)) == 3
         for job_id in ids:
             await qa.enqueue({"id": job_id, "name": "x", "state": "queued"})
         # each job is claimed by exactly one of many racing claims
-        claims = await asyncio.gather(*[q.claim() for q in (qa, qb) * 4])
+        claims = await asyncio.gather(*[q.claim() for q in (qa, qb) * 5])
         claimed = [c["id"] for c in claims if c]
         assert sorted(claimed) == sorted(ids)
-        owner = {c["id"]: c["node"] for c in claims if c}
-        mine = [i for i in ids if owner[i] == "a"]
-        theirs = [i for i in ids if owner[i] == "b"]
-        for job_id in mine:
-            assert await qa.renew(job_id) == "ok"
-            assert await qb.renew(job_id) == "lost"  # not b's lease
-        # a cancel asked on another node reaches the runner through its renewal
-        if mine:
-            assert await qb.cancel(mine[0]) == "requested"
-            assert await qa.renew(mine[0]) == "cancel"
-        # b "dies": its leases expire and the jobs become interrupted, once
-        deadline = time.monotonic() + 10
-        reaped: list[str] = []
-        while time.monotonic() < deadline and len(reaped) < len(theirs):
-            for job_id in mine:
-                await qa.renew(job_id)
-            reaped += await qa.reap()
-            await asyncio.sleep(0.1)
-        assert sorted(reaped) == sorted(theirs)
-        for job_id in theirs:
-            assert (await qa.get(job_id))["state"] == "interrupted"
-            assert await qb.save({"id": job_id, "state": "succeeded"}, "succeeded") is False
-        for job_id in mine:
-            assert await qa.save({"id": job_id, "name": "x", "state": "succeeded"}, "succeeded")
-            assert (await qb.get(job_id))["state"] == "succeeded"
+        assert sum(c is None for c in claims) == 10 - len(ids)
+        for c in claims:
+            if c:
+                assert c["state"] == "running" and c["node"] in ("a", "b")
         # the first-start demo's lock: one winner among racing nodes, ever
         wins = await asyncio.gather(*[c.once("demo") for c in (a, b) * 3])
         assert sum(wins) == 1 and not await b.once("demo")
@@ -130,6 +112,52 @@ def test_job_queue_leases(redis_server):
     _run(main())
 
 
+@needs_redis_and_nginx
+def test_job_queue_leases(redis_server):
+    """Claims taken in turn (no race: the lease checks always run). a's lease
+    outlives the test, so a busy machine cannot expire it; b's is short and b
+    never renews it: b "died"."""
+    from cluster.record import Cluster
+    from cluster.jobs import ClusterJobs
+
+    async def main():
+        a = Cluster(redis_server.url, "a", prefix="t2")
+        b = Cluster(redis_server.url, "b", prefix="t2")
+        qa, qb = ClusterJobs(a, lease_s=600), ClusterJobs(b, lease_s=0.5)
+        mine, theirs = await qa.new_id(), await qa.new_id()
+        for job_id in (mine, theirs):
+            await qa.enqueue({"id": job_id, "name": "x", "state": "queued"})
+        # the oldest queued job first
+        got = await qa.claim()
+        assert (got["id"], got["node"], got["state"]) == (mine, "a", "running")
+        got = await qb.claim()
+        assert (got["id"], got["node"], got["state"]) == (theirs, "b", "running")
+        assert await qa.claim() is None and await qb.claim() is None
+        assert await qa.renew(mine) == "ok"
+        assert await qb.renew(mine) == "lost"  # not b's lease
+        # a cancel asked on another node reaches the runner through its renewal
+        assert await qb.cancel(mine) == "requested"
+        assert await qa.renew(mine) == "cancel"
+        # b "dies": its lease expires and its job becomes interrupted, once;
+        # a's job, whose lease holds, is never reaped
+        deadline = time.monotonic() + 30
+        reaped: list[str] = []
+        while time.monotonic() < deadline and not reaped:
+            reaped += await qa.reap()
+            await asyncio.sleep(0.1)
+        assert reaped == [theirs]
+        assert await qa.reap() == [] and await qb.reap() == []
+        assert (await qa.get(theirs))["state"] == "interrupted"
+        assert await qb.save({"id": theirs, "state": "succeeded"}, "succeeded") is False
+        assert (await qb.get(mine))["state"] == "running"
+        assert await qa.save({"id": mine, "name": "x", "state": "succeeded"}, "succeeded")
+        assert (await qb.get(mine))["state"] == "succeeded"
+        await a.stop()
+        await b.stop()
+    _run(main())
+
+
+@needs_redis_and_nginx
 def test_a_record_lost_by_redis_is_written_back_from_a_node(redis_server, tmp_path):
     """Redis restarted without its data: the nodes' cached record comes back."""
     from cluster.record import Cluster
@@ -152,6 +180,7 @@ def test_a_record_lost_by_redis_is_written_back_from_a_node(redis_server, tmp_pa
     _run(main())
 
 
+@needs_redis_and_nginx
 def test_redis_down_answers_unreachable(tmp_path):
     from cluster.record import Cluster, ClusterUnreachable
 
@@ -176,13 +205,15 @@ def test_redis_down_answers_unreachable(tmp_path):
 
 
 def test_cluster_modules_never_import_tensorflow():
-    code = ("import sys, supervisor, cluster, clusterjobs, clusternode, frontend.clusterapi; "
+    code = ("import sys, supervisor, cluster.record, cluster.jobs, cluster.node, "
+            "frontend.clusterapi; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+@needs_redis_and_nginx
 def test_a_node_refuses_to_start_on_a_store_it_cannot_write(tmp_path, redis_server):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the store's parent folder should be")
@@ -292,6 +323,7 @@ def _load_until(load: Load, extra: int, timeout: float = 60) -> None:
     wait_for(lambda: load.count() >= target, timeout, f"{extra} more answered requests")
 
 
+@needs_redis_and_nginx
 def test_an_apply_on_node2_reaches_all_nodes_under_load(cl):
     n1, n2, n3 = cl.nodes
     code, body = n1.mpost("/apply", {"name": "sent", "version": 1}, timeout=180)
@@ -308,22 +340,23 @@ def test_an_apply_on_node2_reaches_all_nodes_under_load(cl):
     load = Load(cl.nginx.port)
     try:
         _load_until(load, 50)
-        t0 = time.monotonic()
         code, body = n2.mpost("/apply", {"name": "sent", "version": 2}, timeout=60)
         assert code == 200, body
         rev = body["cluster"]["revision"]
-        wait_for(lambda: _all_on(cl, 2, rev), 30, "all nodes on sent v2", interval=0.02)
-        took = time.monotonic() - t0
+        assert body["cluster"]["node"] == "node2" and rev > view["record"]["revision"]
+        # it reaches the other nodes (a bound about not hanging: how fast it
+        # spreads, against the apply's own time, is measured in bench/cluster.py)
+        wait_for(lambda: _all_on(cl, 2, rev), 60, "all nodes on sent v2", interval=0.05)
         _load_until(load, 50)
     finally:
         load.stop()
-    assert took < 2.0, f"an apply took {took:.2f}s to reach all three nodes"
     # each node's own view agrees with the record (and with its heartbeat)
     wait_for(lambda: _settled(cl, rev), 60, "every node on the record")
     assert load.failed == []
     assert load.versions[("sent", 2)] > 0 and load.versions[("sent", 1)] > 0
 
 
+@needs_redis_and_nginx
 def test_racing_applies_end_on_one_revision(cl):
     n1, n2, _ = cl.nodes
     answers: dict[str, tuple] = {}
@@ -348,6 +381,7 @@ def test_racing_applies_end_on_one_revision(cl):
         assert n.status()["record_revision"] >= rec["revision"]
 
 
+@needs_redis_and_nginx
 def test_a_job_submitted_on_node1_runs_once_and_every_node_shows_it(cl):
     n1 = cl.nodes[0]
     examples = [{"text": t, "label": lab} for lab, ts in (
@@ -380,6 +414,7 @@ def test_a_job_submitted_on_node1_runs_once_and_every_node_shows_it(cl):
         assert code == 200 and job_id in [j["id"] for j in body["jobs"]]
 
 
+@needs_redis_and_nginx
 def test_a_job_cancelled_on_another_node_stops_where_it_runs(cl):
     n1, _, n3 = cl.nodes
     examples = [{"text": f"{w} {i}", "label": lab} for lab, w in (("a", "好"), ("b", "差"))
@@ -402,6 +437,7 @@ def test_a_job_cancelled_on_another_node_stops_where_it_runs(cl):
     assert code == 409 and body["error"]["code"] == "conflict"
 
 
+@needs_redis_and_nginx
 def test_kill_9_of_a_node_under_load_fails_no_request(cl):
     n3 = cl.nodes[2]
     load = Load(cl.nginx.port)
@@ -418,6 +454,7 @@ def test_kill_9_of_a_node_under_load_fails_no_request(cl):
              "node3's heartbeat to expire")
 
 
+@needs_redis_and_nginx
 def test_redis_outage_keeps_serving_refuses_changes_then_converges(cl):
     n1, n2, n3 = cl.nodes
     before = _cluster(n1)["record"]
