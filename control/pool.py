@@ -1,16 +1,25 @@
-"""Every worker process of the service, the shared standby pool, and the budget.
+"""Every worker process of the service, the shared standby pool, the zygote,
+and the budget.
 
-A worker is generic until told what to load: once it has imported
-TensorFlow it says `booted` and waits. The pool keeps `worker.standby_pool`
-such booted workers for any slot that needs one (an apply, a crash
-replacement, a recycle), so none of those pays the 7-8 s TensorFlow import.
-A standby boots at nice +10 and may preload the model most likely applied
-next (`worker.preload`): applying exactly that model is then only the swap.
+Workers and trainers are forked from the zygote (control/zygote.py,
+`worker.zygote`): one process that imported TensorFlow once, so a new
+worker is booted in about 0.1 s and shares TensorFlow's memory copy-on-write
+(about 60 MB private per small model instead of 250). The pool starts the
+zygote with the first launch and stops it when the service stops; running
+workers never depend on it. With `worker.zygote: false` (or no pidfds) each
+child is spawned and imports TensorFlow itself (7-8 s).
 
-`worker.max_workers` (0: no limit) counts every live process: serving,
-draining, standby, preloading, loading. Every spawn goes through
-`has_room`, so the service never holds more; callers that would need more
-are refused with a 409 that names the count and the limit.
+A worker is generic until told what to load: once booted it waits. The pool
+keeps `worker.standby_pool` such workers for any slot that needs one (an
+apply, a crash replacement, a recycle). With the zygote, a booted standby
+saves only the fork; what still pays is preloading (`worker.preload`): the
+standby loads the model most likely applied next at nice +10, so applying
+exactly that model is only the swap (bench/slots.py measures both).
+
+`worker.max_workers` (0: no limit) counts every live worker process: serving,
+draining, standby, preloading, loading (the zygote is not counted). Every
+spawn goes through `has_room`, so the service never holds more; callers that
+would need more are refused with a 409 that names the count and the limit.
 Imports no TensorFlow.
 """
 from __future__ import annotations
