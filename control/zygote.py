@@ -16,6 +16,7 @@ until a later launch tries again. Imports no TensorFlow.
 from __future__ import annotations
 
 import ctypes
+import errno
 import itertools
 import logging
 import os
@@ -183,6 +184,9 @@ class Zygote:
                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                 bytes(memoryview(_fd_array(launch.child.fileno()))))])
         except OSError as exc:
+            if exc.errno == errno.EMSGSIZE:  # this request, not the channel
+                self._fail(launch, EXIT_BOOT, f"fork request too large: {exc}")
+                return
             # a full or broken channel: it is dying or stuck; its exit retries
             log.warning("zygote: fork request %d not sent (%s)", launch.id, exc)
             self._queued.append(launch)
