@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import psutil
@@ -149,6 +150,50 @@ class Load:
             return self.ok
 
     def stop(self) -> "Load":
+        self._stop.set()
+        for t in self._threads:
+            t.join(40)
+        return self
+
+
+class FirstAnswer:
+    """One thread per node POSTing /predict to the node itself (not through
+    nginx) in a loop: `first[node_id]` is the wall-clock time of the first
+    answer from `version` of the model (the two-phase apply's skew is the
+    spread of these)."""
+
+    def __init__(self, nodes: list[Node], version: int, text: str = "很好") -> None:
+        self.version = version
+        self.first: dict[str, float] = {}
+        self._body = json.dumps({"text": text}).encode()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(n,), daemon=True)
+                         for n in nodes]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, node: Node) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=30)
+        while not self._stop.is_set() and node.node_id not in self.first:
+            try:
+                conn.request("POST", "/predict", body=self._body,
+                             headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                payload = resp.read()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=30)
+                continue
+            at = time.time()
+            if resp.status == 200 and json.loads(payload)["model"]["version"] == self.version:
+                self.first[node.node_id] = at
+        conn.close()
+
+    def skew(self) -> float:
+        """Seconds between the first and the last node answering the version."""
+        return max(self.first.values()) - min(self.first.values())
+
+    def stop(self) -> "FirstAnswer":
         self._stop.set()
         for t in self._threads:
             t.join(40)

@@ -16,16 +16,14 @@ about 2-4 minutes on a loaded 2-core machine.
 """
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import shutil
-import threading
 import time
 
 import pytest
 
-from clusterkit import Load, Nginx, Node, RedisServer, have_redis_and_nginx
+from clusterkit import FirstAnswer, Load, Nginx, Node, RedisServer, have_redis_and_nginx
 from helpers import wait_for
 
 pytestmark = pytest.mark.skipif(not have_redis_and_nginx(),
@@ -98,44 +96,6 @@ def _revision(c) -> int:
     return view["revision"]
 
 
-class Probe:
-    """One thread per node, POSTing /predict to the node itself in a loop:
-    when each node first answered `version` (wall clock of the answer)."""
-
-    def __init__(self, nodes: list[Node], version: int) -> None:
-        self.version = version
-        self.first: dict[str, float] = {}
-        self.seen_before: list[tuple[str, int]] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(n,), daemon=True)
-                         for n in nodes]
-        for t in self._threads:
-            t.start()
-
-    def _run(self, node: Node) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=30)
-        body = json.dumps({"text": "很好"}).encode()
-        while not self._stop.is_set() and node.node_id not in self.first:
-            try:
-                conn.request("POST", "/predict", body=body,
-                             headers={"Content-Type": "application/json"})
-                resp = conn.getresponse()
-                payload = resp.read()
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=30)
-                continue
-            at = time.time()
-            if resp.status == 200 and json.loads(payload)["model"]["version"] == self.version:
-                self.first[node.node_id] = at
-        conn.close()
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(40)
-
-
 def test_an_apply_prepares_every_node_then_flips_them_together_under_load(tp):
     n1, n2, n3 = tp.nodes
     code, body = n1.mpost("/apply", {"name": "sent", "version": 1}, timeout=240)
@@ -143,7 +103,7 @@ def test_an_apply_prepares_every_node_then_flips_them_together_under_load(tp):
     assert sorted(body["cluster"]["prepare"]["ready"]) == ["node1", "node2", "node3"]
     wait_for(lambda: _all_serve(tp, 1), 120, "all nodes on sent v1")
     load = Load(tp.nginx.port)
-    probe = Probe(tp.nodes, 2)
+    probe = FirstAnswer(tp.nodes, 2)
     try:
         wait_for(lambda: load.count() >= 50, 60, "traffic through nginx")
         t_call = time.time()
@@ -162,7 +122,7 @@ def test_an_apply_prepares_every_node_then_flips_them_together_under_load(tp):
     # no node answered the new version before every node was prepared
     ready_at = max(a["at"] for a in prep["nodes"].values())
     assert t_call < ready_at <= min(probe.first.values()), (ready_at, probe.first)
-    skew = max(probe.first.values()) - min(probe.first.values())
+    skew = probe.skew()
     print(f"skew between the first and the last node answering v2: {skew:.3f}s")
     assert skew < 5.0  # the 0.5 s figure is bench/cluster.py's; this is a no-hang bound
     # every node's own apply was only the swap: it took the prepared workers
@@ -190,7 +150,7 @@ def _ghost(tp, on: bool) -> None:
 
 
 def test_a_node_that_never_answers_stops_the_apply_unless_partial(tp):
-    n1, _, n3 = tp.nodes
+    n3 = tp.nodes[2]
     rev = _revision(tp)
     _ghost(tp, True)
     try:
@@ -220,10 +180,53 @@ def test_a_node_that_never_answers_stops_the_apply_unless_partial(tp):
     assert _revision(tp) > rev
 
 
+def _job(node: Node, job_id: str) -> dict | None:
+    code, body = node.mget(f"/train/{job_id}")
+    return body["job"] if code == 200 else None
+
+
+def _holds(node: Node, version: int) -> bool:
+    """A worker of `node` has sent `version` loaded, READY, not serving."""
+    return any(w["state"] == "READY" and w.get("model") == {"name": "sent", "version": version}
+               for w in node.status().get("pool") or [])
+
+
+def test_a_version_published_by_training_is_preloaded_on_every_node(tp):
+    """A training job (on whichever node claims it) publishes sent v3; the
+    nodes with room load it at once, so the apply that follows is the swap.
+    node3's budget is full (serving + probation): it preloads nothing, and
+    the apply prepares it there."""
+    n1, n2, n3 = tp.nodes
+    wait_for(lambda: _all_serve(tp, 1), 60, "all nodes on sent v1")
+    examples = [{"text": t, "label": lab} for lab, ts in (
+        ("pos", ["很好", "非常好用", "喜欢", "great", "love it", "好评"]),
+        ("neg", ["很差", "太差了", "讨厌", "terrible", "hate it", "差评"])) for t in ts]
+    code, body = n3.mpost("/train", {"name": "sent", "data": {"examples": examples},
+                                     "params": {"architecture": "bow", "epochs": 2,
+                                                "refit": False}})
+    assert code == 202, body
+    job_id = body["job"]["id"]
+    job = wait_for(lambda: (lambda j: j and j["state"] in ("succeeded", "failed") and j)(
+        _job(n1, job_id)), 300, "the training job to finish", interval=0.5)
+    assert job["state"] == "succeeded" and job["result"]["version"] == 3, job
+    for n in (n1, n2):
+        wait_for(lambda: _holds(n, 3), 120, f"{n.node_id} preloading sent v3 on publish")
+        assert "preloaded sent v3 x1 on publish" in n.log()
+    assert all(_serves(n, 1) for n in tp.nodes)  # a preload switches nothing
+    code, body = n1.mpost("/apply", {"name": "sent", "version": 3}, timeout=120)
+    assert code == 200, body
+    prep = body["cluster"]["prepare"]
+    assert sorted(prep["ready"]) == ["node1", "node2", "node3"]
+    for n in ("node1", "node2"):  # took what the publish preloaded: no load
+        assert prep["nodes"][n]["s"] < prep["nodes"]["node3"]["s"], prep
+    wait_for(lambda: _all_serve(tp, 3), 60, "all nodes on sent v3")
+
+
 def test_a_node_that_cannot_prepare_stops_the_apply_unless_partial(tp):
     """node3's budget (worker.max_workers 2) cannot hold two more replicas."""
     n1, n2, n3 = tp.nodes
-    wait_for(lambda: _all_serve(tp, 1), 60, "all nodes on sent v1")
+    cur = n1.serving("sent")
+    wait_for(lambda: _all_serve(tp, cur), 60, f"all nodes on sent v{cur}")
     rev = _revision(tp)
     load = Load(tp.nginx.port)
     try:
@@ -239,7 +242,7 @@ def test_a_node_that_cannot_prepare_stops_the_apply_unless_partial(tp):
         assert "nothing switched" in err["message"]
         # nothing switched on any node, the record did not move
         assert _revision(tp) == rev
-        assert _all_serve(tp, 1)
+        assert _all_serve(tp, cur)
         # what nodes 1 and 2 prepared for the refused apply is let go again
         # (beyond the standby pool's one worker)
         for n in (n1, n2):
@@ -259,7 +262,7 @@ def test_a_node_that_cannot_prepare_stops_the_apply_unless_partial(tp):
         view = wait_for(lambda: (lambda v: v and "node3" in v["stragglers"] and v)(_view(n1)),
                         30, "node3 listed as a straggler")
         assert view["revision"] > rev
-        assert _serves(n3, 1)  # it kept serving what it had
+        assert _serves(n3, cur)  # it kept serving what it had
         target = load.count() + 30
         wait_for(lambda: load.count() >= target, 60, "traffic after the apply")
     finally:
