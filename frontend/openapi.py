@@ -171,7 +171,7 @@ def inference_spec(cfg: Any) -> S:
             "requestBody": _body({"$ref": "#/components/schemas/PredictRequest"}),
             "responses": {
                 "200": _json({"$ref": "#/components/schemas/PredictResponse"},
-                              "one prediction per text, in order"),
+                              "one prediction per text, in order", REQUEST_ID_HEADER),
                 "400": _err("not JSON, not an object, unknown field, both or neither of "
                             "text/texts, a blank or non-string text, bad top_k, "
                             "min_score or explain"),
@@ -202,9 +202,12 @@ def inference_spec(cfg: Any) -> S:
     }
     oip, oip_schemas = oip_paths(lim, text, NAME)  # Open Inference Protocol v2
     paths.update(oip)
-    return _doc("textswap inference API", "Predictions from the applied model.", paths,
-                {"PredictRequest": request, "PredictResponse": response, **oip_schemas},
-                security=False)
+    response["properties"]["request_id"] = REQUEST_ID  # the learning loop (docs/loop.md)
+    paths.update(loop_inference_paths(cfg, text))
+    doc = _doc("textswap inference API", "Predictions from the applied model.", paths,
+               {"PredictRequest": request, "PredictResponse": response, **oip_schemas},
+               security=False)
+    return loop_security(doc, cfg)
 
 
 # -- management API ----------------------------------------------------------------------
@@ -268,6 +271,20 @@ def _data_schema() -> S:
     }
     data["example"] = copy.deepcopy(EXAMPLE_DATA)
     return data
+
+
+def _train_request_loop(schema: S) -> S:
+    """POST /train's additions of the learning loop: "feedback", and "data" optional."""
+    schema["required"] = ["name"]
+    schema["properties"]["feedback"] = {
+        "type": "boolean", "default": False,
+        "description": "fold the model's fed-back labels into the data (a feedback label "
+                       "wins over the data's for the same text); the job's data reports "
+                       "how many rows came from feedback and how many were new labels"}
+    schema["properties"]["data"]["description"] = (
+        "leave out to reuse the data (and, without params, the parameters) of the model's "
+        "last training")
+    return schema
 
 
 def _train_request() -> S:
@@ -657,11 +674,13 @@ def management_spec(cfg: Any) -> S:
         },
         "/healthz": HEALTH,
         "/openapi.json": SPEC,
+        **loop_management_paths(name_param),  # review queue, retrain policy (docs/loop.md)
     }
     return _doc("textswap management API",
                 "Apply, roll out and roll back models, inspect the store and the service, "
                 "train.", paths,
-                {"TrainRequest": _train_request(), "TrainParams": _params_schema(),
+                {"TrainRequest": _train_request_loop(_train_request()),
+                 "TrainParams": _params_schema(),
                  "Job": _job_schema()}, security=bool(cfg.token))
 
 
@@ -674,3 +693,151 @@ class InferenceSpecHandler(JsonHandler):
 class ManagementSpecHandler(JsonHandler):
     def get(self) -> None:
         self.send_json(management_spec(self.cfg))
+
+
+# -- the learning loop (frontend/loop.py, frontend/loop_handlers.py; docs/loop.md) ---------
+REQUEST_ID: S = {"type": "string", "pattern": r"^[A-Za-z0-9._:-]{1,64}$",
+                 "description": "this request's id (the client's X-Request-Id when it sent "
+                                "one): POST /feedback names predictions by it",
+                 "example": "ticket-4711"}
+REQUEST_ID_HEADER: S = {"X-Request-Id": {"schema": REQUEST_ID, "required": True}}
+_LABEL: S = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S",
+             "example": "pos"}
+
+
+def loop_inference_paths(cfg: Any, text: S) -> S:
+    cap = cfg["feedback"]["max_items"]
+    on_prediction: S = {
+        "type": "object", "additionalProperties": False, "required": ["request_id", "label"],
+        "properties": {"request_id": REQUEST_ID, "label": _LABEL,
+                       "index": {"type": "integer", "minimum": 0, "maximum": 1000000,
+                                 "description": "the text's place in a batch (0-based)"}}}
+    on_batch: S = {
+        "type": "object", "additionalProperties": False, "required": ["request_id", "labels"],
+        "properties": {"request_id": REQUEST_ID,
+                       "labels": {"type": "array", "minItems": 1, "maxItems": cap,
+                                  "items": _LABEL,
+                                  "description": "one per text of the request, in order"}}}
+    free: S = {
+        "type": "object", "additionalProperties": False, "required": ["model", "examples"],
+        "properties": {"model": NAME, "examples": {
+            "type": "array", "minItems": 1, "maxItems": cap,
+            "items": {"type": "object", "additionalProperties": False,
+                      "required": ["text", "label"],
+                      "properties": {"text": text, "label": _LABEL}}}},
+        "example": {"model": "sent", "examples": [{"text": "love it", "label": "pos"}]}}
+    item: S = {"type": "object", "required": ["label", "new_label"],
+               "properties": {"request_id": REQUEST_ID, "index": {"type": "integer"},
+                              "label": {"type": "string"},
+                              "predicted": {"type": "string", "nullable": True},
+                              "correct": {"type": "boolean"},
+                              "new_label": {"type": "boolean"}}}
+    answer: S = {"type": "object", "required": ["stored", "new_label", "items"],
+                 "properties": {"stored": {"type": "integer"},
+                                "new_label": {"type": "boolean",
+                                              "description": "a label the model does not "
+                                                             "know (a class at the next "
+                                                             "training)"},
+                                "new_labels": {"type": "array", "items": {"type": "string"}},
+                                "request_id": REQUEST_ID, "model": {},
+                                "items": {"type": "array", "items": item}}}
+    op: S = {
+        "summary": "True labels for logged predictions, or labelled examples.",
+        "description": "By request id (and index inside a batch), for a whole batch "
+                       "('labels', in order), or free examples for a model. Feedback for "
+                       "the same (request id, index) replaces the earlier one. It becomes "
+                       "training data: it takes feedback.token, else the management token "
+                       "(none when neither is set).",
+        "requestBody": _body({"oneOf": [on_prediction, on_batch, free]}),
+        "responses": {
+            "200": _json(answer, "stored (committed before this answer)"),
+            "400": _err("not JSON, unknown field, malformed request id, a bad label, 'labels' "
+                        "of the wrong length, or a batch's label without 'index'"),
+            "401": _err("missing or wrong 'Authorization: Bearer <token>'"),
+            "404": _err("no logged prediction has this request id (or index), or no such "
+                        "model"),
+            "409": _err("the prediction log is off (predictions.log: false)"),
+            **_body_errors(cfg),
+            "413": _err(f"more than feedback.max_items ({cap}) labels, or a body over "
+                        "limits.max_body_bytes"),
+            "422": _err("a text over limits.max_text_chars"),
+        }}
+    return {"/feedback": {"post": op}}
+
+
+def loop_security(doc: S, cfg: Any) -> S:
+    """POST /feedback's bearer token, when one applies."""
+    from frontend.loop_handlers import feedback_token
+    if feedback_token(cfg):
+        doc["components"].setdefault("securitySchemes", {})["bearer"] = {
+            "type": "http", "scheme": "bearer"}
+        doc["paths"]["/feedback"]["post"]["security"] = [{"bearer": []}]
+    return doc
+
+
+def loop_management_paths(name_param: S) -> S:
+    policy: S = {
+        "type": "object", "additionalProperties": False,
+        "properties": {
+            "retrain_after_labels": {"type": "integer", "minimum": 1, "maximum": 10000000,
+                                     "nullable": True,
+                                     "description": "retrain (feedback folded in) once this "
+                                                    "many labels arrived since the last "
+                                                    "training; null: never"},
+            "apply": {"type": "string", "enum": ["gate", "canary", "swap", "none"],
+                      "default": "gate"},
+            "min_score": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
+                          "maximum": 1, "description": "default abstain threshold of /predict"},
+            "holdout": {"type": "number", "minimum": 0, "maximum": 0.5, "default": 0.2,
+                        "description": "share of the feedback held back as the gate's "
+                                       "golden set"}},
+        "example": {"retrain_after_labels": 200, "apply": "gate"}}
+    described: S = {"type": "object", "required": ["name", "policy"],
+                    "properties": {"name": {"type": "string"},
+                                   "policy": {"type": "object", "nullable": True},
+                                   "source": {"type": "string", "nullable": True},
+                                   "running_job": {"type": "string", "nullable": True},
+                                   "last_retrain": {"type": "object", "nullable": True},
+                                   "removed": {"type": "boolean"}}}
+    review_item: S = {"type": "object",
+                      "required": ["request_id", "index", "text", "label", "top"],
+                      "properties": {"request_id": REQUEST_ID, "index": {"type": "integer"},
+                                     "text": {"type": "string"},
+                                     "label": {"type": "string", "nullable": True},
+                                     "top": {"type": "array", "items": ANY_OBJECT}}}
+    no_model = _err("no such model in the store")
+    return {
+        "/models/{name}/review": {
+            "parameters": [name_param],
+            "get": {"summary": "The review queue: logged predictions with no feedback yet.",
+                    "parameters": [
+                        {"name": "limit", "in": "query", "required": False,
+                         "schema": {"type": "integer", "minimum": 1, "maximum": 1000,
+                                    "default": 50}},
+                        {"name": "strategy", "in": "query", "required": False,
+                         "schema": {"type": "string", "enum": ["uncertain", "random"],
+                                    "default": "uncertain"},
+                         "description": "uncertain: smallest margin between the top two "
+                                        "scores first"}],
+                    "responses": {"200": _json({"type": "object", "required": ["items"],
+                                                "properties": {"items": {
+                                                    "type": "array", "items": review_item}}},
+                                               "the queue"),
+                                  "400": _err("a bad limit, strategy or query argument"),
+                                  "404": no_model}}},
+        "/models/{name}/policy": {
+            "parameters": [name_param],
+            "get": {"summary": "The model's retrain policy.",
+                    "responses": {"200": _json(described, "the policy (null: none)"),
+                                  "404": no_model}},
+            "put": {"summary": "Set the model's retrain policy (persisted, then used).",
+                    "requestBody": _body(policy),
+                    "responses": {"200": _json(described, "stored"),
+                                  "400": _err("not JSON, not an object, unknown key, bad value"),
+                                  "404": no_model, "507": _err("the store cannot be written"),
+                                  "413": _err("body over limits.max_body_bytes"),
+                                  "415": _err("Content-Type is not application/json")}},
+            "delete": {"summary": "Remove the stored policy (config's, if any, applies again).",
+                       "responses": {"200": _json(described, "removed"), "404": no_model,
+                                     "507": _err("the store cannot be written")}}},
+    }

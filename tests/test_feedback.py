@@ -252,6 +252,46 @@ def test_review_lists_unlabelled_predictions_uncertain_first(svc):
         assert code == status and body["error"]["message"], path
 
 
+# -- the command line ---------------------------------------------------------------------------
+def _cli(svc: Service, *args: str):
+    import subprocess
+    import sys
+    env = {**os.environ, "TEXTSWAP_URL": f"http://127.0.0.1:{svc.mport}",
+           "TEXTSWAP_PREDICT_URL": f"http://127.0.0.1:{svc.port}",
+           "TEXTSWAP_MANAGEMENT_TOKEN": "mgmt", "TEXTSWAP_FEEDBACK_TOKEN": TOKEN}
+    return subprocess.run([sys.executable, "-m", "textswap_cli", *args], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def test_cli_review_export_then_feedback_file(svc, tmp_path):
+    import csv
+    _, batch, _ = predict(svc, {"texts": ["命令行 一", "命令行 二"]})
+    rid = batch["request_id"]
+    out = _cli(svc, "review", "sent", "--limit", "1000", "--export", str(tmp_path / "q.csv"))
+    assert out.returncode == 0, out.stderr
+    with open(tmp_path / "q.csv", encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    mine = [r for r in rows if r["request_id"] == rid]
+    assert len(mine) == 2 and all(r["label"] == "" and r["predicted"] for r in mine)
+    for r in rows:  # label only this request's rows; the others stay blank (skipped)
+        if r["request_id"] == rid:
+            r["label"] = "pos" if r["index"] == "0" else "angry"
+    with open(tmp_path / "q.csv", "w", encoding="utf-8", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    out = _cli(svc, "--json", "feedback", "--file", str(tmp_path / "q.csv"))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"stored": 2, "new_labels": ["angry"], "failed": []}
+    out = _cli(svc, "--json", "feedback", rid, "neg", "--index", "1")
+    assert out.returncode == 0 and json.loads(out.stdout)["label"] == "neg", out.stderr
+    out = _cli(svc, "feedback", "no-such-request", "pos")
+    assert out.returncode != 0 and "404" in out.stderr
+    out = _cli(svc, "--json", "policy", "sent", "--retrain-after", "1000", "--apply", "none")
+    assert out.returncode == 0 and json.loads(out.stdout)["policy"]["apply"] == "none"
+    assert _cli(svc, "policy", "sent", "--delete").returncode == 0
+
+
 # -- a restart ----------------------------------------------------------------------------------
 def test_a_restart_loses_nothing_logged_or_fed_back(svc, tmp_path):
     _, before, _ = predict(svc, {"texts": ["重启前 好", "重启前 差"]})

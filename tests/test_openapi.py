@@ -266,7 +266,8 @@ def test_documents_are_served_and_match_the_routes(svc):
            "/v2/models/{name}/versions/{version}", "/v2/models/{name}/ready",
            "/v2/models/{name}/versions/{version}/ready", "/v2/models/{name}/infer",
            "/v2/models/{name}/versions/{version}/infer"}
-    assert set(doc["paths"]) == {"/predict", "/healthz", "/readyz", "/openapi.json"} | oip
+    assert set(doc["paths"]) == {"/predict", "/healthz", "/readyz", "/openapi.json",
+                                 "/feedback"} | oip
     predict = doc["components"]["schemas"]["PredictRequest"]
     assert predict["properties"]["texts"]["maxItems"] == 8  # from the config's limits
     assert set(predict["properties"]) == {"text", "texts", "top_k", "model", "min_score", "explain"}
@@ -280,7 +281,8 @@ def test_documents_are_served_and_match_the_routes(svc):
         "/apply", "/unload", "/status", "/models", "/models/{name}", "/models/{name}/{version}",
         "/models/{name}/{version}/artifact", "/models/{name}/golden", "/rollback", "/promote",
         "/abort", "/rollouts/{name}", "/history", "/cluster", "/metrics", "/train",
-        "/train/{id}", "/healthz", "/openapi.json"}
+        "/train/{id}", "/healthz", "/openapi.json",
+        "/models/{name}/review", "/models/{name}/policy"}  # the learning loop
     assert doc["security"] == [{"bearer": []}]
     assert doc["paths"]["/apply"]["post"]["responses"]["401"]
     apply = doc["paths"]["/apply"]["post"]["requestBody"]["content"]["application/json"]

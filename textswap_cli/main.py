@@ -124,7 +124,9 @@ def serve(config_path: str | None, args: tuple[str, ...]) -> None:
 # -- training ----------------------------------------------------------------------
 @cli.command()
 @click.argument("name")
-@click.argument("data")
+@click.argument("data", required=False)
+@click.option("--feedback", is_flag=True,
+              help="Fold NAME's fed-back labels in; without DATA, its last training's data.")
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE",
               help="A training parameter, e.g. -p epochs=10 (repeatable).")
 @click.option("--apply", "apply_", is_flag=True, help="Apply the model once trained.")
@@ -132,15 +134,20 @@ def serve(config_path: str | None, args: tuple[str, ...]) -> None:
 @click.option("--server-path", is_flag=True,
               help="DATA is a path on the server (under its data roots), not a local file.")
 @command
-def train(ctx: Ctx, name: str, data: str, params: tuple[str, ...], apply_: bool, wait: bool,
-          server_path: bool) -> None:
+def train(ctx: Ctx, name: str, data: str | None, params: tuple[str, ...], apply_: bool,
+          wait: bool, server_path: bool, feedback: bool = False) -> None:
     """Train model NAME on DATA (a CSV with text,label columns, or JSONL).
 
     DATA is read here and sent inline, so the service may be remote.
     """
     body: dict[str, Any] = {"name": name, "apply": apply_,
-                            "params": parse_params(params)}
-    body["data"] = {"path": data} if server_path else {"examples": read_examples(data)}
+                            "params": parse_params(params) if params or data else None}
+    if feedback:
+        body["feedback"] = True
+    elif data is None:
+        raise click.UsageError("DATA is needed (or --feedback: the last training's data)")
+    if data is not None:
+        body["data"] = {"path": data} if server_path else {"examples": read_examples(data)}
     try:
         job = ctx.manage.post("/train", body)["job"]
     except CliError as exc:
@@ -530,6 +537,9 @@ def predict(ctx: Ctx, texts: tuple[str, ...], model: str | None, top_k: int | No
         count += len(batch)
     if count == 0:
         raise InputError("no texts: give them as arguments or one per line on stdin")
+
+
+from textswap_cli import loopcmds  # noqa: E402,F401  feedback, review, policy (docs/loop.md)
 
 
 def main() -> None:

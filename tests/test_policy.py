@@ -1,0 +1,194 @@
+"""Retraining with the labels: POST /train with "feedback": true and without
+data (the last training's reused), the per-model retrain policy (its routes
+with bad input, its persistence), and a policy that retrains on fed-back
+labels, gates the result on the feedback hold-out and records why. Real
+trainer and worker processes."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from control.policies import PolicyError, held_out, validate
+from helpers import ROOT, Service, request, wait_for
+
+DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
+PARAMS = {"architecture": "bow", "epochs": 3}
+
+
+def _demo_rows(start: int, n: int) -> list[dict]:
+    with open(DEMO, encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh]
+    return rows[start:start + n]
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory):
+    base = tmp_path_factory.mktemp("policy")
+    cfg = base / "config.yaml"
+    cfg.write_text("training:\n  demo_on_empty_store: false\nrollout:\n  probation_s: 0\n")
+    s = Service(str(base / "models"), args=["--config", str(cfg)])
+    s.cfg = str(cfg)
+    yield s
+    s.stop()
+
+
+def _wait_job(svc, job_id, timeout=240):
+    def done():
+        code, body = svc.mget(f"/train/{job_id}")
+        assert code == 200, body
+        return body["job"]["state"] in ("succeeded", "failed", "cancelled") and body["job"]
+    return wait_for(done, timeout, f"job {job_id}", interval=0.25)
+
+
+def _history(svc, name):
+    code, body = svc.mget(f"/history?name={name}&limit=200")
+    assert code == 200, body
+    return body["history"]
+
+
+def _free_examples() -> tuple[list[dict], dict]:
+    spam = [{"text": f"加微信领红包 {i} 号", "label": "spam"} for i in range(4)]
+    first = _demo_rows(0, 1)[0]
+    return spam, {"text": first["text"], "label": "neg" if first["label"] == "pos" else "pos"}
+
+
+def test_policy_validation():
+    assert validate({"retrain_after_labels": 200, "apply": "gate"}) == {
+        "retrain_after_labels": 200, "apply": "gate", "holdout": 0.2}
+    assert validate({"min_score": 1})["min_score"] == 1.0
+    for bad in ({"apply": "sometimes"}, {"retrain_after_labels": 0},
+                {"retrain_after_labels": True}, {"retrain_after_labels": 2.5},
+                {"min_score": 0}, {"min_score": 1.5}, {"min_score": "0.5"},
+                {"min_score": float("nan")}, {"holdout": 0.9}, {"color": "red"}, [], "gate"):
+        with pytest.raises(PolicyError):
+            validate(bad)
+    # the hold-out is a stable share, by the text
+    texts = [f"text {i}" for i in range(2000)]
+    share = sum(held_out(t, 0.2) for t in texts) / len(texts)
+    assert 0.15 < share < 0.25 and [held_out(t, 0.2) for t in texts[:50]] == [
+        held_out(t, 0.2) for t in texts[:50]]
+    assert not any(held_out(t, 0.0) for t in texts)
+
+
+def test_train_with_feedback_reuses_the_last_data(svc):
+    code, body = svc.mpost("/train", {"name": "rev", "data": {"examples": _demo_rows(0, 300)},
+                                      "params": PARAMS, "apply": True})
+    assert code == 202, body
+    assert _wait_job(svc, body["job"]["id"])["state"] == "succeeded"
+    wait_for(lambda: (svc.serving() or {}).get("name") == "rev", 60, "rev serving")
+    # no data and no earlier training: nothing to reuse
+    code, body = svc.mpost("/train", {"name": "never", "feedback": True})
+    assert code == 400 and "no earlier training" in body["error"]["message"]
+    for bad in ({"name": "rev", "feedback": "yes"}, {"name": "rev", "data": None},
+                {"data": {"examples": []}}):
+        code, body = svc.mpost("/train", bad)
+        assert code == 400 and body["error"]["message"], bad
+    # labels without a logged prediction: a new class and a relabelled training row
+    spam, flipped = _free_examples()
+    code, fb = request(svc.port, "POST", "/feedback",
+                       {"model": "rev", "examples": spam + [flipped]})
+    assert code == 200 and fb["new_labels"] == ["spam"], fb
+    code, body = svc.mpost("/train", {"name": "rev", "feedback": True})
+    assert code == 202, body
+    data = body["job"]["data"]
+    assert data["feedback"]["rows"] == 5 and data["feedback"]["new_labels"] == ["spam"]
+    assert data["feedback"]["new_label_rows"] == 4 and data["feedback"]["relabelled"] == 1
+    assert data["examples"] == 304 and data["reused"]
+    assert body["job"]["params"]["epochs"] == 3  # the last training's parameters
+    done = _wait_job(svc, body["job"]["id"])
+    assert done["state"] == "succeeded", done
+    meta = json.load(open(os.path.join(svc.models_dir, "rev", "2", "meta.json"),
+                          encoding="utf-8"))
+    assert "spam" in meta["labels"]
+    assert svc.serving()["version"] == 1  # apply: false by default
+
+
+def test_policy_routes_refuse_bad_input(svc):
+    put = svc.request_put
+    for body, code in (({"retrain_after_labels": 0}, 400), ({"apply": "later"}, 400),
+                       ({"min_score": 0}, 400), ({"min_score": 2}, 400),
+                       ({"unknown": 1}, 400), ([1], 400)):
+        got, answer = put("/models/rev/policy", body)
+        assert got == code and answer["error"]["code"] == "invalid_policy", (body, answer)
+    got, answer = put("/models/rev/policy", raw=b"{not json")
+    assert got == 400 and answer["error"]["code"] == "bad_json"
+    assert put("/models/nosuch/policy", {"apply": "gate"})[0] == 404
+    assert svc.mget("/models/nosuch/policy")[0] == 404
+    code, body = svc.mget("/models/rev/policy")
+    assert code == 200 and body["policy"] is None  # nothing set yet: unchanged by the 400s
+    code, body = put("/models/rev/policy", {"retrain_after_labels": 100000, "min_score": 0.4})
+    assert code == 200 and body["policy"]["apply"] == "gate" and body["source"] == "api"
+    code, body = svc.request_delete("/models/rev/policy")
+    assert code == 200 and body["removed"] is True and body["policy"] is None
+
+
+def test_the_policy_retrains_gates_on_the_holdout_and_records_the_cause(svc):
+    code, body = svc.request_put("/models/rev/policy",
+                                 {"retrain_after_labels": 30, "apply": "gate"})
+    assert code == 200, body
+    rows = _demo_rows(300, 30)
+    code, pred = svc.predict({"texts": [r["text"] for r in rows], "model": "rev"})
+    assert code == 200
+    code, fb = request(svc.port, "POST", "/feedback", {"request_id": pred["request_id"],
+                                                       "labels": [r["label"] for r in rows]})
+    assert code == 200 and fb["stored"] == 30
+
+    def finished():
+        return [h for h in _history(svc, "rev") if h["kind"] in ("retrain_done",
+                                                                  "retrain_failed")]
+    done = wait_for(finished, 300, "the policy's retraining", interval=0.5)[0]
+    started = [h for h in _history(svc, "rev") if h["kind"] == "retrain"]
+    assert started and started[0]["reason"] == "retrain after 30 labels"
+    assert started[0]["source"] == "policy"
+    spam, flipped = _free_examples()  # fed back before: in the retraining too
+    texts = [r["text"] for r in rows] + [e["text"] for e in spam] + [flipped["text"]]
+    held = sum(held_out(t, 0.2) for t in texts)
+    assert started[0]["details"]["held_out"] == held
+    assert started[0]["details"]["feedback"] == 35 - held
+    assert done["kind"] == "retrain_done", done
+    d = done["details"]
+    assert d["version"] == 3 and done["reason"].startswith("retrain after 30 labels: v3")
+    gate = d["gate"]
+    assert gate["golden_examples"] == held > 0  # the hold-out was the gate's golden set
+    if d["applied"]:
+        assert svc.serving()["version"] == 3 and gate["passed"]
+    else:  # refused: the serving version did better on the hold-out
+        assert svc.serving()["version"] == 1
+        assert gate["candidate"]["accuracy"] < gate["serving"]["accuracy"]
+    code, job = svc.mget(f"/train/{d['job']}")
+    fed = job["job"]["data"]["feedback"]
+    assert fed["rows"] + sum(fed["waiting"].values()) == 35 - held
+    code, pol = svc.mget("/models/rev/policy")
+    assert pol["last_retrain"]["version"] == 3 and pol["running_job"] is None
+
+
+def test_policies_survive_a_restart(svc):
+    code, body = svc.mget("/models/rev/policy")
+    assert code == 200 and body["policy"]["retrain_after_labels"] == 30
+    root, cfg = svc.models_dir, svc.cfg
+    assert svc.stop(signal.SIGTERM) == 0
+    again = Service(root, args=["--config", cfg])
+    try:
+        code, body = again.mget("/models/rev/policy")
+        assert code == 200 and body["policy"] == {"retrain_after_labels": 30, "apply": "gate",
+                                                  "holdout": 0.2}
+        # a retrain without data still finds the last training's data after a restart
+        code, body = again.mpost("/train", {"name": "rev"})
+        assert code == 202 and body["job"]["data"]["reused"], body
+        again.request_delete(f"/train/{body['job']['id']}")
+    finally:
+        again.stop()
+
+
+def test_a_bad_policy_in_config_stops_the_start(tmp_path):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("policies:\n  news: {apply: often}\n")
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "supervisor.py"), "--config",
+                          str(cfg), "--models-dir", str(tmp_path / "m"), "--port", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "policies.news" in out.stderr
