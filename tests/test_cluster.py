@@ -307,16 +307,6 @@ def _settled(c, min_revision: int) -> dict | bool:
         all(n.serving("sent") == version for n in c.nodes) and rec
 
 
-def _standbys_hold(c, version: int) -> bool:
-    """Every node's standby has preloaded sent `version` (so an apply is only a swap)."""
-    for n in c.nodes:
-        pool = n.status().get("pool") or []
-        if not any(w["state"] == "READY" and w["model"] == {"name": "sent", "version": version}
-                   for w in pool):
-            return False
-    return True
-
-
 def _load_until(load: Load, extra: int, timeout: float = 60) -> None:
     """Let `extra` more requests succeed (proves traffic flowed through the event)."""
     target = load.count() + extra
@@ -334,9 +324,6 @@ def test_an_apply_on_node2_reaches_all_nodes_under_load(cl):
     assert {b["node"] for b in view["nodes"]} == {"node1", "node2", "node3"}
     assert view["stragglers"] == [] and view["converged"]
     assert view["record"]["models"]["sent"]["version"] == 1
-    # each standby preloads the newer version: the apply below is a swap everywhere
-    wait_for(lambda: _standbys_hold(cl, 2), 240, "standbys preloaded with sent v2",
-             interval=0.5)
     load = Load(cl.nginx.port)
     try:
         _load_until(load, 50)
@@ -344,9 +331,10 @@ def test_an_apply_on_node2_reaches_all_nodes_under_load(cl):
         assert code == 200, body
         rev = body["cluster"]["revision"]
         assert body["cluster"]["node"] == "node2" and rev > view["record"]["revision"]
-        # it reaches the other nodes (a bound about not hanging: how fast it
-        # spreads, against the apply's own time, is measured in bench/cluster.py)
-        wait_for(lambda: _all_on(cl, 2, rev), 60, "all nodes on sent v2", interval=0.05)
+        # it reaches the other nodes, by a swap where a standby preloaded v2,
+        # else by a load (a bound about not hanging, as for v1 above: how fast
+        # it spreads, against the apply's own time, is measured in bench/cluster.py)
+        wait_for(lambda: _all_on(cl, 2, rev), 180, "all nodes on sent v2", interval=0.05)
         _load_until(load, 50)
     finally:
         load.stop()
