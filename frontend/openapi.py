@@ -637,6 +637,7 @@ def management_spec(cfg: Any) -> S:
                                      "400": bad_path,
                                      "404": _err("no golden set for this name")}},
         },
+        **quality_paths(name_param, bad_path),  # GET /models/{name}/quality
         "/train": {
             "post": {
                 "summary": "Queue a training job.",
@@ -682,6 +683,59 @@ def management_spec(cfg: Any) -> S:
                 {"TrainRequest": _train_request_loop(_train_request()),
                  "TrainParams": _params_schema(),
                  "Job": _job_schema()}, security=bool(cfg.token))
+
+
+# -- live quality and drift (frontend/quality_handlers.py, control/quality.py) ------------
+def quality_paths(name_param: S, bad_path: S) -> S:
+    """GET /models/{name}/quality."""
+    num: S = {"type": "number", "nullable": True}
+    live: S = {"type": "object", "required": ["accuracy", "macro_f1", "per_label", "confusion"],
+               "properties": {
+                   "accuracy": num, "macro_f1": num,
+                   "per_label": {"type": "object", "additionalProperties": {
+                       "type": "object", "properties": {
+                           "precision": {"type": "number"}, "recall": {"type": "number"},
+                           "f1": {"type": "number"}, "support": {"type": "integer"},
+                           "predicted": {"type": "integer"}}}},
+                   "confusion": {"type": "object", "nullable": True,
+                                 "description": "rows: the true label, columns: the "
+                                                "predicted one, both in `labels` order",
+                                 "properties": {"labels": {"type": "array",
+                                                           "items": {"type": "string"}},
+                                                "rows": {"type": "array", "items": {
+                                                    "type": "array",
+                                                    "items": {"type": "integer"}}}}},
+                   "coverage": {**num, "description": "answered / fed back (abstentions "
+                                                      "are not answered)"},
+                   "answered": {"type": "integer"}}}
+    drift: S = {"type": "object", "nullable": True, "required": ["alert"],
+                "description": "null when the version has no training profile",
+                "properties": {
+                    "alert": {"type": "boolean"}, "texts": {"type": "integer"},
+                    "unknown_ngram_share": num, "expected_unknown_ngram_share": num,
+                    "unknown_ngram_excess": num, "label_js": num, "top_score_js": num,
+                    "over": {"type": "array", "items": {"type": "string"}},
+                    "thresholds": {"type": "object",
+                                   "additionalProperties": {"type": "number"}}}}
+    version: S = {"type": "object",
+                  "required": ["version", "predictions", "feedback", "live", "drift"],
+                  "properties": {"version": {"type": "integer"},
+                                 "serving": {"type": "boolean"},
+                                 "predictions": {"type": "integer"},
+                                 "feedback": {"type": "integer"}, "live": live,
+                                 "training": {"type": "object", "nullable": True},
+                                 "drift": drift}}
+    body: S = {"type": "object", "required": ["model", "versions"],
+               "properties": {"model": {"type": "string"},
+                              "serving_version": {"type": "integer", "nullable": True},
+                              "versions": {"type": "array", "items": version}}}
+    return {"/models/{name}/quality": {
+        "parameters": [name_param],
+        **_get("Live quality (on fed-back predictions) and drift (the last drift.window "
+               "texts against the training profile) per version.",
+               _json(body, "per version, newest first"),
+               **{"400": bad_path,
+                  "404": _err("neither the store nor the prediction log knows the model")})}}
 
 
 # -- the handlers ------------------------------------------------------------------------
