@@ -2,7 +2,6 @@
 restart serves the last applied model, start time and memory."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

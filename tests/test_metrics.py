@@ -7,7 +7,6 @@ import http.client
 import os
 import shutil
 import signal
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families

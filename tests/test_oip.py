@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
-import os
 import shutil
 import struct
 from typing import Any
