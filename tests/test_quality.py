@@ -226,3 +226,53 @@ def test_foreign_text_raises_the_alert(quality_part):
     plog.rows = plog.rows[:100]
     d = part.compute("rev")["versions"][0]["drift"]
     assert d["unknown_ngram_excess"] > 0.5 and d["alert"] is False
+
+
+# -- through the real service ------------------------------------------------------------------
+def test_live_figures_through_the_service(store_copy):
+    """POST /predict, POST /feedback with known true labels, then GET /quality
+    and /metrics give the figures computed here from the answers."""
+    import re
+
+    from helpers import Service, request, wait_for
+
+    s = Service(store_copy)
+    try:
+        code, body = s.mpost("/apply", {"name": "sent"})
+        assert code == 200, body
+        texts = ["很好", "非常好用", "喜欢", "很差", "太差了", "讨厌", "桌子", "今天下雨"] * 5
+        truth = (["pos", "pos", "pos", "neg", "neg", "neg", "neg", "pos"] * 5)
+        code, answer = s.predict({"texts": texts})
+        assert code == 200, answer
+        predicted = [p["label"] for p in answer["predictions"]]
+        code, fb = request(s.port, "POST", "/feedback",
+                           {"request_id": answer["request_id"], "labels": truth})
+        assert code == 200 and fb["stored"] == len(texts), fb
+
+        def report():
+            code, body = s.mget("/models/sent/quality")
+            assert code == 200, body
+            v = body["versions"][0]
+            return v["feedback"] == len(texts) and v
+        v = wait_for(report, 30, "the feedback counted", interval=0.1)
+        labels = sorted(set(truth) | set(predicted))
+        assert v["version"] == 2 and v["predictions"] >= len(texts)
+        assert v["live"]["accuracy"] == pytest.approx(accuracy_score(truth, predicted), abs=1e-6)
+        assert v["live"]["macro_f1"] == pytest.approx(
+            f1_score(truth, predicted, average="macro", labels=labels, zero_division=0), abs=1e-6)
+        assert v["live"]["confusion"] == {
+            "labels": labels, "rows": confusion_matrix(truth, predicted, labels=labels).tolist()}
+        assert v["drift"] is None  # the tiny test models have no profile
+
+        code, text = request(s.mport, "GET", "/metrics")
+        text = text.decode() if isinstance(text, bytes) else text
+        m = re.search(r'^textswap_live_accuracy\{model="sent",version="2"\} (\S+)$', text, re.M)
+        assert m and float(m.group(1)) == pytest.approx(v["live"]["accuracy"], abs=1e-6)
+        assert re.search(r'^textswap_feedback_total\{model="sent",version="2"\} 40\.0$', text,
+                         re.M)
+        # bad names and unknown models: 4xx with a JSON body
+        assert s.mget("/models/nosuch/quality")[0] == 404
+        code, body = s.mget("/models/..bad/quality")
+        assert code == 400 and body["error"]["code"] == "invalid_name"
+    finally:
+        s.stop()
