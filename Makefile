@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(PY) bench/cluster.py  # nginx + Redis + 1-3 nodes (needs redis-server, nginx)
 	$(PY) bench/slots.py    # two models, swaps beside load, replica kills, recycling
 	$(PY) bench/rollouts.py # rollback in probation, shadow, canary, automatic rollback, gate
+	$(PY) bench/loop.py     # prediction log cost (<= 3%), the learning loop on a real set
 
 bench-slots: $(STAMP)
 	$(PY) bench/slots.py

@@ -1,0 +1,223 @@
+"""The learning loop's bench (docs/loop.md): what logging costs, and a loop on a real set.
+
+    .venv/bin/python bench/loop.py            # both parts
+    .venv/bin/python bench/loop.py --cost     # only the logging cost
+    .venv/bin/python bench/loop.py --loop     # only the loop
+    make bench
+
+1. Logging cost. The same service and model with predictions.log true and
+   false, runs interleaved (on, off, on, off...), medians: single-text POST
+   /predict at concurrency 64 (the lean path) and 256-text requests at
+   concurrency 4. Budget: at most 3 % fewer requests/s with the log on.
+2. The loop. The bundled review-sentiment set (data/demo, 6,000 real
+   reviews), shuffled with a fixed seed: train on 30 % and serve it; predict
+   the other 70 %; feed back the true labels of N of those predictions; a
+   retrain policy (retrain_after_labels N, apply gate) retrains and applies;
+   accuracy on the untouched remainder before and after, and each step's time.
+
+Results: a table on stdout and JSON in bench/results/loop.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+from helpers import Service, request, wait_for  # noqa: E402
+import serving  # noqa: E402  (its load generator and helpers)
+
+DATA = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
+RESULTS = os.path.join(ROOT, "bench", "results", "loop.json")
+PARAMS = {"architecture": "bow", "epochs": 4}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def rows() -> list[dict[str, str]]:
+    with open(DATA, encoding="utf-8") as fh:
+        out = [json.loads(line) for line in fh if line.strip()]
+    random.Random(1337).shuffle(out)
+    return out
+
+
+def config(path: str, extra: str = "") -> str:
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("training:\n  demo_on_empty_store: false\nrollout:\n  probation_s: 0\n"
+                 "worker:\n  standby_pool: 1\n" + extra)
+    return path
+
+
+def train(svc: Service, name: str, data: list[dict], apply: bool) -> dict[str, Any]:
+    code, body = svc.mpost("/train", {"name": name, "data": {"examples": data},
+                                      "params": PARAMS, "apply": apply})
+    assert code == 202, body
+    jid = body["job"]["id"]
+
+    def done():
+        job = svc.mget(f"/train/{jid}")[1]["job"]
+        return job["state"] in ("succeeded", "failed", "cancelled") and job
+    job = wait_for(done, 1800, f"job {jid}", interval=0.5)
+    assert job["state"] == "succeeded", job
+    return job
+
+
+# -- 1. logging cost -------------------------------------------------------------------------
+def cost(workdir: str, seconds: float, rounds: int) -> dict[str, Any]:
+    models = os.path.join(workdir, "models")
+    svc = Service(models, args=["--config", config(os.path.join(workdir, "c.yaml"))])
+    try:
+        train(svc, "rev", rows()[:2000], apply=True)
+        wait_for(lambda: svc.get("/readyz")[0] == 200, 120, "rev serving")
+    finally:
+        svc.stop()
+    texts = [r["text"] for r in rows()[:3000]]
+    single = serving.write_bodies(os.path.join(workdir, "single.jsonl"),
+                                  [{"text": t} for t in texts])
+    batch = serving.write_bodies(os.path.join(workdir, "batch.jsonl"),
+                                 [{"texts": texts[i:i + 256]} for i in range(0, 2560, 256)])
+    gen = serving.LoadGen("wrk" if shutil.which("wrk") else "client", workdir)
+    figures: dict[str, dict[str, list[float]]] = {
+        "single_c64": {"on": [], "off": []}, "batch256_c4": {"on": [], "off": []}}
+    for r in range(rounds):
+        for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
+            cfg = config(os.path.join(workdir, f"{mode}.yaml"),
+                         f"predictions:\n  log: {'true' if mode == 'on' else 'false'}\n")
+            svc = Service(models, args=["--config", cfg])
+            try:
+                wait_for(lambda: svc.get("/readyz")[0] == 200, 180, "serving")
+                svc.wait_standby()
+                for key, bodies, conc, per in (("single_c64", single, 64, 1),
+                                               ("batch256_c4", batch, 4, 256)):
+                    gen.result(gen.start(svc.port, bodies, conc, 2), 2, per)  # warm-up
+                    res = gen.result(gen.start(svc.port, bodies, conc, seconds), seconds, per)
+                    figures[key][mode].append(res["rps"])
+                    log(f"round {r + 1} log {mode}: {key} {res['rps']:.0f} req/s")
+            finally:
+                svc.stop()
+    out: dict[str, Any] = {}
+    for key, f in figures.items():
+        on, off = statistics.median(f["on"]), statistics.median(f["off"])
+        out[key] = {"rps_log_on": round(on, 1), "rps_log_off": round(off, 1),
+                    "cost": round(1 - on / off, 4), "runs": f,
+                    "within_budget": 1 - on / off <= 0.03}
+    return out
+
+
+# -- 2. the loop ------------------------------------------------------------------------------
+def predict_all(svc: Service, texts: list[str]) -> tuple[list[str], list[tuple[str, int]], float]:
+    """(labels, (request id, index) per text, seconds)."""
+    labels, ids = [], []
+    t = time.monotonic()
+    for i in range(0, len(texts), 256):
+        code, body = svc.predict({"texts": texts[i:i + 256], "model": "loop"})
+        assert code == 200, body
+        labels += [p["label"] for p in body["predictions"]]
+        ids += [(body["request_id"], j) for j in range(len(body["predictions"]))]
+    return labels, ids, time.monotonic() - t
+
+
+def accuracy(pred: list[str], truth: list[str]) -> float:
+    return round(sum(p == t for p, t in zip(pred, truth)) / len(truth), 4)
+
+
+def the_loop(workdir: str, n_feedback: int) -> dict[str, Any]:
+    data = rows()
+    cut = int(0.3 * len(data))
+    train_rows, rest = data[:cut], data[cut:]
+    fed, untouched = rest[:n_feedback], rest[n_feedback:]
+    svc = Service(os.path.join(workdir, "models"),
+                  args=["--config", config(os.path.join(workdir, "l.yaml"))])
+    steps: dict[str, float] = {}
+    try:
+        t = time.monotonic()
+        train(svc, "loop", train_rows, apply=True)
+        wait_for(lambda: (svc.serving() or {}).get("name") == "loop", 120, "loop serving")
+        steps["train_30pct_and_apply_s"] = round(time.monotonic() - t, 2)
+        texts = [r["text"] for r in rest]
+        pred, ids, took = predict_all(svc, texts)
+        steps["predict_rest_s"] = round(took, 2)
+        before = accuracy(pred[n_feedback:], [r["label"] for r in untouched])
+        code, body = svc.request_put("/models/loop/policy",
+                                     {"retrain_after_labels": n_feedback, "apply": "gate"})
+        assert code == 200, body
+        t = time.monotonic()
+        by_request: dict[str, list[tuple[int, str]]] = {}
+        for (rid, idx), r in zip(ids[:n_feedback], fed):
+            by_request.setdefault(rid, []).append((idx, r["label"]))
+        for rid, items in by_request.items():
+            for idx, label in items:
+                code, body = request(svc.port, "POST", "/feedback",
+                                     {"request_id": rid, "index": idx, "label": label})
+                assert code == 200, body
+        steps["feedback_s"] = round(time.monotonic() - t, 2)
+        t = time.monotonic()
+
+        def finished():
+            hist = svc.mget("/history?name=loop&limit=50")[1]["history"]
+            return [h for h in hist if h["kind"] in ("retrain_done", "retrain_failed")]
+        done = wait_for(finished, 1800, "the policy's retraining", interval=1.0)[0]
+        steps["policy_retrain_and_apply_s"] = round(time.monotonic() - t, 2)
+        d = done.get("details") or {}
+        after_pred, _, _ = predict_all(svc, [r["text"] for r in untouched])
+        after = accuracy(after_pred, [r["label"] for r in untouched])
+        serving_now = svc.serving()
+        return {"set": "data/demo/sentiment_zh.jsonl (6,000 reviews, 2 labels)",
+                "train_rows": len(train_rows), "feedback_labels": n_feedback,
+                "untouched": len(untouched), "accuracy_before": before,
+                "accuracy_after": after, "steps": steps,
+                "policy": {"history": done["reason"], "applied": d.get("applied"),
+                           "version": d.get("version"), "held_out": d.get("held_out"),
+                           "gate": {k: (d.get("gate") or {}).get(k)
+                                    for k in ("passed", "golden_examples")},
+                           "gate_candidate_accuracy": ((d.get("gate") or {}).get("candidate")
+                                                       or {}).get("accuracy"),
+                           "gate_serving_accuracy": ((d.get("gate") or {}).get("serving")
+                                                     or {}).get("accuracy"),
+                           "serving_after": serving_now and serving_now.get("version")}}
+    finally:
+        svc.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--cost", action="store_true", help="only the logging cost")
+    p.add_argument("--loop", action="store_true", help="only the loop")
+    p.add_argument("--seconds", type=float, default=8.0, help="per load run")
+    p.add_argument("--rounds", type=int, default=4, help="on/off pairs of the cost runs")
+    p.add_argument("--feedback", type=int, default=1000, help="labels fed back (N)")
+    args = p.parse_args(argv)
+    both = not args.cost and not args.loop
+    res: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}}
+    with tempfile.TemporaryDirectory(prefix="textswap-loop-") as tmp:
+        if args.cost or both:
+            os.makedirs(os.path.join(tmp, "cost"))
+            res["logging_cost"] = cost(os.path.join(tmp, "cost"), args.seconds, args.rounds)
+        if args.loop or both:
+            os.makedirs(os.path.join(tmp, "loop"))
+            res["loop"] = the_loop(os.path.join(tmp, "loop"), args.feedback)
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w", encoding="utf-8") as fh:
+        json.dump(res, fh, indent=2, ensure_ascii=False)
+    print(json.dumps(res, indent=2, ensure_ascii=False))
+    bad = [k for k, v in res.get("logging_cost", {}).items() if not v["within_budget"]]
+    if bad:
+        print(f"logging cost over the 3% budget: {bad}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
