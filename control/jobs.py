@@ -28,7 +28,7 @@ from tornado.ioloop import IOLoop
 
 from state import dataset
 from state.statedb import FILENAME as STATE_FILE, StateDB
-from model_worker.params import ParamError, validate_params
+from model_worker.params import ParamError, multi_label_refusal, validate_params
 from state.store import TMP, check_name
 from control.workerhandle import ChildProcess
 
@@ -282,6 +282,8 @@ class JobManager:
             data = await self.loop.run_in_executor(None, dataset.load, data_spec, roots)
         except dataset.DataError as exc:
             raise JobError(400, "invalid_data", str(exc)) from None
+        if data.multi_label and full["architecture"] != "auto":  # docs/models.md "Multi-label"
+            raise JobError(400, "invalid_params", multi_label_refusal(full["architecture"]))
         base = data
         if feedback is True:
             plog = getattr(self.sup, "predlog", None)

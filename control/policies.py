@@ -188,7 +188,7 @@ class Policies:
         """Keep the source of a training's data for a later retrain without data:
         a path as given, inline examples copied to .loop/<name>.data.jsonl."""
         if "path" in data_spec:
-            spec = {k: v for k, v in data_spec.items() if k in ("path", "labels")}
+            spec = {k: v for k, v in data_spec.items() if k in ("path", "labels", "label_separator")}
             spec["path"] = os.path.realpath(spec["path"])
         else:
             copy = os.path.join(self.dir, f"{name}.data.jsonl")

@@ -174,7 +174,8 @@ def _branches(views: list[tuple[View, list[str], np.ndarray]], text_input) -> di
 
 
 def linear_graph(views: list[tuple[View, list[str], np.ndarray]],
-                 members: list[tuple[dict[str, np.ndarray], np.ndarray]]) -> keras.Model:
+                 members: list[tuple[dict[str, np.ndarray], np.ndarray]],
+                 activation: str = "softmax") -> keras.Model:
     """One end-to-end model: each view's bag -> linear maps -> softmax.
 
     `views` are the branches (shared by all members); each member is a
@@ -184,7 +185,8 @@ def linear_graph(views: list[tuple[View, list[str], np.ndarray]],
     concatenated features. Several members are averaged after their
     softmax (the ensemble's averaged probabilities). Each view has one
     SparseLinear holding every member's block side by side, so a bag is
-    read once however many members there are.
+    read once however many members there are. `activation` "sigmoid"
+    (multi-label, one member): an independent score per label.
     """
     text_input = keras.Input(shape=(), dtype="string", name="text")
     feats = _branches(views, text_input)
@@ -204,7 +206,7 @@ def linear_graph(views: list[tuple[View, list[str], np.ndarray]],
         logits.append(out)
     total = logits[0] if len(logits) == 1 else keras.layers.Add(name="logits")(logits)
     if n_members == 1:
-        return keras.Model(text_input, keras.layers.Activation("softmax", name="probs")(total),
+        return keras.Model(text_input, keras.layers.Activation(activation, name="probs")(total),
                            name="textswap_auto")
     per_member = keras.layers.Reshape((n_members, n_labels), name="members")(total)
     probs = keras.layers.Activation("softmax", name="member_probs")(per_member)  # over the last axis

@@ -18,6 +18,14 @@
 5. The winner is refitted on every row and transplanted into one Keras
    graph (counting branches -> TermWeighting -> SparseLinear -> softmax).
 
+Multi-label data (y as an (n, n_labels) 0/1 matrix): the same views, grid,
+folds (plain k-fold), budget and racing, with one-vs-rest learners
+(learners.fit_ovr); candidates are ranked by micro-F1 with a decision
+threshold per label chosen on the other folds' out-of-fold scores (nested:
+each fold is scored with thresholds it did not help choose); the winner gets
+a Platt scaling per label and thresholds chosen on every out-of-fold score,
+and the graph ends in a sigmoid (train_auto_multilabel).
+
 Reproducible: folds, vocabularies and learners are seeded and
 order-independent, so the same data, params and seed give the same model
 as long as the time budget does not cut the search (the report says whether
@@ -34,7 +42,7 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 from sklearn.metrics import f1_score
-from sklearn.model_selection import StratifiedKFold
+from sklearn.model_selection import KFold, StratifiedKFold
 from threadpoolctl import threadpool_limits
 
 from model_worker import autofeatures, calibration, learners, serving
@@ -127,8 +135,15 @@ class Search:
                        for name, view in self.view_defs.items()}
         self.features_s = time.monotonic() - t0
         wanted = params["folds"] or default_folds(len(y))
-        k = max(2, min(wanted, int(np.bincount(y).min())))
-        self.folds = list(StratifiedKFold(k, shuffle=True, random_state=self.seed).split(np.zeros(len(y)), y))
+        self.multi = y.ndim == 2  # multi-label: (n, n_labels) 0/1
+        self.metric = "micro_f1" if self.multi else "macro_f1"
+        if self.multi:  # no stratification over label sets; a label absent from a
+            # fold's training part gets a constant "no" there (learners.fit_ovr)
+            k = max(2, min(wanted, len(y)))
+            self.folds = list(KFold(k, shuffle=True, random_state=self.seed).split(np.zeros(len(y))))
+        else:
+            k = max(2, min(wanted, int(np.bincount(y).min())))
+            self.folds = list(StratifiedKFold(k, shuffle=True, random_state=self.seed).split(np.zeros(len(y)), y))
         self._weighted: dict[tuple[str, int], sp.csr_matrix] = {}
         self._split_cache: dict[tuple[tuple[str, ...], int], tuple[sp.csr_matrix, sp.csr_matrix]] = {}
         self.scored: list[Scored] = []
@@ -203,11 +218,13 @@ class Search:
                     oof[test] = self.network_cv(cand.learner, train, test, self.deadline - self.reserve())
                 else:
                     x_train, x_test = self._fold_split(cand.views, f)
-                    model = learners.fit(cand.learner, cand.c, x_train, self.y[train], self.n_labels,
-                                         self.seed, cand.balanced)
+                    if self.multi:
+                        model = learners.fit_ovr(cand.learner, cand.c, x_train, self.y[train], self.seed)
+                    else:
+                        model = learners.fit(cand.learner, cand.c, x_train, self.y[train], self.n_labels,
+                                             self.seed, cand.balanced)
                     oof[test] = model.decision(x_test)
-                scores.append(f1_score(self.y[test], oof[test].argmax(1), average="macro",
-                                       labels=range(self.n_labels), zero_division=0))
+                scores.append(self.fold_score(test, oof[test]))
                 spent = time.monotonic() - t0
                 if self._hopeless(scores) and f + 1 < len(self.folds):
                     return self._prune(cand, scores, spent, index, total)
@@ -230,6 +247,15 @@ class Search:
                                "score": round(result.score, 4), "best": best.candidate.name,
                                "best_score": round(best.score, 4), "seconds": round(seconds, 2)})
         return result
+
+    def fold_score(self, test: np.ndarray, decisions: np.ndarray) -> float:
+        """A fold's score while searching: macro-F1 of the argmax; multi-label:
+        micro-F1 of decision > 0, the best label where none is (the baseline's
+        rule; the thresholds come after the search, see rescore_multilabel)."""
+        if not self.multi:
+            return float(f1_score(self.y[test], decisions.argmax(1), average="macro",
+                                  labels=range(self.n_labels), zero_division=0))
+        return micro_f1(self.y[test], at_least_one(decisions > 0, decisions))
 
     def _hopeless(self, scores: list[float]) -> bool:
         """Racing: after two folds or more, far below the best on the same folds."""
@@ -265,8 +291,11 @@ class Search:
         return max(self.scored, key=lambda s: (round(s.score, 6), -self.scored.index(s)))
 
     def search(self, include_networks: bool) -> None:
-        counts = np.bincount(self.y, minlength=self.n_labels)
-        balanced = bool(counts.max() / max(1, counts.min()) >= _SKEW_FOR_BALANCED)
+        if self.multi:  # per-label thresholds do what label weights do for macro-F1
+            balanced = False
+        else:
+            counts = np.bincount(self.y, minlength=self.n_labels)
+            balanced = bool(counts.max() / max(1, counts.min()) >= _SKEW_FOR_BALANCED)
         screen = [Candidate((v,), *_SCREEN, balanced) for v in _SINGLE_VIEWS if v in self.view_defs]
         networks = [Candidate((), "bow"), Candidate((), "cnn")] if include_networks else []
         char_views = [v for v in ("char", "punct") if v in self.view_defs]
@@ -402,8 +431,7 @@ def cost_aware(search: Search, members: list[Scored], temps: list[float]
     macro-F1 is within one standard error (of the mean over folds) of the most
     accurate choice, the cheapest to serve; the most accurate stays unless
     that one serves _COST_MARGIN times faster."""
-    _, cal = oof_probs(members, temps)
-    folds = fold_f1(search, cal) if len(members) > 1 else members[0].fold_scores
+    folds = fold_f1(search, oof_probs(members, temps)[1]) if len(members) > 1 else members[0].fold_scores
     best = float(np.mean(folds))
     se = float(np.std(folds, ddof=1) / np.sqrt(len(folds))) if len(folds) > 1 else 0.0
     cache: dict = {}
@@ -413,14 +441,15 @@ def cost_aware(search: Search, members: list[Scored], temps: list[float]
     if members[0].candidate.learner in ("bow", "cnn"):
         return members, temps, {**note, "applied": False, "why": "a network is the most accurate"}
     top_speed = serving_speed(search, views, len(members), cache)
-    most = {"name": " + ".join(m.candidate.name for m in members), "cv_macro_f1": round(best, 4),
+    key = f"cv_{search.metric}"
+    most = {"name": " + ".join(m.candidate.name for m in members), key: round(best, 4),
             "texts_per_s": round(top_speed)}
     finalists = [s for s in search.scored if s.candidate.learner not in ("bow", "cnn")
                  and s.score >= best - se]
     rows = []
     for s in finalists:
         rows.append((serving_speed(search, s.candidate.views, 1, cache), s.score, s))
-    note["finalists"] = [{"name": s.candidate.name, "cv_macro_f1": round(score, 4), "texts_per_s": round(sp)}
+    note["finalists"] = [{"name": s.candidate.name, key: round(score, 4), "texts_per_s": round(sp)}
                          for sp, score, s in sorted(rows, key=lambda r: (-r[0], -r[1]))]
     note["most_accurate"] = most
     fastest = max(rows, key=lambda r: (r[0], r[1]), default=None)
@@ -429,8 +458,8 @@ def cost_aware(search: Search, members: list[Scored], temps: list[float]
         return members, temps, note
     # the most accurate of the candidates that serve like the fastest (same views: same graph)
     pick = max((r for r in rows if r[0] == fastest[0]), key=lambda r: r[1])[2]
-    t = calibration.fit_temperature(pick.oof, search.y)
-    note.update(applied=True, chosen={"name": pick.candidate.name, "cv_macro_f1": round(pick.score, 4),
+    t = 1.0 if search.multi else calibration.fit_temperature(pick.oof, search.y)
+    note.update(applied=True, chosen={"name": pick.candidate.name, key: round(pick.score, 4),
                                       "texts_per_s": round(fastest[0])})
     return [pick], [t], note
 
@@ -569,3 +598,238 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
                     "final_fit": round(final_s, 2)},
     }
     return AutoResult(model, metrics, report, history, cal)
+
+
+# --------------------------------------------------------------------------
+# Multi-label: one-vs-rest, a threshold per label, sigmoid scores
+# --------------------------------------------------------------------------
+
+def at_least_one(pred: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """pred (n, L) bool with each empty row given its best-scoring label."""
+    pred = pred.copy()
+    empty = ~pred.any(axis=1)
+    pred[np.flatnonzero(empty), scores[empty].argmax(axis=1)] = True
+    return pred
+
+
+def micro_f1(y: np.ndarray, pred: np.ndarray) -> float:
+    tp = float(np.sum(pred & (y == 1)))
+    wrong = float(np.sum(pred != (y == 1)))
+    return 2 * tp / (2 * tp + wrong) if tp else 0.0
+
+
+def multilabel_metrics(y: np.ndarray, pred: np.ndarray, label_names: list[str]) -> dict:
+    """micro-, macro- and samples-F1, exact-match accuracy, per label precision,
+    recall, F1, support (texts with the label) and predicted (texts given it)."""
+    y = y == 1
+    per_label, f1s = {}, []
+    for j, name in enumerate(label_names):
+        tp = int(np.sum(pred[:, j] & y[:, j]))
+        predicted, support = int(pred[:, j].sum()), int(y[:, j].sum())
+        precision = tp / predicted if predicted else 0.0
+        recall = tp / support if support else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        per_label[name] = {"precision": round(precision, 4), "recall": round(recall, 4), "f1": round(f1, 4),
+                           "support": support, "predicted": predicted}
+        f1s.append(f1)
+    inter = np.sum(pred & y, axis=1)
+    sizes = pred.sum(axis=1) + y.sum(axis=1)
+    samples = np.where(sizes > 0, 2 * inter / np.maximum(sizes, 1), 1.0)
+    return {"micro_f1": round(micro_f1(y.astype(int), pred), 4), "macro_f1": round(float(np.mean(f1s)), 4),
+            "samples_f1": round(float(np.mean(samples)), 4),
+            "accuracy": round(float(np.mean(np.all(pred == y, axis=1))), 4),  # exact match
+            "labels_per_text": round(float(pred.sum(axis=1).mean()), 3),
+            "per_label": per_label}
+
+
+def choose_thresholds(scores: np.ndarray, y: np.ndarray, rounds: int = 3) -> np.ndarray:
+    """A threshold per label (predict label j when score >= t_j) maximising
+    micro-F1 over all labels: coordinate ascent from each label's own best-F1
+    cut, each label's cut chosen with the others' counts held. Cuts lie
+    halfway between neighbouring scores; +inf means never."""
+    n, n_labels = scores.shape
+    y = y == 1
+    order = np.argsort(-scores, axis=0, kind="stable")
+    cuts, tps = [], []
+    for j in range(n_labels):
+        s = scores[order[:, j], j]
+        hits = np.cumsum(y[order[:, j], j])            # tp when the top k+1 are predicted
+        # valid cut after position k only where the next score is lower
+        nxt = np.append(s[1:], -np.inf)
+        valid = s > nxt
+        mid = np.where(np.isfinite(nxt), (s + nxt) / 2, s - 1.0)
+        cuts.append((mid[valid], hits[valid], np.flatnonzero(valid) + 1))
+        tps.append(int(y[:, j].sum()))
+
+    def counts(j: int, choice: int) -> tuple[int, int, int]:  # tp, fp, fn of label j's cut
+        if choice < 0:
+            return 0, 0, tps[j]
+        _, hits, k = cuts[j]
+        return int(hits[choice]), int(k[choice] - hits[choice]), int(tps[j] - hits[choice])
+
+    choice = []
+    for j in range(n_labels):  # each label's own best F1
+        _, hits, k = cuts[j]
+        if not len(k):
+            choice.append(-1)
+            continue
+        f1 = 2 * hits / (k + tps[j])
+        choice.append(int(np.argmax(f1)) if f1.max() > 0 else -1)
+    total = np.sum([counts(j, c) for j, c in enumerate(choice)], axis=0).astype(float)
+    for _ in range(rounds):
+        changed = False
+        for j in range(n_labels):
+            rest = total - counts(j, choice[j])
+            _, hits, k = cuts[j]
+            tp = rest[0] + np.append(hits, 0)
+            fp = rest[1] + np.append(k - hits, 0)
+            fn = rest[2] + np.append(tps[j] - hits, tps[j])
+            f1 = np.where(tp > 0, 2 * tp / np.maximum(2 * tp + fp + fn, 1), 0.0)
+            best = int(np.argmax(f1))
+            best = -1 if best == len(k) else best
+            if best != choice[j] and f1[best if best >= 0 else len(k)] > f1[choice[j] if choice[j] >= 0 else len(k)]:
+                choice[j], changed = best, True
+            total = rest + counts(j, choice[j])
+        if not changed:
+            break
+    return np.array([cuts[j][0][c] if c >= 0 else np.inf for j, c in enumerate(choice)])
+
+
+def predict_sets(scores: np.ndarray, thresholds: np.ndarray, min_labels: int) -> np.ndarray:
+    pred = scores >= thresholds
+    return at_least_one(pred, scores) if min_labels else pred
+
+
+def nested_folds(search: Search, oof: np.ndarray, min_labels: int) -> tuple[list[float], np.ndarray]:
+    """Per-fold micro-F1 with thresholds chosen on the other folds' out-of-fold
+    scores (honest: no fold helps choose its own), and those predictions."""
+    pred = np.zeros(oof.shape, dtype=bool)
+    scores = []
+    for train, test in search.folds:
+        t = choose_thresholds(oof[train], search.y[train])
+        pred[test] = predict_sets(oof[test], t, min_labels)
+        scores.append(micro_f1(search.y[test], pred[test]))
+    return scores, pred
+
+
+def platt(decisions: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per label (a, b) with sigmoid(a * d + b) fitted to the label on out-of-fold
+    decisions (Platt scaling; a kept positive so that the order stays)."""
+    from sklearn.linear_model import LogisticRegression
+
+    n_labels = y.shape[1]
+    a, b = np.ones(n_labels), np.zeros(n_labels)
+    for j in range(n_labels):
+        d, t = decisions[:, j:j + 1], y[:, j]
+        if t.min() == t.max() or np.ptp(d) == 0:
+            continue
+        model = LogisticRegression(C=1.0, solver="lbfgs").fit(d, t)
+        a[j], b[j] = max(float(model.coef_[0, 0]), 1e-3), float(model.intercept_[0])
+    return a, b
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
+
+
+def final_multilabel_model(search: Search, cand: Candidate, a: np.ndarray, b: np.ndarray):
+    """Refit one-vs-rest on every row, fold the Platt scaling into kernel and
+    bias, build the sigmoid graph and check it against scikit-learn's side."""
+    idf = {v: autofeatures.idf_weights(search.counts[v].matrix) for v in cand.views}
+    x = sp.hstack([autofeatures.weigh(search.counts[v].matrix, idf[v]) for v in cand.views], format="csr")
+    model = learners.fit_ovr(cand.learner, cand.c, x, search.y, search.seed)
+    blocks, offset = {}, 0
+    for v in cand.views:
+        size = len(search.counts[v].vocabulary)
+        blocks[v] = model.kernel[offset:offset + size] * a
+        offset += size
+    bias = model.bias * a + b
+    used = [v for v in search.view_defs if v in blocks]
+    graph = autofeatures.linear_graph(
+        [(search.view_defs[v], search.counts[v].vocabulary, idf[v]) for v in used], [(blocks, bias)],
+        activation="sigmoid")
+    rows = np.arange(min(64, len(search.texts)))
+    expected = _sigmoid(np.asarray(x[rows] @ np.vstack([blocks[v] for v in cand.views])) + bias)
+    got = serving.make_predict_fn(graph)([search.texts[i] for i in rows])
+    if not np.allclose(got, expected, atol=1e-4):
+        raise RuntimeError(f"Keras graph differs from the fitted model by {np.abs(got - expected).max():.2e}")
+    return graph
+
+
+def train_auto_multilabel(texts: list[str], label_sets: list[list[str]], label_names: list[str],
+                          params: dict, tokenize: str, started: float,
+                          on_progress: Callable[[dict], None] | None) -> AutoResult:
+    """architecture "auto" on multi-label data (see the module docstring)."""
+    index = {name: i for i, name in enumerate(label_names)}
+    y = np.zeros((len(texts), len(label_names)), dtype=np.int8)
+    for i, labels in enumerate(label_sets):
+        y[i, [index[x] for x in labels]] = 1
+    min_labels = int(params.get("min_labels", 1))
+    history: list[dict] = []
+
+    def on_candidate(row: dict) -> None:
+        history.append(row)
+        if on_progress:
+            on_progress(row)
+
+    with threadpool_limits(limits=1):
+        search = Search(texts, y, len(label_names), params, tokenize, started, on_candidate, None)
+        search.search(include_networks=False)
+        search.skipped += [{"name": n, "reason": "multi-label data: one-vs-rest linear learners only"}
+                           for n in ("bow", "cnn") if params["include_networks"]]
+        # rank on micro-F1 with thresholds chosen on the other folds
+        interim = {id(s): list(s.fold_scores) for s in search.scored}
+        for s in search.scored:
+            s.fold_scores = nested_folds(search, s.oof, min_labels)[0]
+    search_s = time.monotonic() - started
+    best = search.best()
+    cost: dict = {"applied": False, "why": "cost_aware is false"}
+    members = [best]
+    if params.get("cost_aware", True):
+        with threadpool_limits(limits=1):
+            members, _, cost = cost_aware(search, [best], [1.0])
+    chosen = members[0]
+    _, pred = nested_folds(search, chosen.oof, min_labels)
+    a, b = platt(chosen.oof, y)
+    probs = _sigmoid(chosen.oof * a + b)
+    raw_t = choose_thresholds(chosen.oof, y)
+    thresholds = np.where(np.isfinite(raw_t), _sigmoid(raw_t * a + b), 1.0)
+
+    t0 = time.monotonic()
+    with threadpool_limits(limits=1):
+        model = final_multilabel_model(search, chosen.candidate, a, b)
+    final_s = time.monotonic() - t0
+
+    metrics = multilabel_metrics(y, pred, label_names)
+    metrics.update(measured_on="cross_validation", multi_label=True, n_train=len(texts), n_val=0,
+                   tokenize=tokenize, folds=len(search.folds), min_labels=min_labels,
+                   vocabulary_size=sum(len(search.counts[v].vocabulary) for v in chosen.candidate.views))
+    report = {
+        "method": "auto", "multi_label": True,
+        "time_budget_s": params["time_budget_s"], "folds": len(search.folds), "seed": params["seed"],
+        "tokenize": tokenize,
+        "scoring": "micro_f1 with a threshold per label chosen on the other folds, k-fold",
+        "views_allowed": params["views"],
+        "views": {v: {"vocabulary": len(c.vocabulary), "tokens_per_text": round(c.matrix.sum() / len(texts), 1)}
+                  for v, c in search.counts.items()},
+        "candidates": [{**s.candidate.describe(), "cv_micro_f1": round(s.score, 4),
+                        "cv_std": round(float(np.std(s.fold_scores)), 4),
+                        "fold_scores": [round(f, 4) for f in s.fold_scores],
+                        "cv_micro_f1_at_zero": round(float(np.mean(interim[id(s)])), 4),
+                        "seconds": round(s.seconds, 3)}
+                       for s in search.scored],
+        "pruned": search.pruned, "skipped": search.skipped, "budget_bound": search.budget_bound,
+        "ensemble": {"tried": False, "why": "multi-label: a single one-vs-rest model"},
+        "serving_cost": cost,
+        "chosen": {"name": chosen.candidate.name,
+                   "members": [{**chosen.candidate.describe(), "temperature": 1.0}],
+                   "cv_micro_f1": round(chosen.score, 4)},
+        "out_of_fold": {k: metrics[k] for k in ("micro_f1", "macro_f1", "samples_f1", "accuracy", "per_label")},
+        "thresholds": {name: round(float(t), 6) for name, t in zip(label_names, thresholds)},
+        "min_labels": min_labels,
+        "calibration": {"method": "platt per label", "a": [round(float(v), 4) for v in a],
+                        "b": [round(float(v), 4) for v in b]},
+        "seconds": {"features": round(search.features_s, 2), "search": round(search_s, 2),
+                    "final_fit": round(final_s, 2)},
+    }
+    return AutoResult(model, metrics, report, history, probs)

@@ -9,6 +9,9 @@ ratios fold into the kernel column of each label).
 
 Binary problems give scikit-learn one decision value d; it becomes the two
 logits (-d/2, d/2), whose softmax is sigmoid(d): the same probabilities.
+
+Multi-label data (`fit_ovr`): one independent binary learner per label
+(one-vs-rest), each column a label's logit, served through a sigmoid.
 """
 
 from __future__ import annotations
@@ -126,3 +129,39 @@ def fit(learner: str, c: float, x: sp.csr_matrix, y: np.ndarray, n_labels: int, 
                 return Linear(*_two_logits(cols[0], np.array(biases)))
             return Linear(np.stack(cols, axis=1), np.array(biases))
     raise ValueError(f"unknown learner {learner!r}")
+
+
+# A label with no positive (or no negative) rows in a fold's training part
+# gets a constant logit of this size: never (always) above any threshold.
+_CONSTANT_LOGIT = 10.0
+
+
+def fit_ovr(learner: str, c: float, x: sp.csr_matrix, y: np.ndarray, seed: int) -> Linear:
+    """One-vs-rest for multi-label data: y is (n, n_labels) 0/1; one binary
+    svm / lr / nbsvm per label (nbsvm's ratios from that label's rows)."""
+    n_labels = y.shape[1]
+    cols, biases = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        for j in range(n_labels):
+            target = y[:, j].astype(int)
+            positives = int(target.sum())
+            if positives in (0, len(target)):
+                cols.append(np.zeros(x.shape[1]))
+                biases.append(_CONSTANT_LOGIT if positives else -_CONSTANT_LOGIT)
+                continue
+            if learner == "svm":
+                model = _svm(c, seed, False).fit(x, target)
+                cols.append(model.coef_.reshape(-1))
+            elif learner == "lr":
+                model = LogisticRegression(C=c, solver="liblinear", dual=True, max_iter=_LR_MAX_ITER,
+                                           random_state=seed).fit(x, target)
+                cols.append(model.coef_.reshape(-1))
+            elif learner == "nbsvm":
+                r = nb_ratios(x, target, 2)[1]
+                model = _svm(c, seed, False).fit(_scale_columns(x, r), target)
+                cols.append(model.coef_.reshape(-1) * r)
+            else:
+                raise ValueError(f"unknown learner {learner!r}")
+            biases.append(float(model.intercept_[0]))
+    return Linear(np.stack(cols, axis=1), np.array(biases))

@@ -38,6 +38,11 @@ DEFAULT_PARAMS: dict[str, Any] = {
     # cross-validated macro-F1, serve the cheapest (texts/s at batch 256 in
     # the final graph); false: always the most accurate.
     "cost_aware": True,
+    # multi-label data only: a text gets at least this many labels (0 or 1);
+    # with 1, a text whose scores all stay under their thresholds gets its
+    # best-scoring label (what micro-F1 on data where every text has a
+    # label rewards).
+    "min_labels": 1,
     # auto only: the views the search may use (see AUTO_VIEWS). ["word"]
     # serves as fast as bow; character views read every character and cost
     # about 4x that on Latin text (README "Serving cost of auto").
@@ -115,6 +120,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "early_stopping_patience": (0, 100),
     "seed": (0, 2**31 - 1),
     "folds": (2, 10),
+    "min_labels": (0, 1),
 }
 _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     # (low, high, low is exclusive)
@@ -130,6 +136,13 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "tokenize": TOKENIZE_MODES,
     "output_mode": OUTPUT_MODES,
 }
+
+
+def multi_label_refusal(architecture: str) -> str:
+    """Why `architecture` does not train on multi-label data (a 400's message)."""
+    return (f"multi-label data (several labels per text) trains with architecture 'auto' "
+            f"only (one-vs-rest linear models with a decision threshold per label chosen by "
+            f"cross-validation); {architecture!r} has a softmax head that picks one label")
 
 
 class ParamError(ValueError):

@@ -303,6 +303,8 @@ def train_model(
     params = validate_params(params)
     if len(texts) != len(labels):
         raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+    if labels and isinstance(labels[0], (list, tuple)):  # several labels per text
+        return _train_multilabel(texts, [list(x) for x in labels], params, on_epoch, should_stop)
     label_names = sorted(set(labels))
     if len(label_names) < 2:
         raise ValueError("need at least two distinct labels")
@@ -353,6 +355,41 @@ def _train_auto(texts: list[str], labels: list[str], label_names: list[str], par
     return TrainResult(model=auto.model, labels=label_names, metrics=auto.metrics,
                        history=auto.history, report=auto.report,
                        held_out_probs=auto.held_out_probs, held_out_on="out_of_fold")
+
+
+def _train_multilabel(texts: list[str], label_sets: list[list[str]], params: dict,
+                      on_progress, should_stop) -> TrainResult:
+    """Multi-label data: architecture "auto" only (autoselect.train_auto_multilabel)."""
+    from model_worker import autoselect
+    from model_worker.params import multi_label_refusal
+
+    if params["architecture"] != "auto":
+        raise ValueError(multi_label_refusal(params["architecture"]))
+    label_names = sorted({x for labels in label_sets for x in labels})
+    if len(label_names) < 2:
+        raise ValueError("need at least two distinct labels")
+    started = time.monotonic()
+    keras.utils.set_random_seed(params["seed"])
+
+    def progress(row: dict) -> None:
+        if should_stop is not None and should_stop():
+            raise TrainingCancelled("training cancelled")
+        if on_progress is not None:
+            on_progress(row)
+
+    auto = autoselect.train_auto_multilabel(texts, label_sets, label_names, params,
+                                            resolve_tokenize(params, texts), started, progress)
+    auto.metrics["train_seconds"] = round(time.monotonic() - started, 3)
+    return TrainResult(model=auto.model, labels=label_names, metrics=auto.metrics,
+                       history=auto.history, report=auto.report,
+                       held_out_probs=auto.held_out_probs, held_out_on="out_of_fold")
+
+
+def top_true_labels(label_sets: list[list[str]], label_names: list[str], probs) -> list[str]:
+    """One label per multi-label text, for single-label summaries (profile.json):
+    of its labels, the one its held-out scores rank highest."""
+    index = {name: i for i, name in enumerate(label_names)}
+    return [max(labels, key=lambda x: probs[i][index[x]]) for i, labels in enumerate(label_sets)]
 
 
 def calibrated_network(texts: list[str], labels: list[str], params: dict, temperature: float,

@@ -67,13 +67,14 @@ def _redirect_output(path: str) -> None:
     os.close(fd)
 
 
-def _read_jsonl(path: str) -> tuple[list[str], list[str]]:
+def _read_jsonl(path: str) -> tuple[list[str], list]:
+    """Texts and their labels (multi-label data: a list of labels per text)."""
     texts, labels = [], []
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             row = json.loads(line)
             texts.append(row["text"])
-            labels.append(row["label"])
+            labels.append(row["labels"] if "labels" in row else row["label"])
     return texts, labels
 
 
@@ -143,8 +144,13 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
         }
         if result.report is not None:
             meta["report"] = result.report
+        profile_labels = labels
+        if result.metrics.get("multi_label"):  # answered by frontend/predictions.py
+            meta.update(multi_label=True, thresholds=result.report["thresholds"],
+                        min_labels=result.report["min_labels"])
+            profile_labels = textmodel.top_true_labels(labels, result.labels, result.held_out_probs)
         # what drift detection compares live traffic with (control/quality.py)
-        profile.write(staged, texts, labels, result.labels, result.held_out_probs,
+        profile.write(staged, texts, profile_labels, result.labels, result.held_out_probs,
                       result.held_out_on)
         version = store.publish(spec["name"], staged, meta)
     except BaseException:

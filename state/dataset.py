@@ -7,6 +7,11 @@ A /train request names its data one of two ways:
 plus, optionally, "labels": [...] to declare the label set (then a declared
 label without examples, or an example with an undeclared label, is an error).
 
+Multi-label data (several labels per text): JSONL/inline rows with
+"labels": [...] instead of "label", or a CSV `labels` column split on
+"label_separator" (default "|"). Every row then gives a non-empty label set;
+a row with "label" among them is an error (one convention per data set).
+
 Everything that can be known up front is checked here, in the supervisor,
 so the caller gets a 400 naming the problem instead of a failed job later.
 Imports no TensorFlow.
@@ -26,6 +31,7 @@ MAX_EXAMPLES = 2_000_000
 MAX_FILE_BYTES = 1 << 30
 MAX_TEXT_CHARS = 20_000
 MIN_PER_LABEL = 2  # a stratified validation split needs two of each
+DEFAULT_SEPARATOR = "|"  # CSV `labels` column: "a|b|c"
 
 
 class DataError(ValueError):
@@ -35,9 +41,10 @@ class DataError(ValueError):
 @dataclass
 class Dataset:
     texts: list[str]
-    labels: list[str]
+    labels: list[Any]  # a label per text; multi-label: a sorted list of labels per text
     source: str
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # multi-label: texts per label
+    multi_label: bool = False
 
     @property
     def sha256(self) -> str:
@@ -48,13 +55,18 @@ class Dataset:
         return h.hexdigest()
 
     def write_jsonl(self, path: str) -> None:
+        key = "labels" if self.multi_label else "label"
         with open(path, "w", encoding="utf-8") as fh:
             for t, lab in zip(self.texts, self.labels):
-                fh.write(json.dumps({"text": t, "label": lab}, ensure_ascii=False) + "\n")
+                fh.write(json.dumps({"text": t, key: lab}, ensure_ascii=False) + "\n")
 
     def summary(self) -> dict[str, Any]:
-        return {"source": self.source, "examples": len(self.texts), "label_counts": self.counts,
-                "sha256": self.sha256}
+        out = {"source": self.source, "examples": len(self.texts), "label_counts": self.counts,
+               "sha256": self.sha256}
+        if self.multi_label:
+            out["multi_label"] = True
+            out["labels_per_text"] = round(sum(map(len, self.labels)) / max(1, len(self.labels)), 3)
+        return out
 
 
 def resolve_path(path: Any, roots: list[str]) -> str:
@@ -99,19 +111,26 @@ def _rows_jsonl(text: str) -> list[tuple[int, Any]]:
     return rows
 
 
-def _rows_csv(text: str, delimiter: str) -> list[tuple[int, Any]]:
+def _rows_csv(text: str, delimiter: str, separator: str = DEFAULT_SEPARATOR) -> list[tuple[int, Any]]:
     reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
-    if not reader.fieldnames or not {"text", "label"} <= {f.strip() for f in reader.fieldnames}:
-        raise DataError(f"CSV header must name the columns 'text' and 'label'; "
-                        f"got {reader.fieldnames}")
+    names = {f.strip() for f in reader.fieldnames or [] if f}
+    if "text" not in names or len({"label", "labels"} & names) != 1:
+        raise DataError(f"CSV header must name the columns 'text' and 'label' (or 'labels', "
+                        f"several labels per text split on {separator!r}); got {reader.fieldnames}")
+    multi = "labels" in names
     try:
-        return [(n + 2, {k.strip() if k else k: v for k, v in row.items()})
+        rows = [(n + 2, {k.strip() if k else k: v for k, v in row.items()})
                 for n, row in enumerate(reader)]
     except csv.Error as exc:
         raise DataError(f"CSV error: {exc}") from None
+    if multi:  # "a|b" -> ["a", "b"]; a missing cell stays None (reported as missing)
+        for _, row in rows:
+            if isinstance(row.get("labels"), str):
+                row["labels"] = row["labels"].split(separator)
+    return rows
 
 
-def read_file(path: str) -> list[tuple[int, Any]]:
+def read_file(path: str, separator: str = DEFAULT_SEPARATOR) -> list[tuple[int, Any]]:
     with open(path, "rb") as fh:
         raw = fh.read()
     if raw.startswith(b"\xef\xbb\xbf"):
@@ -124,10 +143,27 @@ def read_file(path: str) -> list[tuple[int, Any]]:
     if ext in (".jsonl", ".ndjson", ".json"):
         return _rows_jsonl(text)
     if ext in (".csv", ".tsv"):
-        return _rows_csv(text, "\t" if ext == ".tsv" else ",")
+        return _rows_csv(text, "\t" if ext == ".tsv" else ",", separator)
     if text.lstrip().startswith("{"):
         return _rows_jsonl(text)
-    return _rows_csv(text, ",")
+    return _rows_csv(text, ",", separator)
+
+
+def _label_set(at: str, value: Any) -> list[str]:
+    """A multi-label row's labels: stripped, distinct, sorted; 400 when bad."""
+    if not isinstance(value, list):
+        raise DataError(f"{at}: 'labels' must be a list of strings")
+    out = set()
+    for label in value:
+        if isinstance(label, bool) or not isinstance(label, (str, int)):
+            raise DataError(f"{at}: each of 'labels' must be a string (or an integer)")
+        label = str(label).strip()
+        if not label:
+            raise DataError(f"{at}: 'labels' has an empty label")
+        out.add(label)
+    if not out:
+        raise DataError(f"{at}: 'labels' is empty: every text needs at least one label")
+    return sorted(out)
 
 
 def check_examples(rows: list[tuple[int, Any]], source: str,
@@ -137,18 +173,28 @@ def check_examples(rows: list[tuple[int, Any]], source: str,
     if len(rows) > MAX_EXAMPLES:
         raise DataError(f"{len(rows)} examples; the limit is {MAX_EXAMPLES}")
     texts, labels = [], []
+    first = rows[0][1]
+    multi = isinstance(first, dict) and "labels" in first and "label" not in first
+    key = "labels" if multi else "label"
     for where, row in rows:
         at = f"example {where}" if source == "inline" else f"line {where}"
         if not isinstance(row, dict):
-            raise DataError(f"{at}: must be an object with 'text' and 'label'")
-        text, label = row.get("text"), row.get("label")
+            raise DataError(f"{at}: must be an object with 'text' and '{key}'")
+        other = "label" if multi else "labels"
+        if other in row and row.get(other) is not None:
+            raise DataError(f"{at}: has '{other}' where the data's first row has '{key}': give "
+                            f"every row 'label' (one label) or every row 'labels' (a list)")
+        text, label = row.get("text"), row.get(key)
         if text is None or label is None:
-            raise DataError(f"{at}: missing field '{'text' if text is None else 'label'}'")
+            raise DataError(f"{at}: missing field '{'text' if text is None else key}'")
         if not isinstance(text, str):
             raise DataError(f"{at}: 'text' must be a string")
-        if isinstance(label, bool) or not isinstance(label, (str, int)):
-            raise DataError(f"{at}: 'label' must be a string (or an integer)")
-        label = str(label).strip()
+        if multi:
+            label = _label_set(at, label)
+        else:
+            if isinstance(label, bool) or not isinstance(label, (str, int)):
+                raise DataError(f"{at}: 'label' must be a string (or an integer)")
+            label = str(label).strip()
         if not text.strip():
             raise DataError(f"{at}: 'text' is empty")
         if not label:
@@ -158,12 +204,14 @@ def check_examples(rows: list[tuple[int, Any]], source: str,
                             f"{MAX_TEXT_CHARS}")
         try:
             text.encode("utf-8")
-            label.encode("utf-8")
+            for one in (label if multi else [label]):
+                one.encode("utf-8")
         except UnicodeEncodeError:
             raise DataError(f"{at}: contains an unpaired surrogate, not valid Unicode") from None
         texts.append(text)
         labels.append(label)
-    counts = dict(sorted(collections.Counter(labels).items()))
+    tally = collections.Counter(x for one in labels for x in one) if multi else collections.Counter(labels)
+    counts = dict(sorted(tally.items()))
     if declared is not None:
         if not isinstance(declared, list) or not all(isinstance(x, str) for x in declared):
             raise DataError("'data.labels' must be a list of distinct strings")
@@ -183,32 +231,41 @@ def check_examples(rows: list[tuple[int, Any]], source: str,
     few = {k: v for k, v in counts.items() if v < MIN_PER_LABEL}
     if few:
         raise DataError(f"every label needs at least {MIN_PER_LABEL} examples; too few: {few}")
-    return Dataset(texts, labels, source, counts)
+    return Dataset(texts, labels, source, counts, multi)
 
 
 def load(spec: Any, roots: list[str]) -> Dataset:
     """Read and check the 'data' field of a /train request."""
     if not isinstance(spec, dict):
         raise DataError("'data' must be an object: {\"path\": ...} or {\"examples\": [...]}")
-    unknown = set(spec) - {"path", "examples", "labels"}
+    unknown = set(spec) - {"path", "examples", "labels", "label_separator"}
     if unknown:
         raise DataError(f"unknown field(s) in 'data': {sorted(unknown)}")
     if ("path" in spec) == ("examples" in spec):
         raise DataError("'data' needs exactly one of 'path' or 'examples'")
     declared = spec.get("labels")
+    separator = spec.get("label_separator", DEFAULT_SEPARATOR)
+    if not isinstance(separator, str) or not separator or separator.strip() != separator or (
+            separator in (",", "\t", '"', "\n", "\r")):
+        raise DataError("'data.label_separator' must be a non-empty string without blanks at "
+                        "its ends, other than the CSV's own delimiter or quote (default '|')")
     if "examples" in spec:
         examples = spec["examples"]
         if not isinstance(examples, list):
-            raise DataError("'data.examples' must be a list of {\"text\", \"label\"} objects")
+            raise DataError("'data.examples' must be a list of {\"text\", \"label\"} "
+                            "(or {\"text\", \"labels\": [...]}) objects")
         return check_examples(list(enumerate(examples)), "inline", declared)
     path = resolve_path(spec["path"], roots)
-    return check_examples(read_file(path), path, declared)
+    return check_examples(read_file(path, separator), path, declared)
 
 
 def merge_feedback(data: Dataset, examples: list[tuple[str, str]]) -> tuple[Dataset, dict[str, Any]]:
     """The training data with fed-back labels folded in (docs/loop.md): a text in
     both keeps the feedback's label; a label that the data lacks becomes a class
     once it has MIN_PER_LABEL examples (until then its rows wait, reported)."""
+    if data.multi_label and examples:
+        raise DataError("feedback (one label per text) cannot be folded into multi-label "
+                        "training data yet; train without 'feedback'")
     known = set(data.counts)
     fed: dict[str, str] = {}
     for text, label in examples:
