@@ -12,6 +12,7 @@ import {renderServing, slotsOf, servedByModel} from "./serving.js";
 import {renderModels, setOnLoaded, resetApplyMode} from "./models.js";
 import {renderJobs, renderCharts, setupForm, cancelJob, isActive} from "./training.js";
 import {renderHistory, recordsOf} from "./history.js";
+import {renderQuality, setOnQualityLoaded} from "./quality.js";
 
 const TICK_MS = 1000;
 const $ = (sel) => document.querySelector(sel);
@@ -233,6 +234,7 @@ function draw() {
     state.selectedModel = {name: d.name, version: d.version};
   }
   renderModels(document, state.listing, servingVersions, state.selectedModel, actions);
+  renderQuality($("#quality"), slots.map((s) => s.name));
   const jobs = jobsOf(status);
   renderJobs($("#jobs"), jobs, state.selectedJob ?? jobs[jobs.length - 1]?.id, jobActions);
   renderCharts($("#charts"), chartedJobs(jobs), state.jobDetails);
@@ -247,6 +249,7 @@ function draw() {
 }
 
 setOnLoaded(() => draw());
+setOnQualityLoaded(() => draw());
 document.addEventListener("visibilitychange", () => { if (!document.hidden && !state.paused) schedule(0); });
 window.addEventListener("resize", () => draw());
 // for measuring what the page costs (requests per second while open)
