@@ -346,6 +346,8 @@ def many_models(svc: Service, n: int) -> dict[str, Any]:
 def cold_applies(svc: Service, name: str, tries: int, standby: bool) -> list[float]:
     """Unload, then apply again: the apply's wall time (a new worker loads it)."""
     out = []
+    if name not in svc.status()["models"]:
+        apply(svc, name, 1, default=False)
     for _ in range(tries):
         code, body = svc.mpost("/unload", {"name": name}, timeout=120)
         if code != 200:
