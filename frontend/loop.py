@@ -67,11 +67,8 @@ def log_predictions(sup: Any, rid: str, texts: list[str], payload: dict[str, Any
     if plog is None:
         return
     model = payload["model"]
-    name, version, now = model["name"], model["version"], time.time()
-    plog.add([{"at": now, "request_id": rid, "index": i, "model": name, "version": version,
-               "text": t, "label": p["top"][0]["label"] if p.get("top") else p.get("label"),
-               "scores": p.get("top") or {}}
-              for i, (t, p) in enumerate(zip(texts, payload["predictions"]))])
+    plog.add_answer(time.time(), rid, model["name"], model["version"], texts,
+                    payload["predictions"])
 
 
 def log_scores(sup: Any, rid: str, texts: list[str], model: dict[str, Any],

@@ -162,6 +162,13 @@ class PredictionLog:
         if self.enabled and not self._closed and rows:
             self._q.put(("rows", rows, None))
 
+    def add_answer(self, at: float, request_id: str, model: str, version: Any,
+                   texts: list[str], predictions: list[dict[str, Any]]) -> None:
+        """Queue a /predict answer whole (its rows are built on the writer thread:
+        the request path pays one queue put)."""
+        if self.enabled and not self._closed and texts:
+            self._q.put(("answer", (at, request_id, model, version, texts, predictions), None))
+
     def _submit(self, kind: str, payload: Any) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         if self._closed:
@@ -230,8 +237,20 @@ class PredictionLog:
     def _write(self, conn: sqlite3.Connection, batch: list[tuple]) -> None:
         rows: list[tuple] = []
         models: dict[str, int] = {}
+        dumps = json.dumps
         for kind, payload, _ in batch:
-            if kind == "rows":
+            if kind == "answer":
+                at, rid, model, version, texts, preds = payload
+                for i, (text, p) in enumerate(zip(texts, preds)):
+                    top = p.get("top") or ()
+                    scores = {t["label"]: t["score"] for t in top}
+                    s1 = top[0]["score"] if top else 1.0
+                    margin = s1 - top[1]["score"] if len(top) > 1 else 2.0 * s1 - 1.0
+                    rows.append((at, rid, i, model, version, text,
+                                 top[0]["label"] if top else p.get("label"),
+                                 dumps(scores, ensure_ascii=False), margin))
+                models[model] = models.get(model, 0) + len(texts)
+            elif kind == "rows":
                 for r in payload:
                     scores = _scores_map(r.get("scores"))
                     rows.append((r.get("at") or time.time(), r["request_id"], r.get("index", 0),
