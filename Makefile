@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test venv bench bench-slots bench-rollouts bench-accuracy clean cluster
+.PHONY: serve test venv bench bench-slots bench-rollouts bench-faults bench-accuracy clean cluster
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,12 +34,16 @@ bench: $(STAMP)
 	$(PY) bench/slots.py    # two models, swaps beside load, replica kills, recycling
 	$(PY) bench/rollouts.py # rollback in probation, shadow, canary, automatic rollback, gate
 	$(PY) bench/loop.py     # prediction log cost (<= 3%), the learning loop on a real set
+	$(PY) bench/faults.py   # serving p99 while every fsync takes 200 ms
 
 bench-slots: $(STAMP)
 	$(PY) bench/slots.py
 
 bench-rollouts: $(STAMP)
 	$(PY) bench/rollouts.py
+
+bench-faults: $(STAMP)
+	$(PY) bench/faults.py   # serving p99 while every fsync takes 200 ms
 
 bench-accuracy: $(STAMP)
 	$(PY) -m pip install --quiet -r bench/requirements.txt

@@ -44,7 +44,6 @@ from control.healing import Healer
 from control.jobs import JobManager
 from control.pool import WorkerPool
 from control.quality import Quality
-from control.quality import Quality
 from control.provision import Provisioner
 from control.rollout_control import RolloutControl
 from control.rollouts import GoldenSets
@@ -96,7 +95,6 @@ class Supervisor:
         self.healer = Healer(self)
         self.statusview = StatusView(self)
         self.metrics = metrics.build(self, config)  # Prometheus figures (control/metrics.py)
-        self.quality = Quality(self)  # live quality and drift per version (control/quality.py)
         self.quality = Quality(self)  # live quality and drift per version (control/quality.py)
         # what the handlers, jobs and the cluster node call
         self.predict = self.router.predict
@@ -227,6 +225,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--redis-url", help="cluster mode: the cluster store, e.g. "
                                        "redis://host:6379/0 (default: off)")
     p.add_argument("--node-id", help="cluster mode: this node's name (default hostname:port)")
+    p.add_argument("--log-level", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                   help="log level (default INFO); debug also shows TensorFlow's C++ logs "
+                        "of workers and trainers")
     return p.parse_args(argv)
 
 
@@ -241,6 +243,8 @@ def build_config(args: argparse.Namespace) -> Config:
                if v is not None}
     if cluster:
         overrides["cluster"] = cluster
+    if getattr(args, "log_level", None):
+        overrides["log_level"] = args.log_level
     return load_config(args.config, overrides)
 
 

@@ -64,13 +64,15 @@ class Router:
                                details={"serving": self.serving_names()})
         return slot
 
-    async def predict(self, texts: list[str], model: str | None = None
+    async def predict(self, texts: list[str], model: str | None = None,
+                      options: dict[str, Any] | None = None
                       ) -> tuple[dict[str, Any], list[str], list]:
         """(model, labels, scores) for texts; retried once on a sibling or a
         replacement if the worker dies with the request in flight.
 
         A canary candidate answers its share of requests; a shadow candidate
-        gets a sampled copy, compared off this request's path."""
+        gets a sampled copy, compared off this request's path. options: more
+        to ask of the worker (an explanation); such requests are not mirrored."""
         slot = self.slot_for(model)
         deadline = self.loop.time() + self.wcfg["request_timeout"]
         cap = self.wcfg["max_inflight"]
@@ -80,7 +82,7 @@ class Router:
             if w is not None:
                 t0 = time.monotonic()
                 try:
-                    scores = await w.predict(texts)
+                    scores = await w.predict(texts, options)
                     cand.stats.observe(time.monotonic() - t0)
                     return w.model, w.labels, scores  # type: ignore[return-value]
                 except RequestFailed as exc:
@@ -93,8 +95,8 @@ class Router:
             w = await slot.route(cap, deadline)
             t0 = time.monotonic()
             try:
-                fut = w.predict(texts)
-                if cand is not None and cand.mode == "shadow" and (
+                fut = w.predict(texts, options)
+                if cand is not None and cand.mode == "shadow" and not options and (
                         random.random() < cand.fraction):
                     self.mirror(slot, cand, texts, w.labels, fut)
                 scores = await fut
@@ -105,6 +107,8 @@ class Router:
                                        "worker_died")
                 continue
             except RequestFailed as exc:
+                if exc.code == "cannot_explain":  # the request's fault, not the model's
+                    raise ServiceError(str(exc), 422, exc.code) from None
                 self.count_error(slot, w)
                 raise ServiceError(f"model failed on this request: {exc}", 500,
                                    exc.code) from exc

@@ -89,6 +89,7 @@ class StatusView:
             "last_apply": self.sup.last_apply,
             "record_revision": self.sup.record.get("revision", 0),
             "storage": {**self.sup.storage.health(), "record_dirty": self.sup.applies.dirty},
+            "zygote": self.pool.zygote.describe() if self.pool.zygote is not None else None,
             "jobs": self.sup.jobs.list(),
             "cluster": None if self.sup.cluster is None else self.sup.cluster.cluster.status(),
         }

@@ -391,10 +391,14 @@ class WorkerHandle(ChildProcess):
             log.warning("worker gen %d sent unknown frame type %r", self.generation, kind)
 
     # -- requests ------------------------------------------------------------------
-    def predict(self, texts: list[str]) -> Future:
+    def predict(self, texts: list[str], options: dict[str, Any] | None = None) -> Future:
+        """options: more to ask of the worker in the frame (e.g. {"x": k}: explain)."""
         rid = next(self._ids)
         fut: Future = Future()
-        self.send({"t": "predict", "id": rid, "texts": texts})
+        msg = {"t": "predict", "id": rid, "texts": texts}
+        if options:
+            msg.update(options)
+        self.send(msg)
         self.pending[rid] = (fut, time.monotonic())
         return fut
 

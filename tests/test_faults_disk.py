@@ -22,6 +22,7 @@ import subprocess
 import pytest
 
 from helpers import Service, wait_for
+from test_dashboard import ARTIFACTS, Browser, browser
 
 FIU_RUN = shutil.which("fiu-run")
 FIU_CTRL = shutil.which("fiu-ctrl")
@@ -115,10 +116,12 @@ class Disk:
 @pytest.fixture(scope="module")
 def svc(disk):
     s = Disk(disk)
-    code, got = s.svc.mpost("/apply", {"name": "sent", "version": 1})
-    assert code == 200, got
-    yield s
-    s.svc.stop()
+    try:
+        code, got = s.svc.mpost("/apply", {"name": "sent", "version": 1})
+        assert code == 200, got
+        yield s
+    finally:
+        s.svc.stop()
 
 
 def _refused(code: int, got: dict, status: int, error: str) -> None:
@@ -168,6 +171,42 @@ def test_full_disk_refuses_every_serving_change_and_a_restart_serves_the_last_20
     assert svc.integrity() == "ok"
     svc.restart()
     assert svc.serving() == 2  # what was answered 200
+
+
+@browser
+def test_dashboard_shows_a_storage_banner_while_writes_fail(svc):
+    """In the real browser: the banner appears with the failed write, and
+    goes once the store takes writes again."""
+    from playwright.sync_api import sync_playwright
+    filler = svc.fill()
+    try:
+        code, got = svc.svc.mpost("/apply", {"name": "sent", "version": 1})
+        assert code == 507, got
+        with sync_playwright() as pw:
+            b = Browser(pw)
+            try:
+                b.page.goto(f"http://127.0.0.1:{svc.svc.mport}/")
+                banner = b.page.locator("#storage-banner")
+                banner.wait_for(state="visible")
+                text = banner.inner_text()
+                assert "ENOSPC" in text and "Serving goes on" in text, text
+                os.makedirs(ARTIFACTS, exist_ok=True)
+                b.page.screenshot(path=os.path.join(ARTIFACTS, "dashboard-storage-banner.png"))
+                os.remove(filler)
+                filler = ""
+                code, got = svc.svc.mpost("/apply", {"name": "sent", "version": 2})
+                assert code == 200, got
+                svc.svc.request_put("/models/sent/golden", {"data": {"examples": [
+                    {"text": "很好", "label": "pos"}, {"text": "很差", "label": "neg"}] * 2}})
+                svc.svc.request_delete("/models/sent/golden")
+                wait_for(lambda: svc.svc.status()["storage"]["ok"], 60, "storage ok again")
+                banner.wait_for(state="hidden")
+                assert b.js_errors == [], b.js_errors
+            finally:
+                b.close()
+    finally:
+        if filler:
+            os.remove(filler)
 
 
 def test_eio_on_fsync_refuses_rollback_and_apply_then_recovers(svc):

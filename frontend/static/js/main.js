@@ -222,10 +222,22 @@ async function loop() {
   if (!state.paused) schedule(Math.max(0, TICK_MS - (performance.now() - started)));
 }
 
+// a failed durable write (disk full, I/O error): serving goes on, changes are refused
+function renderStorage(el, st) {
+  const bad = isObj(st) && st.ok === false;
+  el.hidden = !bad;
+  if (!bad) return;
+  const e = isObj(st.last_error) ? st.last_error : {};
+  const free = Number.isFinite(st.free_bytes) ? ` · ${(st.free_bytes / 1048576).toFixed(1)} MiB free` : "";
+  el.textContent = `Storage: writing ${e.what ?? "?"} failed (${e.errno_name ?? ""} ${e.message ?? ""}) at ${e.path ?? "?"}${free}. ` +
+    "Serving goes on; applies, rollbacks and other changes are refused until writes work again.";
+}
+
 function draw() {
   const status = state.status;
   if (!status) return;
   renderServing(document, status, live, actions, new Set(state.armed.keys()));
+  renderStorage($("#storage-banner"), status.storage);
   const slots = slotsOf(status);
   const servingVersions = Object.fromEntries(slots.map((s) => [s.name, Number.isInteger(s.version) ? s.version : null]));
   const withVersion = slots.filter((s) => Number.isInteger(s.version));
