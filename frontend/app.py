@@ -12,6 +12,7 @@ from frontend import rollout_handlers
 from frontend import quality_handlers
 from frontend import metrics_http
 from frontend import artifact, clusterapi, loop_handlers, oip, openapi
+from frontend import dashboard_routes
 from frontend.base import NotFoundHandler, log_level
 
 log = logging.getLogger("textswap.http")
@@ -53,6 +54,7 @@ def management_app(sup: Any, config: Any) -> Application:
         *metrics_http.routes(kw),  # GET /metrics (Prometheus)
         *clusterapi.routes(kw),  # GET /cluster (cluster mode; 404 otherwise)
         *loop_handlers.management_routes(kw),  # review queue, retrain policy
+        *dashboard_routes.routes(kw),  # POST /feedback, /try for the dashboard's panels
     ]
     try:
         from frontend import training

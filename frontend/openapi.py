@@ -676,13 +676,14 @@ def management_spec(cfg: Any) -> S:
         "/healthz": HEALTH,
         "/openapi.json": SPEC,
         **loop_management_paths(name_param),  # review queue, retrain policy (docs/loop.md)
+        **dashboard_paths(cfg),  # POST /feedback, /try (frontend/dashboard_routes.py)
     }
     return _doc("textswap management API",
                 "Apply, roll out and roll back models, inspect the store and the service, "
                 "train.", paths,
                 {"TrainRequest": _train_request_loop(_train_request()),
                  "TrainParams": _params_schema(),
-                 "Job": _job_schema()}, security=bool(cfg.token))
+                 "Job": _job_schema(), **dashboard_schemas(cfg)}, security=bool(cfg.token))
 
 
 # -- live quality and drift (frontend/quality_handlers.py, control/quality.py) ------------
@@ -895,3 +896,33 @@ def loop_management_paths(name_param: S) -> S:
                        "responses": {"200": _json(described, "removed"), "404": no_model,
                                      "507": _err("the store cannot be written")}}},
     }
+
+
+# -- the dashboard's routes on the management port (frontend/dashboard_routes.py) ---------
+def dashboard_paths(cfg: Any) -> S:
+    """POST /feedback (the inference port's, behind the management token) and
+    POST /try (a /predict that is not logged)."""
+    inference = inference_spec(cfg)
+    feedback = copy.deepcopy(inference["paths"]["/feedback"]["post"])
+    feedback.pop("security", None)
+    feedback.pop("operationId", None)
+    feedback["description"] = ("The inference port's POST /feedback (same bodies, same "
+                               "answers), behind the management token: the dashboard's "
+                               "Review panel posts here.")
+    feedback["responses"].pop("401", None)  # the management document adds its own
+    predict = copy.deepcopy(inference["paths"]["/predict"]["post"])
+    predict.pop("operationId", None)
+    predict["summary"] = ("Try a model: the /predict body and answer, not logged (no "
+                          "request id, not in the review queue, live quality or drift).")
+    ok = predict["responses"]["200"]
+    ok.pop("headers", None)
+    ok["content"][JSON]["schema"] = {"$ref": "#/components/schemas/TryResponse"}
+    return {"/feedback": {"post": feedback}, "/try": {"post": predict}}
+
+
+def dashboard_schemas(cfg: Any) -> S:
+    """The /predict schemas that POST /try refers to."""
+    schemas = inference_spec(cfg)["components"]["schemas"]
+    answer = copy.deepcopy(schemas["PredictResponse"])
+    answer["properties"].pop("request_id", None)
+    return {"PredictRequest": copy.deepcopy(schemas["PredictRequest"]), "TryResponse": answer}

@@ -282,7 +282,8 @@ def test_documents_are_served_and_match_the_routes(svc):
         "/models/{name}/{version}/artifact", "/models/{name}/golden", "/rollback", "/promote",
         "/abort", "/rollouts/{name}", "/history", "/cluster", "/metrics", "/train",
         "/train/{id}", "/healthz", "/openapi.json",
-        "/models/{name}/review", "/models/{name}/policy"}  # the learning loop
+        "/models/{name}/review", "/models/{name}/policy", "/models/{name}/quality",  # the loop
+        "/feedback", "/try"}  # the dashboard's panels (frontend/dashboard_routes.py)
     assert doc["security"] == [{"bearer": []}]
     assert doc["paths"]["/apply"]["post"]["responses"]["401"]
     apply = doc["paths"]["/apply"]["post"]["requestBody"]["content"]["application/json"]

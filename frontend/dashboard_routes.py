@@ -1,0 +1,56 @@
+"""The dashboard's two inference-side routes, on the management port.
+
+The dashboard page is served by the management port and may only call its
+own origin (its Content-Security-Policy says ``connect-src 'self'``), with the
+one token it knows: the management token. Two of its panels need what lives
+on the inference port, so the management port answers them itself, through
+the same code:
+
+- ``POST /feedback``: the very handler of the inference port's POST /feedback
+  (frontend/loop_handlers.py, the prediction log's methods), but behind the
+  management token. The management token can already train and apply any
+  model, so it may also send the labels that feed training; the inference
+  port's own rule (feedback.token, else the management token) is unchanged.
+  The Review panel posts ``{"request_id", "index", "label"}`` here.
+- ``POST /try``: a /predict body (text or texts, model, top_k, min_score,
+  explain) answered by the same ``predictions.predict`` as /predict, but NOT
+  logged: a text typed by a person to look at a model is not traffic, and
+  must not enter the prediction log, the review queue, live quality or the
+  drift window. No request id either (nothing to give feedback on). The
+  "Try it" box uses it with ``explain``.
+
+Why not CORS from the page to the inference port: the page would need that
+port's address (which a proxy or another host may hide), a second token
+when feedback.token is set, and a looser CSP; and its Try-it texts would be
+logged as traffic.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from frontend.base import JsonHandler
+from frontend.handlers import PREDICT_FIELDS, predict_request
+from frontend.loop_handlers import FeedbackHandler
+
+
+class ManagementFeedbackHandler(FeedbackHandler):
+    """POST /feedback on the management port: the management token (when set)."""
+
+    _check_token = JsonHandler._check_token  # the management realm and message
+
+
+class TryHandler(JsonHandler):
+    """POST /try: a prediction for a person to look at (not logged)."""
+
+    async def post(self) -> None:
+        from frontend import predictions
+
+        data = self.json_object(PREDICT_FIELDS)
+        texts, top_k, model = predict_request(data, self.limits)
+        self.send_json(await predictions.predict(self.sup, texts, top_k, model,
+                                                 predictions.predict_options(data)))
+
+
+def routes(kw: dict[str, Any]) -> list:
+    return [(r"/feedback", ManagementFeedbackHandler, kw),
+            (r"/try", TryHandler, kw)]
