@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import click
 
-from textswap_cli import render
+from textswap_cli import loopcmds, render
 from textswap_cli.client import (DEFAULT_PREDICT_URL, DEFAULT_URL, EXIT_INTERRUPTED, EXIT_OK,
                                  EXIT_REFUSED, EXIT_USAGE, Api, CliError, env_token, quote)
 from textswap_cli.data import InputError, iter_texts, parse_params, read_examples
@@ -539,7 +539,7 @@ def predict(ctx: Ctx, texts: tuple[str, ...], model: str | None, top_k: int | No
         raise InputError("no texts: give them as arguments or one per line on stdin")
 
 
-from textswap_cli import loopcmds  # noqa: E402,F401  feedback, review, policy (docs/loop.md)
+loopcmds.register(cli, command, emit_json)  # feedback, review, policy (docs/loop.md)
 
 
 def main() -> None:
