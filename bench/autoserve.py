@@ -28,7 +28,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -7,6 +7,9 @@ models unchanged. A model here has one input and two outputs:
     output  label   BYTES  [-1]           the top label of each text
     output  scores  FP32   [-1, n_labels] probabilities, in the order of the
                                           model's `labels` parameter
+    output  labels  BYTES  [-1]           multi-label models only: each text's
+                                          label set (those clearing their
+                                          thresholds, best first) as a JSON array
 
 Both tensor encodings are accepted and produced: JSON (`data` arrays) and the
 binary tensor data extension, which the official clients use by default: the
@@ -25,7 +28,6 @@ what serves: another version is a 404 that says which one serves.
 from __future__ import annotations
 
 import array
-import gzip
 import json
 import struct
 import sys
@@ -35,7 +37,7 @@ from typing import Any
 from tornado.web import HTTPError
 
 from state.errors import ServiceError, UnknownModel
-from frontend import loop
+from frontend import loop, predictions
 from frontend.base import ApiError, JsonHandler
 
 SERVER = "textswap"
@@ -44,6 +46,7 @@ EXTENSIONS = ["binary_tensor_data", "classification"]
 PLATFORM = "keras_textswap"
 INPUT = "text"
 OUTPUTS = ("label", "scores")
+MULTI_OUTPUT = "labels"  # multi-label models: each text's label set
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _LITTLE = sys.byteorder == "little"
 
@@ -83,14 +86,19 @@ def resolve(sup: Any, name: str, version: str | None) -> dict[str, Any]:
     return m
 
 
-def model_metadata(m: dict[str, Any]) -> dict[str, Any]:
-    return {
+def model_metadata(m: dict[str, Any], info: dict[str, Any] | None = None) -> dict[str, Any]:
+    out = {
         "name": m["name"], "versions": [str(m["version"])], "platform": PLATFORM,
         "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
         "outputs": [{"name": "label", "datatype": "BYTES", "shape": [-1]},
                     {"name": "scores", "datatype": "FP32", "shape": [-1, len(m["labels"])]}],
         "parameters": {"labels": list(m["labels"])},
     }
+    if info is not None and info["multi_label"]:
+        out["outputs"].append({"name": MULTI_OUTPUT, "datatype": "BYTES", "shape": [-1]})
+        out["parameters"].update(multi_label=True, thresholds=info["thresholds"],
+                                 min_labels=info["min_labels"])
+    return out
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -242,18 +250,22 @@ def _flag(params: dict[str, Any], key: str, default: bool) -> bool:
     return value
 
 
-def _outputs(req: dict[str, Any], binary_default: bool) -> list[tuple[str, bool, int]]:
+def _outputs(req: dict[str, Any], binary_default: bool, multi: bool = False
+             ) -> list[tuple[str, bool, int]]:
     """(name, binary, classification k or 0) of each output to answer."""
+    names = OUTPUTS + ((MULTI_OUTPUT,) if multi else ())
     if "outputs" not in req:
-        return [(name, binary_default, 0) for name in OUTPUTS]
+        return [(name, binary_default, 0) for name in names]
     wanted = req["outputs"]
     if not isinstance(wanted, list) or not wanted:
         raise OipError(400, "'outputs' must be a non-empty array")
     out = []
     for o in wanted:
-        if not isinstance(o, dict) or o.get("name") not in OUTPUTS:
+        if not isinstance(o, dict) or o.get("name") not in names:
             name = o.get("name") if isinstance(o, dict) else o
-            raise OipError(400, f"unknown output {name!r}; outputs: {', '.join(OUTPUTS)}")
+            why = (f"; '{MULTI_OUTPUT}' is for multi-label models only" if name == MULTI_OUTPUT
+                   else "")
+            raise OipError(400, f"unknown output {name!r}; outputs: {', '.join(names)}{why}")
         params = _params(o, f"output '{o['name']}'")
         k = params.get("classification", 0)
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
@@ -264,7 +276,7 @@ def _outputs(req: dict[str, Any], binary_default: bool) -> list[tuple[str, bool,
     return out
 
 
-def parse_infer(body: bytes, headers: Any, limits: dict[str, Any]
+def parse_infer(body: bytes, headers: Any, limits: dict[str, Any], multi: bool = False
                 ) -> tuple[list[str], list[tuple[str, bool, int]], Any]:
     """(texts, outputs, request id) of an infer request, or an OipError."""
     body = _decompress(body, headers.get("Content-Encoding"), limits["max_body_bytes"])
@@ -274,7 +286,7 @@ def parse_infer(body: bytes, headers: Any, limits: dict[str, Any]
         raise OipError(400, f"'inputs' must be an array with one input, '{INPUT}' (BYTES)")
     texts = _texts(inputs[0], binary, limits)
     params = _params(req, "the request")
-    outputs = _outputs(req, _flag(params, "binary_data_output", False))
+    outputs = _outputs(req, _flag(params, "binary_data_output", False), multi)
     rid = req.get("id")
     if "id" in req and not isinstance(rid, str):
         raise OipError(400, "'id' must be a string")
@@ -299,13 +311,17 @@ def _fp32(values: list[float]) -> bytes:
 
 
 def infer_response(model: dict[str, Any], labels: list[str], scores: list[list[float]],
-                   outputs: list[tuple[str, bool, int]], rid: Any
-                   ) -> tuple[bytes, int | None]:
+                   outputs: list[tuple[str, bool, int]], rid: Any,
+                   info: dict[str, Any] | None = None) -> tuple[bytes, int | None]:
     """(body, JSON header length or None when all outputs are JSON)."""
     n, width = len(scores), len(labels)
     tensors, blobs = [], []
     for name, binary, k in outputs:
-        if name == "label":
+        if name == MULTI_OUTPUT:
+            data = [json.dumps([labels[i] for i in predictions.label_set(row, info)], ensure_ascii=False)
+                    for row in scores]
+            t = {"name": name, "datatype": "BYTES", "shape": [n]}
+        elif name == "label":
             data: Any = [labels[max(range(width), key=row.__getitem__)] for row in scores]
             t: dict[str, Any] = {"name": name, "datatype": "BYTES", "shape": [n]}
         elif k:
@@ -346,8 +362,9 @@ def _service_status(exc: Exception) -> OipError:
 async def infer(sup: Any, limits: dict[str, Any], name: str, version: str | None,
                 headers: Any, body: bytes) -> tuple[dict[str, Any], bytes, int | None]:
     """One infer call: (model, body, header length or None). Raises OipError."""
-    resolve(sup, name, version)  # 404 before parsing: the model must serve
-    texts, outputs, rid = parse_infer(body, headers, limits)
+    served = resolve(sup, name, version)  # 404 before parsing: the model must serve
+    info = predictions.model_info(sup, served)
+    texts, outputs, rid = parse_infer(body, headers, limits, info["multi_label"])
     request_id = loop.request_id(headers, rid)  # X-Request-Id, else the body's id
     try:
         model, labels, scores = await sup.predict(texts, model=name)
@@ -356,7 +373,11 @@ async def infer(sup: Any, limits: dict[str, Any], name: str, version: str | None
     if version is not None and str(model["version"]) != version:
         # an apply swapped versions while this request waited: say so, don't mislabel
         raise _not_serving(sup, name, version)
-    out, head = infer_response(model, labels, scores, outputs, rid)
+    if any(o[0] == MULTI_OUTPUT for o in outputs) and model.get("version") != served.get("version"):
+        info = predictions.model_info(sup, model)  # an apply swapped versions meanwhile
+        if not info["multi_label"]:
+            raise OipError(409, f"model '{name}' is no longer multi-label (a new version serves)")
+    out, head = infer_response(model, labels, scores, outputs, rid, info)
     loop.log_scores(sup, request_id, texts, model, labels, scores)
     return {**model, "request_id": request_id}, out, head
 
@@ -405,7 +426,7 @@ class ModelMetadataHandler(OipHandler):
     def get(self, name: str, version: str | None = None) -> None:
         m = resolve(self.sup, name, version)
         self.metric_model = m
-        self.oip_json(model_metadata(m))
+        self.oip_json(model_metadata(m, predictions.model_info(self.sup, m)))
 
 
 class ModelReadyHandler(OipHandler):

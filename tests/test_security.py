@@ -6,7 +6,7 @@ import json
 
 from helpers import request
 
-from helpers import Service, free_port
+from helpers import Service
 
 TOKEN = "s3cret-token-value"
 

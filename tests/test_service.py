@@ -9,7 +9,6 @@ import subprocess
 import threading
 import time
 
-import psutil
 import pytest
 
 from helpers import Service, pid_gone, wait_for
