@@ -337,6 +337,7 @@ def many_models(svc: Service, n: int) -> dict[str, Any]:
     total = sum(pss(p) for p in procs)
     return {"models": n, "applied": sum(1 for c in codes.values() if c == 200),
             "answered": answered, "apply_all_s": round(apply_s, 2),
+            "failed": {m: c for m, c in codes.items() if c != 200},
             "worker_pss_mean_mb": round(statistics.mean(worker_pss) / 2 ** 20, 1)
             if worker_pss else None,
             "worker_pss_max_mb": round(max(worker_pss) / 2 ** 20, 1) if worker_pss else None,

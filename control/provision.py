@@ -8,9 +8,11 @@ room (through the rollouts). It never changes routing: the callers swap.
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from tornado import gen
+from tornado.locks import Semaphore
 
 from state.errors import ApplyFailed
 from state.store import StoreError
@@ -29,6 +31,7 @@ class Provisioner:
         self.sup = sup
         self.cfg, self.wcfg, self.loop = sup.cfg, sup.wcfg, sup.loop
         self.store, self.pool, self.events = sup.store, sup.pool, sup.events
+        self._loads = Semaphore(max(2, os.cpu_count() or 1))  # model loads at once
 
     def preload_guesses(self) -> list[tuple[str, int]]:
         """Models likely applied next, best first: a newer version of a serving
@@ -89,9 +92,13 @@ class Provisioner:
         if w.state is State.READY and w.model == {"name": name, "version": version}:
             return w, w.ready.result(), True
         try:
-            ready = await gen.with_timeout(self.loop.time() + self.wcfg["load_timeout"],
-                                           w.load(path, name, version),
-                                           quiet_exceptions=(WorkerDied, RequestFailed))
+            # loads queue for a CPU (many applies at once would otherwise share
+            # the cores until every one of them missed its load_timeout); the
+            # deadline counts from the load's start
+            async with self._loads:
+                ready = await gen.with_timeout(self.loop.time() + self.wcfg["load_timeout"],
+                                               w.load(path, name, version),
+                                               quiet_exceptions=(WorkerDied, RequestFailed))
         except (gen.TimeoutError, WorkerError) as exc:
             status = None
             why = str(exc) or "load deadline passed"
