@@ -34,6 +34,7 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.locks import Event
 
 from state.config import Config, ConfigError, load_config
+from state.predlog import FILENAME as PREDLOG_DB, PredictionLog
 from state.statedb import FILENAME as STATE_DB, StateDB
 from state.storage import Storage
 from state.store import ModelStore, StoreError
@@ -42,6 +43,7 @@ from control.applies import Applies
 from control.events import Events
 from control.healing import Healer
 from control.jobs import JobManager
+from control.policies import Policies
 from control.pool import WorkerPool
 from control.quality import Quality
 from control.provision import Provisioner
@@ -113,14 +115,12 @@ class Supervisor:
             self.cluster = ClusterNode(self)
             state_path = node_state_path(self.store.root, self.cluster.node_id)
         self.state = StateDB(state_path)  # jobs, history
-        from control.policies import Policies
-        from state.predlog import FILENAME as PREDLOG_DB, PredictionLog
         pcfg = config["predictions"]  # the learning loop (docs/loop.md)
         self.predlog = PredictionLog(os.path.join(self.store.root, PREDLOG_DB) if self.cluster
                                      is None else state_path[:-len(STATE_DB)] + PREDLOG_DB,
                                      enabled=pcfg["log"], max_rows=pcfg["max_rows"])
         self.policies = Policies(self)  # retrain policies; `policies` in config
-        self.state.health = self.storage
+        self.state.health = self.predlog.health = self.storage
         self.events.subscribe(self.statusview.to_history)
         self.jobs = JobManager(self, self.state)
         if self.cluster is not None:

@@ -14,13 +14,16 @@ from __future__ import annotations
 import concurrent.futures
 import hmac
 import os
+import sqlite3
 from typing import Any
 
 from tornado.ioloop import IOLoop
 
-from frontend.base import ApiError, JsonHandler, int_field
+from frontend.base import ApiError, JsonHandler, int_field, service_error
 from frontend.loop import check_id
 from state.errors import InvalidName, NotFound
+from state.statedb import as_oserror
+from state.storage import storage_error
 
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="loop")
 FEEDBACK_FIELDS = {"request_id", "index", "label", "labels", "model", "examples"}
@@ -35,8 +38,13 @@ def feedback_token(config: Any) -> str | None:
     return token or config.token or None
 
 
-async def _run(fn: Any, *args: Any) -> Any:
-    return await IOLoop.current().run_in_executor(_POOL, fn, *args)
+async def _run(fn: Any, *args: Any, what: str = "the prediction log", path: str = "") -> Any:
+    """fn(*args) off the IOLoop; a failed durable write (disk full, I/O error)
+    answers 507 insufficient_storage or 503 store_unavailable, nothing stored."""
+    try:
+        return await IOLoop.current().run_in_executor(_POOL, fn, *args)
+    except (OSError, sqlite3.Error) as exc:
+        raise service_error(storage_error(what, path, as_oserror(exc))) from None
 
 
 def _label(value: Any, where: str) -> str:
@@ -283,22 +291,17 @@ class PolicyHandler(JsonHandler):
         data = self.json_body()
         await self._known(name)
         try:
-            await _run(self.sup.policies.put, name, data)
+            await _run(self.sup.policies.put, name, data, what=f"the policy of {name}",
+                       path=getattr(self.sup.policies, "path", ""))
         except PolicyError as exc:
             raise ApiError(400, "invalid_policy", str(exc)) from None
-        except OSError as exc:
-            raise ApiError(507, "insufficient_storage", f"cannot store the policy: {exc}") \
-                from None
         self.send_json(self.sup.policies.describe(name))
         self.sup.policies.labels_arrived(name)  # labels may be waiting already
 
     async def delete(self, name: str) -> None:
         await self._known(name)
-        try:
-            removed = await _run(self.sup.policies.delete, name)
-        except OSError as exc:
-            raise ApiError(507, "insufficient_storage", f"cannot store the policy: {exc}") \
-                from None
+        removed = await _run(self.sup.policies.delete, name, what=f"the policy of {name}",
+                             path=getattr(self.sup.policies, "path", ""))
         self.send_json({**self.sup.policies.describe(name), "removed": removed})
 
 

@@ -47,6 +47,8 @@ import threading
 import time
 from typing import Any, Iterable
 
+from state.statedb import as_oserror
+
 log = logging.getLogger("textswap.predlog")
 
 FILENAME = ".predictions.db"
@@ -115,6 +117,7 @@ class PredictionLog:
 
     def __init__(self, path: str, *, enabled: bool = True, max_rows: int = 100_000) -> None:
         self.path = os.path.abspath(path)
+        self.health: Any = None  # state/storage.py's Storage, set by the supervisor
         self.enabled = enabled
         self.max_rows = max_rows
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -282,12 +285,17 @@ class PredictionLog:
                         self._trim(conn, model)
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # SQLite may have rolled back itself (disk full)
+                    conn.execute("ROLLBACK")
                 raise
             self.logged += len(rows)
+            if self.health is not None:
+                self.health.succeeded("the prediction log")
         except Exception as exc:  # a full disk: serving goes on, the rows are lost
             self.dropped += len(rows)
             log.error("prediction log write failed (%d rows lost): %s", len(rows), exc)
+            if self.health is not None and isinstance(exc, (OSError, sqlite3.Error)):
+                self.health.failed("the prediction log", self.path, as_oserror(exc))
             for f in futures:
                 if not f.done():
                     f.set_exception(exc)

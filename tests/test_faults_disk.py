@@ -21,7 +21,7 @@ import subprocess
 
 import pytest
 
-from helpers import Service, wait_for
+from helpers import Service, request, wait_for
 from test_dashboard import ARTIFACTS, Browser, browser
 
 FIU_RUN = shutil.which("fiu-run")
@@ -280,3 +280,30 @@ def test_unreadable_model_files_keep_the_old_version_serving(svc, disk):
     assert svc.serving() == 2
     svc.restart()
     assert svc.serving() == 2
+
+
+def test_feedback_under_a_failing_disk_is_refused_then_stored(svc):
+    """POST /feedback commits before it answers: under ENOSPC it answers 507
+    and stores nothing; once writes work it is stored, and a restart keeps it."""
+    code, got = svc.svc.predict({"text": "很好", "model": "sent"},
+                                headers={"X-Request-Id": "disk-fb-1"})
+    assert code == 200 and got["request_id"] == "disk-fb-1", got
+
+    def logged():
+        c, g = svc.svc.mget("/models/sent/review?limit=500")
+        return c == 200 and any(i["request_id"] == "disk-fb-1" for i in g["items"])
+    wait_for(logged, 60, "the prediction in the log")
+    svc.fiu("enable name=posix/io/rw/pwrite,failinfo=28")
+    try:
+        code, got = request(svc.svc.port, "POST", "/feedback", {"request_id": "disk-fb-1",
+                                                          "label": "neg"})
+        assert code == 507 and got["error"]["code"] == "insufficient_storage", got
+        assert svc.serving() in (1, 2)
+    finally:
+        svc.fiu("disable name=posix/io/rw/pwrite")
+    code, got = request(svc.svc.port, "POST", "/feedback", {"request_id": "disk-fb-1",
+                                                      "label": "neg"})
+    assert code == 200 and got["stored"] == 1, got
+    svc.restart()
+    code, got = svc.svc.mget("/models/sent/review?limit=500")
+    assert code == 200 and not any(i["request_id"] == "disk-fb-1" for i in got["items"]), got
