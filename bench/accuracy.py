@@ -7,6 +7,10 @@
 
 Sets: bench/datasets.py (six, built from Debian packages and shared/; bench/DATASETS.md);
 --holdout runs three more that were never used to choose auto's grid (HOLDOUT_SETS).
+Multi-label (run after the six by default; --multilabel: only them; MULTILABEL_SETS):
+auto on several labels per text against one-vs-rest LinearSVC on TF-IDF words + character
+n-grams (a text with no positive decision gets its argmax label), micro/macro/samples-F1 on
+a seeded 80/20 split; floor: the baseline's micro-F1, goal: +1 point.
 Every model sees the same seeded, stratified 80/20 split of a set; anything a model tunes,
 it tunes on its training part only (folds or an inner validation split), never on test.
 
@@ -511,6 +515,97 @@ def speed(repeats: int) -> None:
         print(f"{name:50s}" + "".join(cells), flush=True)
 
 
+# --------------------------------------------------------------------------
+# Multi-label
+# --------------------------------------------------------------------------
+
+ML_GOAL = 0.01  # +1 point micro-F1 over the baseline
+
+
+def _multi_hot(ds, label_sets):
+    import numpy as np
+
+    index = {name: i for i, name in enumerate(ds.labels)}
+    y = np.zeros((len(label_sets), len(ds.labels)), dtype=np.int8)
+    for i, labels in enumerate(label_sets):
+        y[i, [index[x] for x in labels]] = 1
+    return y
+
+
+def run_ovr_svc(ds) -> tuple:
+    """One-vs-rest LinearSVC on TF-IDF words (1-2-grams) + character n-grams (2-5, inside
+    word boundaries), sublinear TF; labels with a positive decision, else the argmax."""
+    from sklearn.multiclass import OneVsRestClassifier
+    from sklearn.pipeline import make_pipeline, make_union
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.svm import LinearSVC
+    from model_worker.autoselect import at_least_one
+
+    started = time.monotonic()
+    vec = make_union(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True),
+                     TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True))
+    model = make_pipeline(vec, OneVsRestClassifier(LinearSVC()))
+    model.fit(ds.train_texts, _multi_hot(ds, ds.train_labels))
+    seconds = time.monotonic() - started
+    d = model.decision_function(ds.test_texts)
+    return at_least_one(d > 0, d), seconds
+
+
+def run_auto_multilabel(ds, params: dict) -> tuple:
+    import numpy as np
+    from model_worker import textmodel
+
+    started = time.monotonic()
+    result = train_like_trainer(ds.train_texts, ds.train_labels, params)
+    seconds = time.monotonic() - started
+    raw = textmodel.predict_proba(textmodel.make_predict_fn(result.model), ds.test_texts)
+    order = [result.labels.index(name) if name in result.labels else -1 for name in ds.labels]
+    probs = np.zeros((len(ds.test_texts), len(ds.labels)))
+    t = np.ones(len(ds.labels))
+    for j, col in enumerate(order):
+        if col >= 0:
+            probs[:, j] = raw[:, col]
+            t[j] = result.report["thresholds"][ds.labels[j]]
+    from model_worker.autoselect import predict_sets
+
+    pred = predict_sets(probs, t, result.report["min_labels"])
+    return pred, seconds, result, _reloads_same(result.model, ds.test_texts[:64])
+
+
+def multilabel_bench(names: list[str], args) -> dict:
+    import datasets
+    from model_worker.autoselect import multilabel_metrics
+
+    params = {"architecture": "auto", **json.loads(args.auto_params)}
+    out = {}
+    for name in names:
+        ds = datasets.load_multilabel(name)
+        print(datasets.describe_multilabel(ds), flush=True)
+        y = _multi_hot(ds, ds.test_labels)
+        pred, base_s = run_ovr_svc(ds)
+        base = multilabel_metrics(y, pred, ds.labels)
+        pred, auto_s, result, same = run_auto_multilabel(ds, params)
+        auto = multilabel_metrics(y, pred, ds.labels)
+        row = out[name] = {
+            "baseline": {k: base[k] for k in ("micro_f1", "macro_f1", "samples_f1")} | {"train_s": round(base_s, 1)},
+            "auto": {k: auto[k] for k in ("micro_f1", "macro_f1", "samples_f1")} | {
+                "train_s": round(auto_s, 1), "chosen": result.report["chosen"]["name"],
+                "cv_micro_f1": result.metrics["micro_f1"], "safe_reload_same": same}}
+        row["gain"] = round(auto["micro_f1"] - base["micro_f1"], 4)
+        for model in ("baseline", "auto"):
+            r = row[model]
+            print(f"    {model:9s} micro-F1 {r['micro_f1']:.4f}  macro-F1 {r['macro_f1']:.4f}  "
+                  f"samples-F1 {r['samples_f1']:.4f}  train {r['train_s']:.1f}s"
+                  + (f"  chosen: {r['chosen']}" if model == "auto" else ""), flush=True)
+    print("\nmulti-label: set | ovr-LinearSVC micro-F1 | auto micro / macro / samples-F1 | gain | verdict")
+    for name, row in out.items():
+        b, a = row["baseline"], row["auto"]
+        verdict = "goal" if row["gain"] >= ML_GOAL else ("floor" if row["gain"] >= 0 else "BELOW FLOOR")
+        print(f"  {name:12s} {b['micro_f1']:.4f} | {a['micro_f1']:.4f} / {a['macro_f1']:.4f} / "
+              f"{a['samples_f1']:.4f} | {100 * row['gain']:+.1f} | {verdict}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", default="", help="comma-separated set names (default: the six development sets)")
@@ -525,6 +620,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS), help="where the JSON results go")
     ap.add_argument("--speed", action="store_true", help="time the serving call paths instead")
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--multilabel", action="store_true", help="only the multi-label sets")
+    ap.add_argument("--no-multilabel", action="store_true", help="leave the multi-label sets out")
     ap.add_argument("--fasttext-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.fasttext_child:
@@ -540,14 +637,19 @@ def main() -> None:
         models = list(BASELINES)
     else:
         models = [m for m in args.only.split(",") if m] or list(MODELS)
-    set_names = ([s for s in args.sets.split(",") if s]
-                 or (datasets.holdout_names() if args.holdout else datasets.names()))
+    asked = [s for s in args.sets.split(",") if s]
+    multi_names = [s for s in asked if s in datasets.multilabel_names()]
+    if not asked and not args.holdout and not args.no_multilabel:
+        multi_names = datasets.multilabel_names()
+    asked = [s for s in asked if s not in multi_names]
+    set_names = [] if args.multilabel or (multi_names and not asked and args.sets) else (
+        asked or (datasets.holdout_names() if args.holdout else datasets.names()))
     known_sets = datasets.names() + datasets.holdout_names()
     unknown = [s for s in set_names if s not in known_sets] + [m for m in models if m not in MODELS]
     if unknown:
         raise SystemExit(f"unknown: {', '.join(unknown)}; sets {known_sets}, models {list(MODELS)}")
 
-    if any(m in ("auto", "bow") for m in models) or args.speed:
+    if any(m in ("auto", "bow") for m in models) or args.speed or multi_names:
         import tensorflow as tf
 
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
@@ -588,6 +690,14 @@ def main() -> None:
             print(f"    serving, texts/s at batch 256: auto {sv['auto']:,}  bow {sv['bow']:,}  "
                   f"ratio {sv['ratio']:.2f}", flush=True)
 
+    multilabel = multilabel_bench(multi_names, args) if multi_names else {}
+    if not set_names:
+        out_path = Path(args.out).with_name("accuracy-multilabel.json") if args.out == str(RESULTS) else Path(args.out)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps({"created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                        "threads": args.threads, "multilabel": multilabel}, indent=1))
+        print(f"results: {out_path}")
+        return
     print_table(results, sizes)
     if serving:
         print(f"\nserving texts/s at batch 256, auto vs bow, alternating in this process (target >= {SERVE_TARGET}x):")
@@ -623,6 +733,7 @@ def main() -> None:
                     "auto_params": json.loads(args.auto_params), "models": models, "sets": set_names},
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "sizes": sizes, "results": results, "serving": serving, "skipped": skipped, "verdict": report,
+        "multilabel": multilabel,
     }, indent=1, default=str))
     print(f"results: {out_path}")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import html
 import json
 import os
 import random
@@ -568,12 +569,205 @@ def describe(ds: Dataset) -> str:
             f"median {lengths[len(lengths) // 2]} chars")
 
 
+# --------------------------------------------------------------------------
+# Multi-label sets: several labels per text (bench/accuracy.py --multilabel)
+# --------------------------------------------------------------------------
+
+MultiRow = tuple[str, list[str]]  # (text, labels)
+# not topics: toolkits and desktops an application is built for
+_NOT_TOPICS = {"GTK", "Qt", "KDE", "GNOME", "XFCE", "LXQt", "LXDE", "MATE", "Motif", "Java", "DDE", "Pantheon",
+               "ConsoleOnly", "Application"}
+_TAGS = re.compile(r"<[^>]+>")
+
+
+def _dep11_components() -> Path:
+    """Debian 12's AppStream (DEP-11) metadata for main, fetched by apt into a
+    lists folder of our own (the machine's apt config may leave DEP-11 off)."""
+    lists = CACHE / "dep11-lists"
+    found = sorted(lists.glob("*_main_dep11_Components-amd64.yml.gz"))
+    if found:
+        return found[-1]
+    (lists / "partial").mkdir(parents=True, exist_ok=True)
+    subprocess.run(["apt-get", "update", "-qq", "-o", f"Dir::State::Lists={lists}",
+                    "-o", "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=true"], check=True)
+    found = sorted(lists.glob("*_main_dep11_Components-amd64.yml.gz"))
+    if not found:
+        raise RuntimeError(f"apt-get update left no DEP-11 Components file in {lists}")
+    return found[-1]
+
+
+def _build_appstream_en() -> list[MultiRow]:
+    """English name, summary and description of every desktop application in Debian 12's
+    AppStream metadata, labelled with its freedesktop Categories (toolkits, desktops and
+    vendor X- categories left out)."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    rows = []
+    with gzip.open(_dep11_components(), "rt", encoding="utf-8") as fh:
+        for doc in yaml.load_all(fh, Loader=loader):
+            if not isinstance(doc, dict) or doc.get("Type") != "desktop-application":
+                continue
+            cats = sorted({c for c in doc.get("Categories") or [] if c not in _NOT_TOPICS
+                           and not c.startswith("X-")})
+            name, summary = (doc.get("Name") or {}).get("C"), (doc.get("Summary") or {}).get("C")
+            if not cats or not name or not summary:
+                continue
+            desc = _TAGS.sub(" ", (doc.get("Description") or {}).get("C") or "")
+            rows.append((html.unescape(f"{name}. {summary}. {desc}"), cats))
+    return rows
+
+
+# Emacs' finder keywords (finder-known-keywords, Emacs 28)
+EMACS_KEYWORDS = ("abbrev", "bib", "c", "calendar", "comm", "convenience", "data", "docs", "emulations",
+                  "extensions", "faces", "files", "frames", "games", "hardware", "help", "hypermedia",
+                  "i18n", "internal", "languages", "lisp", "local", "maint", "mail", "matching", "mouse",
+                  "multimedia", "news", "outlines", "processes", "terminals", "tex", "text", "tools", "unix",
+                  "vc", "wp")
+_EL_KEYWORDS = re.compile(r"^;+\s*Keywords:\s*(.*)$", re.I)
+_EL_FIRST = re.compile(r"^;;;\s*\S+\s+---\s*(.*?)\s*(-\*-.*)?$")
+
+
+def _build_emacs_en() -> list[MultiRow]:
+    """Emacs 28's Lisp libraries (Debian `emacs-el`): the one-line summary and the first
+    paragraph of the Commentary, labelled with the file's finder keywords (the standard
+    ones of `finder-known-keywords`; free-form keywords left out)."""
+    root = _deb_root("emacs-el")
+    known = set(EMACS_KEYWORDS)
+    rows = []
+    for path in sorted(root.rglob("*.el.gz")):
+        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().split("\n")[:400]
+        first = _EL_FIRST.match(lines[0]) if lines else None
+        keywords: list[str] = []
+        comment: list[str] = []
+        state = ""
+        for i, line in enumerate(lines):
+            m = _EL_KEYWORDS.match(line)
+            if m and not keywords:
+                words = [m.group(1)]
+                for more in lines[i + 1:i + 4]:  # continuation lines: ";;   more, words"
+                    if re.match(r"^;;\s{2,}\S", more) and ":" not in more.split()[1]:
+                        words.append(more.lstrip("; "))
+                    else:
+                        break
+                keywords = re.split(r"[\s,]+", " ".join(words).lower())
+            if line.lower().startswith(";;; commentary"):
+                state = "comment"
+                continue
+            if state == "comment":
+                body = line.lstrip(";").strip()
+                if line.startswith(";;;") or (not body and comment):
+                    break
+                if body:
+                    comment.append(body)
+        labels = sorted({k for k in keywords if k in known})
+        if not first or not first.group(1) or not labels:
+            continue
+        rows.append((f"{first.group(1)}. {' '.join(comment)[:600]}", labels))
+    return rows
+
+
+@dataclass(frozen=True)
+class MultiSpec:
+    lang: str
+    build: Callable[[], list[MultiRow]]
+    min_per_label: int  # labels on fewer texts are dropped (then texts left with none)
+
+
+MULTILABEL_SETS: dict[str, MultiSpec] = {
+    "appstream_en": MultiSpec("en", _build_appstream_en, 20),
+    "emacs_en": MultiSpec("en", _build_emacs_en, 10),
+}
+
+
+@dataclass(frozen=True)
+class MultiDataset:
+    name: str
+    lang: str
+    labels: list[str]
+    train_texts: list[str]
+    train_labels: list[list[str]]
+    test_texts: list[str]
+    test_labels: list[list[str]]
+
+
+def multilabel_names() -> list[str]:
+    return list(MULTILABEL_SETS)
+
+
+def _finish_multi(rows: list[MultiRow], spec_: MultiSpec) -> list[MultiRow]:
+    """Whitespace collapsed, a text seen twice keeps the union of its labels, rare
+    labels dropped, texts left with no label dropped; sorted by text."""
+    by_text: dict[str, set[str]] = defaultdict(set)
+    for text, labels in rows:
+        text = " ".join(text.split())
+        if text:
+            by_text[text].update(labels)
+    counts = Counter(x for labels in by_text.values() for x in labels)
+    keep = {x for x, n in counts.items() if n >= spec_.min_per_label}
+    out = []
+    for text in sorted(by_text):
+        labels = sorted(by_text[text] & keep)
+        if labels:
+            out.append((text, labels))
+    return out
+
+
+def build_multilabel(name: str, force: bool = False) -> Path:
+    spec_ = MULTILABEL_SETS[name]
+    path = _path(name)
+    if path.exists() and not force:
+        with path.open(encoding="utf-8") as f:
+            if json.loads(f.readline()).get("build_version") == BUILD_VERSION:
+                return path
+    rows = _finish_multi(spec_.build(), spec_)
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", encoding="utf-8") as out:
+        out.write(json.dumps({"build_version": BUILD_VERSION, "name": name, "lang": spec_.lang,
+                              "rows": len(rows)}) + "\n")
+        for text, labels in rows:
+            out.write(json.dumps({"text": text, "labels": labels}, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def load_multilabel(name: str) -> MultiDataset:
+    """A seeded 80/20 split (shuffled, not stratified: label sets do not stratify)."""
+    with build_multilabel(name).open(encoding="utf-8") as f:
+        header = json.loads(f.readline())
+        rows = [json.loads(line) for line in f]
+    order = list(range(len(rows)))
+    random.Random(SEED).shuffle(order)
+    n_test = round(len(rows) * TEST_FRACTION)
+    test, train = order[:n_test], order[n_test:]
+    pick = lambda idx, key: [rows[i][key] for i in idx]  # noqa: E731
+    return MultiDataset(name, header["lang"], sorted({x for r in rows for x in r["labels"]}),
+                        pick(train, "text"), pick(train, "labels"), pick(test, "text"), pick(test, "labels"))
+
+
+def describe_multilabel(ds: MultiDataset) -> str:
+    sets = ds.train_labels + ds.test_labels
+    counts = Counter(x for labels in sets for x in labels)
+    lengths = sorted(len(t) for t in ds.train_texts + ds.test_texts)
+    return (f"{ds.name:12s} {ds.lang}  {len(ds.train_texts):6d} train  {len(ds.test_texts):5d} test  "
+            f"{len(ds.labels):3d} labels (largest {max(counts.values())}, smallest {min(counts.values())}), "
+            f"{sum(map(len, sets)) / len(sets):.2f} a text  median {lengths[len(lengths) // 2]} chars")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--holdout", action="store_true", help="the held-out sets instead (HOLDOUT_SETS)")
     ap.add_argument("--rebuild", action="store_true", help="rebuild from the sources, not the cache")
+    ap.add_argument("--multilabel", action="store_true", help="the multi-label sets instead")
     args = ap.parse_args()
+    if args.multilabel:
+        for name in multilabel_names():
+            build_multilabel(name, force=args.rebuild)
+            print(describe_multilabel(load_multilabel(name)), flush=True)
+        return
     for name in (holdout_names() if args.holdout else args.sets.split(",")):
         build(name, force=args.rebuild)
         print(describe(load(name)), flush=True)

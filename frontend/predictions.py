@@ -182,16 +182,27 @@ def _service_error(exc: Exception) -> ApiError:
 
 
 # -- the answer ---------------------------------------------------------------------------
+def label_set(row: list[float], info: dict[str, Any], min_score: float | None = None,
+              order: list[int] | None = None) -> list[int]:
+    """A multi-label model's labels for one row of scores, best first: those
+    that clear their threshold (and min_score), at least min_labels of them
+    unless min_score is given."""
+    if order is None:
+        order = sorted(range(len(row)), key=row.__getitem__, reverse=True)
+    floor = min_score if min_score is not None else 0.0
+    chosen = [i for i in order if row[i] >= max(info["thresholds"][i], floor)]
+    if not chosen and info["min_labels"] > 0 and min_score is None:
+        chosen = order[:1]  # at least one label: the best, though under its threshold
+    return chosen
+
+
 def prediction(row: list[float], labels: list[str], k: int, info: dict[str, Any],
                min_score: float | None) -> dict[str, Any]:
     order = sorted(range(len(labels)), key=row.__getitem__, reverse=True)
     top = [{"label": labels[i], "score": row[i]} for i in order[:k]]
     p: dict[str, Any] = {"label": top[0]["label"], "score": top[0]["score"], "top": top}
     if info["multi_label"]:
-        floor = min_score if min_score is not None else 0.0
-        chosen = [i for i in order if row[i] >= max(info["thresholds"][i], floor)]
-        if not chosen and info["min_labels"] > 0 and min_score is None:
-            chosen = order[:1]  # at least one label: the best, though under its threshold
+        chosen = label_set(row, info, min_score, order)
         p["labels"] = [{"label": labels[i], "score": row[i]} for i in chosen]
         if min_score is not None:
             p["abstained"] = not chosen

@@ -506,9 +506,13 @@ def _strip_prefix(members: list[tarfile.TarInfo], prefix: str) -> list[tarfile.T
               help="Give each prediction its N strongest n-grams (auto's linear models).")
 @click.option("--min-score", type=click.FloatRange(0.0, 1.0), default=None,
               help="Abstain (label null) below this top score.")
+@click.option("--table", is_flag=True,
+              help="A table instead of JSON lines: each text with its label set "
+                   "(a multi-label model's labels, else the top label).")
 @command
 def predict(ctx: Ctx, texts: tuple[str, ...], model: str | None, top_k: int | None,
-            batch_size: int, explain: int | None, min_score: float | None) -> None:
+            batch_size: int, explain: int | None, min_score: float | None,
+            table: bool = False) -> None:
     """Classify TEXTS (or stdin, one text per line); one JSON line out per text.
 
     Output lines: {"text", "label", "score", "top", "model"}, in input order,
@@ -531,6 +535,10 @@ def predict(ctx: Ctx, texts: tuple[str, ...], model: str | None, top_k: int | No
         if min_score is not None:
             body["min_score"] = min_score
         answer = ctx.infer.post("/predict", body)
+        if table:
+            render.label_sets(answer, batch)
+            count += len(batch)
+            continue
         for text, p in zip(batch, answer["predictions"]):
             click.echo(json.dumps({"text": text, **p, "model": answer.get("model")},
                                   ensure_ascii=False))

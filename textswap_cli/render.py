@@ -242,9 +242,14 @@ def models(answer: dict[str, Any]) -> None:
         for v in m.get("versions") or []:
             metrics = v.get("metrics") or {}
             data = v.get("data") or {}
+            n_labels = str(len(v.get("labels") or []))
+            accuracy = _num(metrics.get("accuracy"))
+            if metrics.get("multi_label"):  # several labels per text: micro-F1, not accuracy
+                n_labels += " (multi-label)"
+                accuracy = f"micro-F1 {_num(metrics.get('micro_f1'))}"
             table.add_row(m.get("name"), str(v.get("version")),
                           "*" if (m.get("name"), v.get("version")) in serving_set else "",
-                          str(len(v.get("labels") or [])), _num(metrics.get("accuracy")),
+                          n_labels, accuracy,
                           _num(metrics.get("macro_f1")), str(data.get("examples", "-")),
                           str(v.get("created_at", "-")))
     out.print(table if answer.get("models") else "the store has no models")
@@ -352,3 +357,18 @@ class JobProgress:
         history = job.get("history") or []
         self.progress.update(self.task, total=total or None, completed=done or 0,
                              where=where, figures=_figures(history[-1] if history else p))
+
+
+def label_sets(answer: dict[str, Any], texts: list[str]) -> None:
+    """A multi-label model's answer as a table: each text with its label set."""
+    table = Table(title=f"labels from {_ref(answer.get('model'))}", title_justify="left")
+    for col in ("text", "labels", "top"):
+        table.add_column(col)
+    for text, p in zip(texts, answer.get("predictions") or []):
+        sets = p.get("labels")
+        if sets is None and p.get("label") is not None:  # a single-label model
+            sets = [{"label": p["label"], "score": p.get("score")}]
+        chosen = ", ".join(f"{x['label']} {_num(x['score'], 2)}" for x in sets or [])
+        table.add_row(text[:60], chosen or ("(abstained)" if p.get("abstained") else "-"),
+                      f"{p.get('label')} {_num(p.get('score'), 2)}")
+    out.print(table)

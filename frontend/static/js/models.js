@@ -62,8 +62,9 @@ function chosenOf(meta) {
   const r = reportOf(meta);
   const c = r.chosen ?? r.chosen_config ?? r.config ?? r.best ?? meta?.chosen;
   if (isObj(c) && typeof c.name === "string") {
-    const cv = num(c.cv_macro_f1) ?? num(c.score);
-    return c.name + (cv !== null ? " (CV macro-F1 " + cv.toFixed(4) + ")" : "");
+    const micro = num(c.cv_micro_f1);  // multi-label
+    const cv = micro ?? num(c.cv_macro_f1) ?? num(c.score);
+    return c.name + (cv !== null ? " (CV " + (micro !== null ? "micro" : "macro") + "-F1 " + cv.toFixed(4) + ")" : "");
   }
   if (isObj(c)) return kv(isObj(c.params) ? {...c, ...c.params} : c) || "—";
   if (typeof c === "string") return c;
@@ -182,16 +183,21 @@ export function renderModels(root, listing, servingVersions, selected, actions) 
     if (!selected) return h("p", {class: "empty"}, "Pick a version (Matrix) to see its confusion matrix.");
     const title = h("h3", {}, "Confusion matrix · ", h("span", {class: "sel-name"}, selected.name), " v" + selected.version);
     if (!meta) return [title, h("p", {class: "muted"}, "loading…")];
-    const cm = confusionOf(meta);
+    const multi = meta.metrics?.multi_label === true;  // several labels per text: no confusion matrix
+    const cm = multi ? null : confusionOf(meta);
     const r = reportOf(meta);
     const ece = num(r.ece_after) ?? num(r.ece) ?? num(r.calibration?.ece_after);
     const per = isObj(meta.metrics?.per_label) ? meta.metrics.per_label : isObj(r.out_of_fold?.per_label) ? r.out_of_fold.per_label : null;
     return [title,
-      cm ? heatmap(cm) : h("p", {class: "empty"}, "This version's report has no confusion matrix (added by automatic model selection)."),
+      multi ? h("p", {class: "multi"}, "multi-label · micro-F1 " + fmtNum(meta.metrics.micro_f1, 4) + " · macro-F1 " +
+          fmtNum(meta.metrics.macro_f1, 4) + " · samples-F1 " + fmtNum(meta.metrics.samples_f1, 4) + " (no confusion matrix: per-label counts below)")
+        : cm ? heatmap(cm) : h("p", {class: "empty"}, "This version's report has no confusion matrix (added by automatic model selection)."),
       meta.metrics?.measured_on ? h("p", {class: "muted"}, "measured on " + String(meta.metrics.measured_on) + (ece !== null ? " · ECE " + fmtNum(ece, 4) : "")) : null,
-      per ? table(["label", "precision", "recall", "F1", "support"], Object.entries(per).filter(([, x]) => isObj(x)).map(([label, x]) =>
+      per ? table(["label", "precision", "recall", "F1", "support", ...(multi ? ["predicted", "threshold"] : [])], Object.entries(per).filter(([, x]) => isObj(x)).map(([label, x]) =>
         h("tr", {}, h("td", {}, label), h("td", {class: "r"}, fmtNum(x.precision, 3)), h("td", {class: "r"}, fmtNum(x.recall, 3)),
-          h("td", {class: "r"}, fmtNum(x.f1, 3)), h("td", {class: "r"}, fmtNum(x.support, 0)))), {class: "compact"}) : null,
+          h("td", {class: "r"}, fmtNum(x.f1, 3)), h("td", {class: "r"}, fmtNum(x.support, 0)),
+          multi ? h("td", {class: "r"}, fmtNum(x.predicted, 0)) : null,
+          multi ? h("td", {class: "r"}, fmtNum(meta.thresholds?.[label], 3)) : null)), {class: "compact"}) : null,
       candidates(meta)];
   });
 }
