@@ -134,9 +134,12 @@ def inference_spec(cfg: Any) -> S:
                           "description": "abstain below this top score: 'label' null, "
                                          "'abstained' true, scores kept (absent: the model "
                                          "policy's min_score, else never)"},
-            "explain": {"type": "integer", "minimum": 0, "maximum": 100, "default": 0,
+            "explain": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 100},
+                                  {"type": "boolean", "enum": [False]}],
+                        "nullable": True, "default": 0,
                         "description": "give each prediction its k strongest n-grams "
-                                       "(auto's linear models; bow/cnn: 422 cannot_explain)"},
+                                       "(auto's linear models; bow/cnn: 422 cannot_explain); "
+                                       "0, false or null: off"},
         },
         "example": {"text": "非常好用", "top_k": 2},
     }
@@ -756,7 +759,8 @@ REQUEST_ID: S = {"type": "string", "pattern": r"^[A-Za-z0-9._:-]{1,64}$",
                                 "one): POST /feedback names predictions by it",
                  "example": "ticket-4711"}
 REQUEST_ID_HEADER: S = {"X-Request-Id": {"schema": REQUEST_ID, "required": True}}
-_LABEL: S = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S",
+_LABEL: S = {"anyOf": [{"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S"},
+                       {"type": "integer", "description": "taken as its decimal string"}],
              "example": "pos"}
 
 

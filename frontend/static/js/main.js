@@ -12,6 +12,8 @@ import {renderServing, slotsOf, servedByModel} from "./serving.js";
 import {renderModels, setOnLoaded, resetApplyMode} from "./models.js";
 import {renderJobs, renderCharts, setupForm, cancelJob, isActive} from "./training.js";
 import {renderHistory, recordsOf} from "./history.js";
+import {ReviewPanel} from "./review.js";
+import {TryPanel} from "./tryit.js";
 import {renderQuality, setOnQualityLoaded} from "./quality.js";
 
 const TICK_MS = 1000;
@@ -24,6 +26,8 @@ const state = {
   lastModelsTick: -99, lastHistoryTick: -99, metricsOffUntil: 0, armed: new Map(),
 };
 const live = new LiveFigures();
+const review = new ReviewPanel($("#review"));
+const tryit = new TryPanel($("#tryit"));
 
 // -- token ---------------------------------------------------------------------------
 api.onAuthNeeded((why) => {
@@ -246,6 +250,7 @@ function draw() {
     state.selectedModel = {name: d.name, version: d.version};
   }
   renderModels(document, state.listing, servingVersions, state.selectedModel, actions);
+  if (state.listing) { tryit.update(state.listing); review.update(state.listing); }
   renderQuality($("#quality"), slots.map((s) => s.name));
   const jobs = jobsOf(status);
   renderJobs($("#jobs"), jobs, state.selectedJob ?? jobs[jobs.length - 1]?.id, jobActions);
