@@ -193,7 +193,6 @@ class Metrics:
         if self.sup is not None:
             yield from self._supervisor_gauges()
             yield from self._quality_families()
-            yield from self._quality_families()
 
     def _supervisor_gauges(self) -> Iterator[Any]:
         sup = self.sup
@@ -277,55 +276,6 @@ class Metrics:
         yield g
         yield _hist("training_seconds", "run time of training jobs finished since start, "
                     "by final state", ["state"], {(k,): h for k, h in self.train_seconds.items()})
-
-    def _quality_families(self) -> Iterator[Any]:
-        """Live quality and drift per version: control/quality.py's latest reports
-        (refreshed every drift.refresh_s and by GET /models/<name>/quality)."""
-        quality = getattr(self.sup, "quality", None)
-        latest = dict(getattr(quality, "latest", None) or {})
-        labels = ["model", "version"]
-        fams = {
-            "feedback": CounterMetricFamily(PREFIX + "feedback", "true labels fed back on "
-                                            "logged predictions", labels=labels),
-            "predictions": GaugeMetricFamily(PREFIX + "predictions_logged", "predictions kept "
-                                             "in the prediction log", labels=labels),
-            "accuracy": GaugeMetricFamily(PREFIX + "live_accuracy", "accuracy on the fed-back "
-                                          "predictions", labels=labels),
-            "macro_f1": GaugeMetricFamily(PREFIX + "live_macro_f1", "macro-F1 on the fed-back "
-                                          "predictions", labels=labels),
-            "unknown_ngram_share": GaugeMetricFamily(
-                PREFIX + "drift_unknown_ngram_share", "share of the window's n-grams the "
-                "training data does not hold", labels=labels),
-            "unknown_ngram_excess": GaugeMetricFamily(
-                PREFIX + "drift_unknown_ngram_excess", "unknown n-gram share above the "
-                "training data's own (leave-one-out)", labels=labels),
-            "label_js": GaugeMetricFamily(PREFIX + "drift_label_js", "Jensen-Shannon divergence "
-                                          "of the predicted labels from the profile's",
-                                          labels=labels),
-            "top_score_js": GaugeMetricFamily(PREFIX + "drift_top_score_js", "Jensen-Shannon "
-                                              "divergence of the top scores from the "
-                                              "profile's", labels=labels),
-            "texts": GaugeMetricFamily(PREFIX + "drift_window_texts", "texts in the drift "
-                                       "window", labels=labels),
-            "alert": GaugeMetricFamily(PREFIX + "drift_alert", "1 when a drift signal is above "
-                                       "its threshold (drift.max_*)", labels=labels),
-        }
-        for name, report in sorted(latest.items()):
-            for v in report.get("versions", []):
-                key = [name, str(v["version"])]
-                fams["feedback"].add_metric(key, v["feedback"])
-                fams["predictions"].add_metric(key, v["predictions"])
-                for field in ("accuracy", "macro_f1"):
-                    if v["live"].get(field) is not None:
-                        fams[field].add_metric(key, v["live"][field])
-                drift = v.get("drift")
-                if drift:
-                    for field in ("unknown_ngram_share", "unknown_ngram_excess", "label_js",
-                                  "top_score_js", "texts"):
-                        if drift.get(field) is not None:
-                            fams[field].add_metric(key, drift[field])
-                    fams["alert"].add_metric(key, 1 if drift["alert"] else 0)
-        yield from fams.values()
 
     def _quality_families(self) -> Iterator[Any]:
         """Live quality and drift per version: control/quality.py's latest reports

@@ -131,18 +131,6 @@ DEFAULTS: dict[str, Any] = {
         "max_top_score_js": 0.05,  # top-score distribution (Jensen-Shannon, base 2)
         "refresh_s": 30.0,     # /metrics figures recomputed this often (0: only on GET /quality)
     },
-    # Drift of live traffic against each version's training-data profile
-    # (control/quality.py, docs/loop.md "Live quality and drift"). Thresholds
-    # measured with bench/drift.py: quiet on in-domain windows, alert on
-    # another language or domain within 500 texts.
-    "drift": {
-        "window": 1000,        # the last texts of a version that are compared
-        "min_texts": 200,      # no alert on fewer texts than this
-        "max_unknown_excess": 0.15,  # unknown n-gram share above the training's own
-        "max_label_js": 0.1,   # predicted-label distribution (Jensen-Shannon, base 2)
-        "max_top_score_js": 0.1,  # top-score distribution (Jensen-Shannon, base 2)
-        "refresh_s": 30.0,     # /metrics figures recomputed this often (0: only on GET /quality)
-    },
     "training": {
         "max_concurrent": 1,
         "nice": 10,

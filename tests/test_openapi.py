@@ -289,7 +289,7 @@ def test_documents_are_served_and_match_the_routes(svc):
     apply = doc["paths"]["/apply"]["post"]["requestBody"]["content"]["application/json"]
     props = apply["schema"]["properties"]
     assert set(props) == {"name", "version", "replicas", "default", "mode", "fraction",
-                          "keep_examples", "gate", "min_accuracy"}
+                          "keep_examples", "gate", "min_accuracy", "partial"}
     assert props["mode"]["enum"] == ["normal", "shadow", "canary"]
     assert props["replicas"]["maximum"] == 64 and props["fraction"]["maximum"] == 1
     assert set(doc["paths"]["/models/{name}/golden"]) == {"parameters", "put", "get", "delete"}
