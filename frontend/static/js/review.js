@@ -17,7 +17,7 @@ import {h, isObj, num, toast} from "./ui.js";
 
 const LIMIT = 50;
 const REFILL_BELOW = 5;      // reload the queue when fewer items are left
-const EMPTY_RECHECK_MS = 20000;
+const EMPTY_RECHECK_MS = 15000;
 
 const enc = encodeURIComponent;
 const keyOf = (it) => it.request_id + "#" + it.index;
@@ -39,6 +39,7 @@ export class ReviewPanel {
     this.error = null;
     this.loadedOnce = false;
     this.recheck = null;
+    this.serves = undefined;   // the version of the model that serves, as last seen
     this.build();
     this.render();
   }
@@ -90,6 +91,13 @@ export class ReviewPanel {
       }
       this.picker.value = pick;
       if (pick !== this.model) this.choose(pick);
+    }
+    // a new version serves: its predictions will come, look again
+    const serves = isObj(listing?.serving_versions) ? listing.serving_versions[this.model] ?? null : null;
+    if (serves !== this.serves) {
+      const before = this.serves;
+      this.serves = serves;
+      if (before !== undefined && this.loadedOnce && !this.loading) this.load();
     }
   }
 
@@ -144,9 +152,15 @@ export class ReviewPanel {
         this.loadedOnce = true;
         this.render();
         // an empty queue fills with new traffic: look again now and then
-        if (!this.items.length && !this.error) this.recheck = setTimeout(() => { if (!document.hidden) this.load(); else this.recheck = setTimeout(() => this.load(), EMPTY_RECHECK_MS); }, EMPTY_RECHECK_MS);
+        if (!this.items.length && !this.error) this.recheck = setTimeout(() => this.recheckEmpty(), EMPTY_RECHECK_MS);
       }
     }
+  }
+
+  // not while the tab is hidden: wait for it to show again
+  recheckEmpty() {
+    if (document.hidden) this.recheck = setTimeout(() => this.recheckEmpty(), EMPTY_RECHECK_MS);
+    else this.load();
   }
 
   async label(it, label, how) {

@@ -48,7 +48,7 @@ export class TryPanel {
   // on every draw: the serving models (only they answer)
   update(listing) {
     const serving = isObj(listing?.serving_versions) ? Object.keys(listing.serving_versions).sort() : [];
-    const sig = serving.join("\n");
+    const sig = serving.map((n) => n + " v" + listing.serving_versions[n]).join("\n");
     if (sig === this.names) return;
     this.names = sig;
     const cur = this.model.value;
