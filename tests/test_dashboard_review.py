@@ -11,7 +11,8 @@ Review: the queue shows the logged predictions least sure first, as
 GET /models/<name>/review lists them; a click on another label, the Enter key
 (confirm the predicted label) and a digit key (pick a label) each store
 feedback that GET /models/<name>/quality counts, with the label chosen (its
-confusion matrix and accuracy); a labelled item leaves the queue.
+confusion matrix and accuracy), and so does a new label typed after the n
+key; a labelled item leaves the queue; a text holding markup shows as text.
 
 Try it: the label of a text with its n-grams highlighted (the same
 prediction and explanation as /predict), abstaining under a min score, the
@@ -36,8 +37,9 @@ from test_dashboard import ARTIFACTS, Browser, browser, pw  # noqa: F401 (pw: th
 TOKEN = "review-board-token"
 FEEDBACK_TOKEN = "only-for-clients"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+MARKUP = "<img src=x onerror=window.__xss=1> football"
 SINGLE = ["cheap phone deals", "tennis racket battery", "the game was delicious",
-          "pizza and football", "new laptop with a fast cpu", "noodle soup recipe"]
+          "pizza and football", "new laptop with a fast cpu", "noodle soup recipe", MARKUP]
 BATCH = ["a cake for the team", "goal keeper app", "rice with chips"]
 TRY_TEXT = "Football match news: the striker scored twice, then we ate"
 
@@ -169,12 +171,23 @@ def test_review_panel_labels_by_click_and_keys(svc, pw):
         wait_for(lambda: panel.locator("li.rv-item.cur").get_attribute("data-key") != cur, 10,
                  "j to move to the next item")
 
+        # 4. n types a label the model does not know yet
+        fourth_key = panel.locator("li.rv-item.cur").get_attribute("data-key")
+        fourth = next(it for it in _queue(svc)
+                      if f'{it["request_id"]}#{it["index"]}' == fourth_key)
+        page.keyboard.press("n")
+        page.keyboard.type("weather")
+        page.keyboard.press("Enter")
+        panel.locator(f'li.rv-item[data-key="{fourth_key}"]').wait_for(state="detached")
+        truth[fourth["text"]] = ("weather", fourth["label"])
+        wait_for(lambda: _fed_back(svc) == 4, 30, "the new label's feedback to be counted")
+
         # what the service counts is what was chosen: its confusion matrix and accuracy
         version = _quality(svc)["versions"][0]
-        assert version["feedback"] == 3
+        assert version["feedback"] == 4
         live = version["live"]
         right = sum(t == p for t, p in truth.values())
-        assert live["accuracy"] == pytest.approx(right / 3)
+        assert live["accuracy"] == pytest.approx(right / 4)
         cm = live["confusion"]
         got = {(cm["labels"][i], cm["labels"][j]): n for i, row in enumerate(cm["rows"])
                for j, n in enumerate(row) if n}
@@ -186,7 +199,12 @@ def test_review_panel_labels_by_click_and_keys(svc, pw):
         assert not set(truth) & {it["text"] for it in left}
         wait_for(lambda: items.count() == len(left), 10, "the page's queue to match")
         counts = panel.locator(".rv-counts").inner_text()
-        assert "3 labelled here" in counts and f"{len(left)} left" in counts, counts
+        assert "4 labelled here" in counts and f"{len(left)} left" in counts, counts
+        # texts are text: markup in one shows as its characters and never runs
+        if MARKUP not in truth:
+            panel.locator(".rv-text", has_text="<img src=x").wait_for()
+        assert page.evaluate("window.__xss") is None
+        assert panel.locator("img").count() == 0
         page.locator("#review-sec").screenshot(path=os.path.join(ARTIFACTS,
                                                                  "review-panel-after.png"))
 
