@@ -247,12 +247,17 @@ EXAMPLE_DATA: S = {"examples": [{"text": t, "label": label}
 
 def _data_schema() -> S:
     """The 'data' field of POST /train and PUT /models/{name}/golden (dataset.load)."""
-    example: S = {"type": "object", "required": ["text", "label"],
+    example: S = {"type": "object", "required": ["text"],
+                  "description": "'label', or 'labels' (a multi-label set: every row of "
+                                 "the data then gives one)",
+                  "oneOf": [{"required": ["label"]}, {"required": ["labels"]}],
                   "properties": {"text": {"type": "string", "minLength": 1,
                                           "maxLength": dataset.MAX_TEXT_CHARS,
                                           "pattern": r"\S"},
                                  "label": {"oneOf": [{"type": "string", "pattern": r"\S"},
-                                                     {"type": "integer"}]}}}
+                                                     {"type": "integer"}]},
+                                 "labels": {"type": "array", "minItems": 1,
+                                            "items": {"type": "string", "pattern": r"\S"}}}}
     data: S = {
         "type": "object", "additionalProperties": False,
         "description": "exactly one of 'path' (a UTF-8 .jsonl/.csv/.tsv file under the "
@@ -263,6 +268,9 @@ def _data_schema() -> S:
             "path": {"type": "string", "minLength": 1, "pattern": r"\S"},
             "examples": {"type": "array", "minItems": 2 * dataset.MIN_PER_LABEL,
                          "maxItems": dataset.MAX_EXAMPLES, "items": example},
+            "label_separator": {"type": "string", "minLength": 1, "default": "|",
+                                "description": "splits a CSV 'labels' column into a "
+                                               "multi-label set"},
             "labels": {"type": "array", "uniqueItems": True, "minItems": 2,
                        "items": {"type": "string", "pattern": r"\S"},
                        "nullable": True,
