@@ -100,6 +100,7 @@ class Storage:
     def health(self) -> dict[str, Any]:
         return {"ok": not self.errors, "last_error": self.last_error,
                 "failing": sorted(self.errors),
+                "errors": sorted(self.errors.values(), key=lambda e: e["at"]),
                 "last_ok_at": self.last_ok, "free_bytes": self.free_bytes(),
                 "writes": self.writes, "failures": self.failures}
 

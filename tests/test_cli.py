@@ -460,6 +460,9 @@ def test_ctrl_c_during_wait_offers_to_cancel(svc, tmp_path):
             return next((j for j in jobs if j["name"] == "long" and j["state"] == "running"
                          and (j["progress"].get("epoch") or 0) >= 1), None)
         job = wait_for(running_job, 240, "the job to train", interval=0.25)
+        # the command follows the job once it draws its bar: a forked trainer
+        # can reach epoch 1 before the command has started following it
+        wait_for(lambda: b"epoch" in seen, 60, "the command's progress bar")
         proc.send_signal(signal.SIGINT)
         wait_for(lambda: b"Cancel job" in seen, 30, "the cancel prompt")
         os.write(master, b"y\n")
