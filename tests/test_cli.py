@@ -438,7 +438,10 @@ def test_ctrl_c_during_wait_offers_to_cancel(svc, tmp_path):
     proc = subprocess.Popen([*textswap_cmd(), "train", "long", str(data), "-p",
                              "architecture=bow", "-p", "epochs=200", "-p",
                              "early_stopping_patience=100", "--wait"],
-                            stdin=slave, stdout=slave, stderr=slave, env=env)
+                            stdin=slave, stdout=slave, stderr=slave, env=env,
+                            # a test run started in the background inherits SIGINT
+                            # ignored: give the command a terminal's default
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(slave)
     seen = bytearray()
 
