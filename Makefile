@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(PY) bench/rollouts.py # rollback in probation, shadow, canary, automatic rollback, gate
 	$(PY) bench/loop.py     # prediction log cost (<= 3%), the learning loop on a real set
 	$(PY) bench/faults.py   # serving p99 while every fsync takes 200 ms
+	$(PY) bench/explain.py  # an explanation's cost against the plain predict
 
 bench-slots: $(STAMP)
 	$(PY) bench/slots.py
