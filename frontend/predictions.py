@@ -20,7 +20,7 @@ import math
 import time
 from typing import Any
 
-from frontend.base import ApiError
+from frontend.base import ApiError, service_error
 
 # /predict fields beyond text(s), model and top_k
 OPTION_FIELDS = {"min_score", "explain"}
@@ -167,20 +167,6 @@ async def scores_for(sup: Any, texts: list[str], name: str | None, explain: int
     return model, labels, out, None
 
 
-def _service_error(exc: Exception) -> ApiError:
-    from state.errors import InvalidName, NotFound, ServiceError, StoreError
-
-    if isinstance(exc, InvalidName):
-        return ApiError(400, "invalid_name", str(exc))
-    if isinstance(exc, NotFound):
-        return ApiError(404, "not_found", str(exc))
-    if isinstance(exc, ServiceError):
-        return ApiError(exc.status, exc.code, str(exc), exc.details)
-    if isinstance(exc, StoreError):
-        return ApiError(500, "store_error", str(exc))
-    raise exc
-
-
 # -- the answer ---------------------------------------------------------------------------
 def label_set(row: list[float], info: dict[str, Any], min_score: float | None = None,
               order: list[int] | None = None) -> list[int]:
@@ -225,7 +211,7 @@ async def predict(sup: Any, texts: list[str], top_k: int, name: str | None,
     except ApiError:
         raise
     except Exception as exc:
-        raise _service_error(exc) from None
+        raise service_error(exc) from None
     info = model_info(sup, model)
     min_score = options.get("min_score")
     if min_score is None:
