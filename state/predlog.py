@@ -25,27 +25,38 @@ drift code reads it through these methods only):
                                    "random"
     flush(timeout) / close()
 
-Threading: writes (add, add_feedback, add_examples, trimming) run on ONE
-writer thread with its own connection, in call order; `add` only puts the
-rows on a queue, so the IOLoop never waits on disk. Read methods open a
+Threading and processes: predictions (add, add_answer) are only put on a
+queue; a sender thread packs what gathered every ~50 ms with msgpack and
+writes it to the writer process (state/predlog_writer.py: it builds,
+inserts and trims the rows, off the supervisor's interpreter lock). Feedback
+and free examples (add_feedback, add_examples) are written by a thread here,
+in call order, each future resolving once committed. Read methods open a
 connection per thread (thread-local), so they are safe from executor threads;
 they must not run on the IOLoop. Storage: SQLite, WAL, ``synchronous=NORMAL``
 (``<models_dir>/.predictions.db``): a clean stop commits everything queued;
-a kill -9 may lose the predictions of the last few tens of milliseconds, never
-an answered feedback (its future resolves after the commit). Texts are
-stored: ``predictions.log: false`` turns the log off. Imports no TensorFlow.
+a kill -9 of the supervisor may lose the predictions of its last ~50 ms (the
+writer commits what it was sent, then exits), never an answered feedback.
+When the writer falls behind by more than ``MAX_QUEUED`` answers (a machine
+saturated for a long time), new predictions are dropped and counted
+(``dropped``), never the request slowed. Texts are stored:
+``predictions.log: false`` turns the log off. Imports no TensorFlow.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import logging
 import os
 import queue
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Iterable
+
+import msgpack
 
 from state.statedb import as_oserror
 
@@ -53,8 +64,10 @@ log = logging.getLogger("textswap.predlog")
 
 FILENAME = ".predictions.db"
 SCHEMA_VERSION = 1
-_BATCH_WAIT_S = 0.05  # the writer gathers rows this long between transactions
-_TRIM_EVERY = 2000    # rows inserted for a model between two trims
+_BATCH_WAIT_S = 0.05  # the sender gathers answers this long between two writes
+MAX_QUEUED = 20_000   # answers waiting for the writer; beyond, new ones are dropped
+_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
+         "from state.predlog_writer import main; sys.exit(main(sys.argv[2:]))")
 
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS predictions (
@@ -84,6 +97,8 @@ _SCHEMA = [
            PRIMARY KEY (request_id, idx)
        )""",
     "CREATE INDEX IF NOT EXISTS feedback_model ON feedback (model, at)",
+    # one row, rewritten by the writer process to learn that a failed disk works again
+    "CREATE TABLE IF NOT EXISTS writer_probe (id INTEGER PRIMARY KEY, at REAL)",
     """CREATE TABLE IF NOT EXISTS examples (
            model TEXT NOT NULL,
            text TEXT NOT NULL,
@@ -95,21 +110,15 @@ _SCHEMA = [
 ]
 
 
-def _scores_map(scores: Any) -> dict[str, float]:
-    if isinstance(scores, dict):
-        return scores
-    if isinstance(scores, list):
-        return {s["label"]: s["score"] for s in scores}
-    return {}
+class _Writer:
+    """One writer process, and the flush markers it has been sent."""
 
-
-def _margin(scores: dict[str, float]) -> float:
-    vals = sorted(scores.values(), reverse=True)
-    if not vals:
-        return 1.0
-    if len(vals) == 1:  # only the top one was asked for: its distance to a tie
-        return 2.0 * vals[0] - 1.0
-    return vals[0] - vals[1]
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.acks: dict[int, concurrent.futures.Future] = {}
+        self.logged = self.dropped = 0  # as the process last reported
+        self.error: Any = None
+        self.reader: threading.Thread | None = None
 
 
 class PredictionLog:
@@ -132,14 +141,32 @@ class PredictionLog:
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         finally:
             conn.close()
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._q: queue.SimpleQueue = queue.SimpleQueue()   # feedback, examples
+        self._pq: queue.SimpleQueue = queue.SimpleQueue()  # predictions, to the writer
         self._local = threading.local()
         self._closed = False
-        self._since_trim: dict[str, int] = {}
-        self.dropped = 0   # rows not written (a write failed)
-        self.logged = 0    # rows written
-        self._thread = threading.Thread(target=self._run, name="predlog-writer", daemon=True)
+        self._seq = itertools.count(1)
+        self._writer: _Writer | None = None
+        self._started_at = 0.0
+        self._retired = [0, 0]  # logged, dropped by writer processes that ended
+        self._lost = 0          # dropped here: queue full, writer down, unpackable
+        self._thread = threading.Thread(target=self._run, name="predlog-feedback", daemon=True)
         self._thread.start()
+        self._sender = threading.Thread(target=self._send_loop, name="predlog-sender",
+                                        daemon=True)
+        self._sender.start()
+
+    @property
+    def logged(self) -> int:
+        """Prediction rows committed (by every writer process so far)."""
+        w = self._writer
+        return self._retired[0] + (w.logged if w else 0)
+
+    @property
+    def dropped(self) -> int:
+        """Prediction rows not written: a failed write, the queue full, the writer down."""
+        w = self._writer
+        return self._retired[1] + self._lost + (w.dropped if w else 0)
 
     # -- connections --------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -159,19 +186,146 @@ class PredictionLog:
     def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         return self._reader().execute(sql, args).fetchall()
 
-    # -- writes ---------------------------------------------------------------------------
+    # -- predictions: queue, sender thread, writer process ---------------------------------
     def add(self, rows: list[dict[str, Any]]) -> None:
-        """Queue predictions for the writer thread (never blocks)."""
+        """Queue predictions for the writer (never blocks)."""
         if self.enabled and not self._closed and rows:
-            self._q.put(("rows", rows, None))
+            if self._pq.qsize() >= MAX_QUEUED:
+                self._lost += len(rows)
+            else:
+                self._pq.put(["r", rows])
 
     def add_answer(self, at: float, request_id: str, model: str, version: Any,
                    texts: list[str], predictions: list[dict[str, Any]]) -> None:
-        """Queue a /predict answer whole (its rows are built on the writer thread:
+        """Queue a /predict answer whole (its rows are built in the writer process:
         the request path pays one queue put)."""
         if self.enabled and not self._closed and texts:
-            self._q.put(("answer", (at, request_id, model, version, texts, predictions), None))
+            if self._pq.qsize() >= MAX_QUEUED:
+                self._lost += len(texts)
+            else:
+                self._pq.put(["a", at, request_id, model, version, texts, predictions])
 
+    def _send_loop(self) -> None:
+        stop = False
+        while not stop:
+            item = self._pq.get()
+            batch = [item]
+            if item[0] in ("a", "r"):  # gather more: fewer, bigger writes
+                time.sleep(_BATCH_WAIT_S)
+            while True:
+                try:
+                    batch.append(self._pq.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(b[0] == "stop" for b in batch)
+            items = [b for b in batch if b[0] != "stop"]
+            if items:
+                self._send(items)
+        self._end_writer()
+
+    def _send(self, items: list[list[Any]]) -> None:
+        markers = [it for it in items if it[0] == "f"]
+        w = self._writer
+        if len(markers) == len(items) and (w is None or w.proc.poll() is not None):
+            for it in markers:  # nothing to write and no writer: all is committed
+                it[2].set_result(None)
+            return
+        try:
+            w = self._live_writer()
+            for it in markers:
+                w.acks[it[1]] = it[2]
+            w.proc.stdin.write(msgpack.packb([it[:2] if it[0] == "f" else it
+                                              for it in items], use_bin_type=True))
+            w.proc.stdin.flush()
+        except (OSError, ValueError, TypeError) as exc:
+            log.error("prediction log: %d answers not sent to the writer: %s",
+                      len(items) - len(markers), exc)
+            self._lost += sum(len(it[5]) if it[0] == "a" else len(it[1])
+                              for it in items if it[0] != "f")
+            for it in markers:
+                if not it[2].done():
+                    it[2].set_exception(RuntimeError(f"the prediction log writer: {exc}"))
+
+    def _live_writer(self) -> _Writer:
+        w = self._writer
+        if w is not None and w.proc.poll() is None:
+            return w
+        if w is not None:
+            self._retire(w)
+        wait = self._started_at + 1.0 - time.monotonic()
+        if wait > 0:  # a writer that keeps dying is restarted once a second at most
+            time.sleep(wait)
+        self._started_at = time.monotonic()
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        proc = subprocess.Popen([sys.executable, "-c", _BOOT, root, self.path,
+                                 str(self.max_rows)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE)
+        w = self._writer = _Writer(proc)
+        w.reader = threading.Thread(target=self._read_loop, args=(w,), name="predlog-acks",
+                                    daemon=True)
+        w.reader.start()
+        return w
+
+    def _read_loop(self, w: _Writer) -> None:
+        unpacker = msgpack.Unpacker(raw=False)
+        out = w.proc.stdout
+        while True:
+            try:
+                data = out.read1(1 << 16)  # type: ignore[union-attr]
+            except (OSError, ValueError):
+                data = b""
+            if not data:
+                break
+            unpacker.feed(data)
+            for msg in unpacker:
+                self._report(w, msg)
+        w.proc.wait()
+        for fut in list(w.acks.values()):  # sent, never acknowledged: the writer died
+            if not fut.done():
+                fut.set_exception(RuntimeError(
+                    f"the prediction log writer ended (exit {w.proc.returncode})"))
+        w.acks.clear()
+
+    def _report(self, w: _Writer, msg: dict[str, Any]) -> None:
+        w.logged, w.dropped = msg.get("logged", 0), msg.get("dropped", 0)
+        err = msg.get("error")
+        w.error = err
+        if self.health is not None:
+            if err:
+                self.health.failed("the prediction log", self.path, OSError(err[0], err[1]))
+            else:
+                self.health.succeeded("the prediction log")
+        for seq in msg.get("acks") or ():
+            fut = w.acks.pop(seq, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    def _retire(self, w: _Writer) -> None:
+        if w.reader is not None:
+            w.reader.join(30)
+        self._retired[0] += w.logged
+        self._retired[1] += w.dropped
+        if self._writer is w:
+            self._writer = None
+
+    def _end_writer(self) -> None:
+        """EOF to the writer: it commits what it has and ends."""
+        w = self._writer
+        if w is None:
+            return
+        try:
+            w.proc.stdin.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        try:
+            w.proc.wait(30)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a writer stuck on disk
+            log.error("the prediction log writer did not end in 30 s: killed")
+            w.proc.kill()
+            w.proc.wait()
+        self._retire(w)
+
+    # -- feedback and examples: a thread here, each future resolving on commit --------------
     def _submit(self, kind: str, payload: Any) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         if self._closed:
@@ -204,16 +358,23 @@ class PredictionLog:
                                          for t, lab in examples])
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until everything queued so far is committed (not on the IOLoop)."""
-        if not self._closed:
-            self._submit("noop", None).result(timeout)
-
-    def close(self) -> None:
-        """Commit what is queued, then stop the writer thread."""
+        """Wait until everything queued so far is committed: the predictions by the
+        writer process, the feedback here (not on the IOLoop)."""
         if self._closed:
             return
-        self._q.put(("stop", None, None))
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._pq.put(["f", next(self._seq), fut])
+        fut.result(timeout)
+        self._submit("noop", None).result(timeout)
+
+    def close(self) -> None:
+        """Commit what is queued, then stop the writer process and the threads."""
+        if self._closed:
+            return
         self._closed = True
+        self._pq.put(["stop"])
+        self._q.put(("stop", None, None))
+        self._sender.join(60)
         self._thread.join(30)
         conn = getattr(self._local, "conn", None)
         if conn is not None:
@@ -224,10 +385,7 @@ class PredictionLog:
         conn = self._connect()
         stop = False
         while not stop:
-            item = self._q.get()
-            batch = [item]
-            if item[0] == "rows":  # gather more: fewer, bigger transactions
-                time.sleep(_BATCH_WAIT_S)
+            batch = [self._q.get()]
             while True:
                 try:
                     batch.append(self._q.get_nowait())
@@ -238,62 +396,31 @@ class PredictionLog:
         conn.close()
 
     def _write(self, conn: sqlite3.Connection, batch: list[tuple]) -> None:
-        rows: list[tuple] = []
-        models: dict[str, int] = {}
-        dumps = json.dumps
-        for kind, payload, _ in batch:
-            if kind == "answer":
-                at, rid, model, version, texts, preds = payload
-                for i, (text, p) in enumerate(zip(texts, preds)):
-                    top = p.get("top") or ()
-                    scores = {t["label"]: t["score"] for t in top}
-                    s1 = top[0]["score"] if top else 1.0
-                    margin = s1 - top[1]["score"] if len(top) > 1 else 2.0 * s1 - 1.0
-                    rows.append((at, rid, i, model, version, text,
-                                 top[0]["label"] if top else p.get("label"),
-                                 dumps(scores, ensure_ascii=False), margin))
-                models[model] = models.get(model, 0) + len(texts)
-            elif kind == "rows":
-                for r in payload:
-                    scores = _scores_map(r.get("scores"))
-                    rows.append((r.get("at") or time.time(), r["request_id"], r.get("index", 0),
-                                 r["model"], r.get("version"), r["text"], r.get("label"),
-                                 json.dumps(scores, ensure_ascii=False), _margin(scores)))
-                    models[r["model"]] = models.get(r["model"], 0) + 1
         futures = [f for _, _, f in batch if f is not None]
+        writes = [(k, p) for k, p, _ in batch if k in ("feedback", "examples")]
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                if rows:
-                    conn.executemany(
-                        "INSERT INTO predictions (at, request_id, idx, model, version, text, "
-                        "label, scores, margin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-                for kind, payload, _ in batch:
-                    if kind == "feedback":
-                        conn.executemany(
-                            "INSERT OR REPLACE INTO feedback (request_id, idx, label, model, "
-                            "version, text, predicted, new_label, at) "
-                            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", payload)
-                    elif kind == "examples":
-                        conn.executemany(
-                            "INSERT OR REPLACE INTO examples (model, text, label, new_label, at) "
-                            "VALUES (?, ?, ?, ?, ?)", payload)
-                for model, n in models.items():
-                    self._since_trim[model] = self._since_trim.get(model, 0) + n
-                    if self._since_trim[model] >= min(_TRIM_EVERY, self.max_rows):
-                        self._since_trim[model] = 0
-                        self._trim(conn, model)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:  # SQLite may have rolled back itself (disk full)
-                    conn.execute("ROLLBACK")
-                raise
-            self.logged += len(rows)
-            if self.health is not None:
-                self.health.succeeded("the prediction log")
-        except Exception as exc:  # a full disk: serving goes on, the rows are lost
-            self.dropped += len(rows)
-            log.error("prediction log write failed (%d rows lost): %s", len(rows), exc)
+            if writes:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for kind, payload in writes:
+                        if kind == "feedback":
+                            conn.executemany(
+                                "INSERT OR REPLACE INTO feedback (request_id, idx, label, "
+                                "model, version, text, predicted, new_label, at) "
+                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", payload)
+                        else:
+                            conn.executemany(
+                                "INSERT OR REPLACE INTO examples (model, text, label, "
+                                "new_label, at) VALUES (?, ?, ?, ?, ?)", payload)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:  # SQLite may have rolled back itself (disk full)
+                        conn.execute("ROLLBACK")
+                    raise
+                if self.health is not None:
+                    self.health.succeeded("the prediction log")
+        except Exception as exc:  # a full disk: the feedback is refused (507/503)
+            log.error("feedback write failed: %s", exc)
             if self.health is not None and isinstance(exc, (OSError, sqlite3.Error)):
                 self.health.failed("the prediction log", self.path, as_oserror(exc))
             for f in futures:
@@ -303,13 +430,6 @@ class PredictionLog:
         for f in futures:
             if not f.done():
                 f.set_result(None)
-
-    def _trim(self, conn: sqlite3.Connection, model: str) -> None:
-        """Keep the newest max_rows predictions of a model."""
-        row = conn.execute("SELECT id FROM predictions WHERE model = ? ORDER BY id DESC "
-                           "LIMIT 1 OFFSET ?", (model, self.max_rows)).fetchone()
-        if row is not None:
-            conn.execute("DELETE FROM predictions WHERE model = ? AND id <= ?", (model, row[0]))
 
     # -- reads (executor threads) ------------------------------------------------------------
     @staticmethod
