@@ -116,9 +116,15 @@ class Supervisor:
             state_path = node_state_path(self.store.root, self.cluster.node_id)
         self.state = StateDB(state_path)  # jobs, history
         pcfg = config["predictions"]  # the learning loop (docs/loop.md)
-        self.predlog = PredictionLog(os.path.join(self.store.root, PREDLOG_DB) if self.cluster
-                                     is None else state_path[:-len(STATE_DB)] + PREDLOG_DB,
-                                     enabled=pcfg["log"], max_rows=pcfg["max_rows"])
+        self.predlog: Any
+        if self.cluster is None:
+            self.predlog = PredictionLog(os.path.join(self.store.root, PREDLOG_DB),
+                                         enabled=pcfg["log"], max_rows=pcfg["max_rows"])
+        else:  # one log for the cluster: feedback sent to any node finds the prediction
+            from cluster.predlog import RedisPredictionLog
+            ccfg = config["cluster"]
+            self.predlog = RedisPredictionLog(ccfg["redis_url"], prefix=ccfg["key_prefix"],
+                                              enabled=pcfg["log"], max_rows=pcfg["max_rows"])
         self.policies = Policies(self)  # retrain policies; `policies` in config
         self.state.health = self.predlog.health = self.storage
         self.events.subscribe(self.statusview.to_history)

@@ -1,0 +1,644 @@
+"""Cluster mode: the prediction log and the feedback on it, in Redis.
+
+`RedisPredictionLog` has the interface and the semantics of
+state/predlog.py's `PredictionLog` (the supervisor creates one or the other
+as ``sup.predlog``), so that feedback sent to any node finds the prediction
+whichever node answered it, and every node's /quality and /review see the
+whole cluster's traffic. Keys (``<p>`` is ``cluster.key_prefix``, ``<m>`` a
+model name, which holds no ``:``):
+
+    <p>:plog:<m>          a stream, one entry per answer (a /predict request,
+                          or the rows of one request given to ``add``): field
+                          ``d`` = msgpack [1, at, request_id, version, texts,
+                          tops, labels|nil, indexes|nil], where tops[i] is the
+                          answer's own ``top`` list ([{label, score}], best
+                          first). One entry per answer, not per text: the
+                          sender packs an answer in one C call and Redis does
+                          one XADD, whatever the batch size.
+    <p>:plog:<m>:stats    a hash: ``v:<version>`` texts logged per version
+                          (what ``counts`` reports), ``last:<version>`` the
+                          newest entry id holding that version (``recent`` of
+                          a version starts there), ``avg`` the decayed mean
+                          of texts per answer (for the bound below)
+    <p>:plog:<m>:fb       a hash, feedback: field ``<request_id>:<index>`` ->
+                          msgpack [request_id, index, label, version, text,
+                          predicted, new_label, at]; a repeat replaces
+    <p>:plog:<m>:ex       a hash, free examples: field = the text -> msgpack
+                          [label, new_label, at]; a repeated text replaces
+    <p>:plogid:<rid>      "<model>\\n<entry id>" with an expiry: ``get`` is a
+                          GET and an XRANGE of one id, whatever the log's size
+
+Bounds. Each stream holds about ``predictions.max_rows`` texts: XADD trims
+it to MAXLEN = max_rows / ``avg`` entries, exactly below 1,000 entries and
+approximately (``MAXLEN ~``, whole stream nodes) above. ``avg`` is a moving
+mean of the texts per answer that moves 1/MAXLEN of the way towards each new
+answer, so it follows the mean of what the stream holds (its entries are
+replaced at that pace too): when single texts give way to batches of 256,
+MAXLEN shrinks as the batches come in, and the stream keeps about max_rows
+texts throughout.
+A request id key lives twice the time an entry is expected to stay in its
+stream (the stream's age per entry times MAXLEN), at least 10 minutes and
+at most 7 days, so the ids held are about twice the answers in the streams.
+A trimmed answer, or one whose id key expired, is not found (404 on
+feedback), as a trimmed row in SQLite. The stats hash grows with versions
+only; feedback and examples are kept (as in SQLite), bounded by what people
+label. A request id given twice (a client's own X-Request-Id) finds the
+newer answer.
+
+Differences from SQLite, on purpose: ``counts`` reports the texts logged per
+version since the log began (a counter), not the rows still held; ``review``
+looks at the newest ``REVIEW_WINDOW`` texts only (10,000; SQLite reads the
+whole table through an index). ``recent`` and ``review`` decode entries in
+Python (read in pages of at most 1,000 entries).
+
+Threading: ``add``/``add_answer`` run on the IOLoop and only put the answer
+on a queue; a sender thread gathers for ~50 ms and writes each model's
+answers with one Lua script call (XADD + the id keys + the stats, atomic).
+Feedback and examples are written by one thread of their own (MULTI/EXEC,
+in call order); their futures resolve once Redis acknowledged the write (as
+durable as the Redis setup: ``appendonly yes``). Reads run on the caller's
+thread (executors, never the IOLoop) with the sync client; its connection
+pool is thread-safe.
+
+Redis down: nothing blocks the request path; the sender drops what it could
+not write (counted in ``dropped``), tries at most once a second, and pings
+once a second when idle, so the health clears when Redis is back. Writes
+and reads raise (or fail their future with) `PredlogUnreachable`, an
+OSError, which frontend/loop_handlers.py answers with 503
+``store_unavailable`` saying that Redis is unreachable; a connection attempt
+gives up after ``op_timeout`` (1 s). Imports no TensorFlow, nothing above
+state/.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import random
+import threading
+import time
+from typing import Any, Iterable
+
+import msgpack
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+log = logging.getLogger("textswap.predlog")
+
+_BATCH_WAIT_S = 0.05   # the sender gathers answers this long between two writes
+MAX_QUEUED = 20_000    # answers waiting for the sender; beyond, new ones are dropped
+MAX_PER_CALL = 500     # answers per Lua call (a call blocks Redis while it runs)
+REVIEW_WINDOW = 10_000  # texts: the review queue looks at the newest this many
+MAX_PAGE = 1000        # stream entries per read
+MIN_TTL_S = 600
+MAX_TTL_S = 7 * 86400
+RETRY_S = 1.0          # Redis down: one write attempt (or ping) a second at most
+WHAT = "the prediction log"
+
+# KEYS: stream, stats, then the id key of each answer. ARGV: max_rows, model,
+# min ttl, max ttl, then (blob, version, texts) per answer.
+_LUA_ADD = """
+local max_rows = tonumber(ARGV[1])
+local n = (#ARGV - 4) / 3
+local avg = tonumber(redis.call('HGET', KEYS[2], 'avg') or '0')
+for i = 0, n - 1 do
+  local cnt = tonumber(ARGV[7 + 3 * i])
+  if avg <= 0 then avg = cnt
+  else avg = avg + (cnt - avg) / math.max(1, max_rows / math.max(avg, 1)) end
+end
+local maxlen = math.max(1, math.ceil(max_rows / math.max(avg, 1)))
+local ttl = tonumber(ARGV[4])
+local xlen = redis.call('XLEN', KEYS[1])
+if xlen > 0 then
+  local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)[1][1]
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local age_s = math.max(0, now_ms - tonumber(string.match(first, '^(%d+)'))) / 1000
+  local life = 2 * age_s / xlen * math.max(maxlen, xlen)
+  ttl = math.min(ttl, math.max(tonumber(ARGV[3]), math.ceil(life)))
+end
+local id
+for i = 0, n - 1 do
+  local blob, ver, cnt = ARGV[5 + 3 * i], ARGV[6 + 3 * i], ARGV[7 + 3 * i]
+  if maxlen >= 1000 then
+    id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', maxlen, '*', 'd', blob)
+  else
+    id = redis.call('XADD', KEYS[1], 'MAXLEN', maxlen, '*', 'd', blob)
+  end
+  redis.call('SET', KEYS[3 + i], ARGV[2] .. '\\n' .. id, 'EX', ttl)
+  redis.call('HINCRBY', KEYS[2], 'v:' .. ver, cnt)
+  redis.call('HSET', KEYS[2], 'last:' .. ver, id)
+end
+redis.call('HSET', KEYS[2], 'avg', tostring(avg))
+return {maxlen, ttl}
+"""
+
+
+class PredlogUnreachable(OSError):
+    """Redis did not answer. An OSError without errno, so that
+    frontend/loop_handlers.py answers 503 store_unavailable with this message."""
+
+
+def _margin(scores: dict[str, float]) -> float:
+    """Top score minus the second (state/predlog_writer.py's rule)."""
+    vals = sorted(scores.values(), reverse=True)
+    if not vals:
+        return 1.0
+    if len(vals) == 1:
+        return 2.0 * vals[0] - 1.0
+    return vals[0] - vals[1]
+
+
+def _ver_str(version: Any) -> str:
+    return "" if version is None else str(version)
+
+
+def _ver_of(raw: bytes | str) -> Any:
+    s = raw.decode() if isinstance(raw, bytes) else raw
+    if s == "":
+        return None
+    try:
+        return int(s)
+    except ValueError:
+        return s
+
+
+def _same_version(a: Any, b: Any) -> bool:
+    return _ver_str(a) == _ver_str(b)
+
+
+def _rows_of(model: str, blob: bytes) -> list[dict[str, Any]]:
+    """The log's rows (PredictionLog's shape) of one stream entry, by index."""
+    _fmt, at, rid, version, texts, tops, labels, idx = msgpack.unpackb(blob, raw=False)
+    out = []
+    for i, text in enumerate(texts):
+        top = tops[i] or []
+        scores = {t["label"]: t["score"] for t in top}
+        label = labels[i] if labels is not None else (top[0]["label"] if top else None)
+        out.append({"at": at, "request_id": rid, "index": idx[i] if idx is not None else i,
+                    "model": model, "version": version, "text": text, "label": label,
+                    "scores": scores, "margin": _margin(scores)})
+    return out
+
+
+def _scores_top(scores: Any) -> list[dict[str, Any]]:
+    if isinstance(scores, dict):
+        return [{"label": k, "score": v} for k, v in scores.items()]
+    if isinstance(scores, list):
+        return [{"label": s["label"], "score": s["score"]} for s in scores]
+    return []
+
+
+class RedisPredictionLog:
+    """See the module docstring; the interface is state/predlog.py's."""
+
+    def __init__(self, url: str, *, prefix: str = "textswap", enabled: bool = True,
+                 max_rows: int = 100_000, op_timeout: float = 1.0,
+                 read_timeout: float = 10.0) -> None:
+        self.health: Any = None  # state/storage.py's Storage, set by the supervisor
+        self.enabled = enabled
+        self.max_rows = max_rows
+        self.prefix = prefix
+        # one immediate retry (a pooled connection a Redis restart closed), no
+        # more: a down Redis must answer fast (503), as cluster/record.py does
+        self.redis = redis.Redis.from_url(
+            url, socket_connect_timeout=op_timeout, socket_timeout=read_timeout,
+            retry=Retry(NoBackoff(), 1), decode_responses=False)
+        kw = self.redis.connection_pool.connection_kwargs
+        where = kw.get("path") or f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
+        self.url = f"redis://{where}/{kw.get('db', 0)}"  # no password in messages
+        self.path = f"{self.url} {prefix}:plog:*"
+        self._add = self.redis.register_script(_LUA_ADD)
+        self._pq: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._logged = 0
+        self._lost = 0
+        self._failing = False
+        self._last_try = 0.0
+        self._last_ok_report = 0.0
+        self._fb = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="predlog-feedback")
+        self._sender = threading.Thread(target=self._send_loop, name="predlog-sender",
+                                        daemon=True)
+        self._sender.start()
+
+    @property
+    def logged(self) -> int:
+        """Texts written to Redis by this node."""
+        return self._logged
+
+    @property
+    def dropped(self) -> int:
+        """Texts not written: Redis down, the queue full, unpackable."""
+        return self._lost
+
+    # -- keys ------------------------------------------------------------------------------
+    def _k_stream(self, model: str) -> str:
+        return f"{self.prefix}:plog:{model}"
+
+    def _k_stats(self, model: str) -> str:
+        return f"{self.prefix}:plog:{model}:stats"
+
+    def _k_fb(self, model: str) -> str:
+        return f"{self.prefix}:plog:{model}:fb"
+
+    def _k_ex(self, model: str) -> str:
+        return f"{self.prefix}:plog:{model}:ex"
+
+    def _k_rid(self, rid: str) -> str:
+        return f"{self.prefix}:plogid:{rid}"
+
+    # -- errors and health -----------------------------------------------------------------
+    def _unreachable(self, exc: BaseException) -> PredlogUnreachable:
+        return PredlogUnreachable(f"Redis at {self.url} is unreachable "
+                                  f"({type(exc).__name__}: {exc})")
+
+    def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        """One read or write; PredlogUnreachable (OSError) when Redis fails."""
+        try:
+            return fn(*args, **kw)
+        except PredlogUnreachable:
+            raise
+        except (RedisError, OSError) as exc:
+            raise self._unreachable(exc) from None
+
+    def _went_wrong(self, exc: PredlogUnreachable) -> None:
+        if not self._failing:
+            log.error("prediction log: %s; predictions are dropped until it answers", exc)
+        self._failing = True
+        if self.health is not None:
+            self.health.failed(WHAT, self.path, exc)
+
+    def _went_right(self) -> None:
+        now = time.monotonic()
+        if self._failing:
+            log.warning("prediction log: Redis at %s answers again (%d texts dropped so far)",
+                        self.url, self._lost)
+        if self._failing or now - self._last_ok_report >= 1.0:
+            self._last_ok_report = now
+            if self.health is not None:
+                self.health.succeeded(WHAT)
+        self._failing = False
+
+    # -- predictions: queue, sender thread -------------------------------------------------
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        """Queue predictions (never blocks)."""
+        if self.enabled and not self._closed and rows:
+            if self._pq.qsize() >= MAX_QUEUED:
+                self._lost += len(rows)
+            else:
+                self._pq.put(["r", rows])
+
+    def add_answer(self, at: float, request_id: str, model: str, version: Any,
+                   texts: list[str], predictions: list[dict[str, Any]]) -> None:
+        """Queue a /predict answer whole (one queue put on the request path)."""
+        if self.enabled and not self._closed and texts:
+            if self._pq.qsize() >= MAX_QUEUED:
+                self._lost += len(texts)
+            else:
+                self._pq.put(["a", at, request_id, model, version, texts, predictions])
+
+    def _send_loop(self) -> None:
+        stop = False
+        while not stop:
+            try:
+                item = self._pq.get(timeout=RETRY_S if self._failing else None)
+            except queue.Empty:
+                self._probe()
+                continue
+            batch = [item]
+            if item[0] in ("a", "r"):  # gather more: fewer, bigger writes
+                time.sleep(_BATCH_WAIT_S)
+                wait = self._last_try + RETRY_S - time.monotonic()
+                if self._failing and wait > 0:
+                    time.sleep(wait)  # Redis down: one attempt a second
+            while True:
+                try:
+                    batch.append(self._pq.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(b[0] == "stop" for b in batch)
+            items = [b for b in batch if b[0] != "stop"]
+            if items:
+                self._send(items)
+
+    def _probe(self) -> None:
+        self._last_try = time.monotonic()
+        try:
+            self._call(self.redis.ping)
+        except PredlogUnreachable as exc:
+            self._went_wrong(exc)
+            return
+        self._went_right()
+
+    def _entries(self, items: list[list[Any]]) -> tuple[dict[str, list[tuple]], int]:
+        """model -> [(request_id, version, texts, blob)]; and the texts that could
+        not be packed."""
+        by_model: dict[str, list[tuple]] = {}
+        bad = 0
+        packb = msgpack.packb
+        for it in items:
+            try:
+                if it[0] == "a":
+                    _, at, rid, model, version, texts, preds = it
+                    tops = [p.get("top") for p in preds]
+                    labels = None if all(tops) else [p.get("label") for p in preds]
+                    blob = packb([1, at, rid, version, texts, tops, labels, None],
+                                 use_bin_type=True)
+                    by_model.setdefault(model, []).append((rid, version, len(texts), blob))
+                elif it[0] == "r":
+                    groups: dict[tuple, list[dict]] = {}
+                    for r in it[1]:
+                        groups.setdefault((r["request_id"], r["model"], r.get("version")),
+                                          []).append(r)
+                    for (rid, model, version), rows in groups.items():
+                        blob = packb([1, rows[0].get("at") or time.time(), rid, version,
+                                      [r["text"] for r in rows],
+                                      [_scores_top(r.get("scores")) for r in rows],
+                                      [r.get("label") for r in rows],
+                                      [r.get("index", 0) for r in rows]], use_bin_type=True)
+                        by_model.setdefault(model, []).append((rid, version, len(rows), blob))
+            except Exception as exc:  # e.g. a value msgpack cannot pack: skipped, counted
+                n = len(it[5]) if it[0] == "a" else len(it[1])
+                bad += n
+                log.error("prediction log: %d texts not packable, skipped: %r", n, exc)
+        return by_model, bad
+
+    def _send(self, items: list[list[Any]]) -> None:
+        markers = [it[1] for it in items if it[0] == "f"]
+        by_model, bad = self._entries([it for it in items if it[0] != "f"])
+        self._lost += bad
+        error: PredlogUnreachable | None = None
+        if by_model:
+            self._last_try = time.monotonic()
+            for model, entries in by_model.items():
+                for i in range(0, len(entries), MAX_PER_CALL):
+                    chunk = entries[i:i + MAX_PER_CALL]
+                    texts = sum(e[2] for e in chunk)
+                    if error is not None:  # Redis is down: no more tries this round
+                        self._lost += texts
+                        continue
+                    keys = [self._k_stream(model), self._k_stats(model),
+                            *(self._k_rid(e[0]) for e in chunk)]
+                    args: list[Any] = [self.max_rows, model, MIN_TTL_S, MAX_TTL_S]
+                    for rid, version, n, blob in chunk:
+                        args += [blob, _ver_str(version), n]
+                    try:
+                        self._call(self._add, keys=keys, args=args)
+                    except PredlogUnreachable as exc:
+                        error = exc
+                        self._lost += texts
+                        continue
+                    self._logged += texts
+            if error is not None:
+                self._went_wrong(error)
+            else:
+                self._went_right()
+        for fut in markers:
+            if fut.done():
+                continue
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(None)
+
+    # -- feedback and examples: a thread of their own, futures resolve on Redis's ack -------
+    def _submit(self, fn: Any, *args: Any) -> concurrent.futures.Future:
+        if not self._closed:
+            try:
+                return self._fb.submit(fn, *args)
+            except RuntimeError:  # shut down meanwhile
+                pass
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut.set_exception(RuntimeError("the prediction log is closed"))
+        return fut
+
+    def _write(self, per_key: dict[str, dict[str, bytes]]) -> None:
+        def run() -> None:
+            pipe = self.redis.pipeline(transaction=True)  # all of it or nothing
+            for key, mapping in per_key.items():
+                pipe.hset(key, mapping=mapping)
+            pipe.execute()
+        try:
+            self._call(run)
+        except PredlogUnreachable as exc:
+            log.error("feedback write failed: %s", exc)
+            if self.health is not None:
+                self.health.failed(WHAT, self.path, exc)
+            raise
+        if self.health is not None:
+            self.health.succeeded(WHAT)
+
+    def add_feedback(self, request_id: str, index: int, label: str, *, model: str,
+                     version: Any, text: str, predicted: str | None = None,
+                     new_label: bool = False, at: float | None = None
+                     ) -> concurrent.futures.Future:
+        """Store (or replace) the truth of logged prediction (request_id, index)."""
+        return self.add_feedback_many([(request_id, index, label, model, version, text,
+                                        predicted, new_label)], at)
+
+    def add_feedback_many(self, items: list[tuple], at: float | None = None
+                          ) -> concurrent.futures.Future:
+        """items: (request_id, index, label, model, version, text, predicted, new_label)."""
+        when = time.time() if at is None else at
+        per_key: dict[str, dict[str, bytes]] = {}
+        for rid, index, label, model, version, text, predicted, new in items:
+            per_key.setdefault(self._k_fb(model), {})[f"{rid}:{index}"] = msgpack.packb(
+                [rid, index, label, version, text, predicted, bool(new), when],
+                use_bin_type=True)
+        return self._submit(self._write, per_key)
+
+    def add_examples(self, model: str, examples: Iterable[tuple[str, str]],
+                     new_labels: Iterable[str] = (), at: float | None = None
+                     ) -> concurrent.futures.Future:
+        when = time.time() if at is None else at
+        new = set(new_labels)
+        mapping = {t: msgpack.packb([lab, lab in new, when], use_bin_type=True)
+                   for t, lab in examples}
+        return self._submit(self._write, {self._k_ex(model): mapping} if mapping else {})
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until everything queued so far is written (PredlogUnreachable when
+        Redis refused it). Not on the IOLoop."""
+        if self._closed:
+            return
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._pq.put(["f", fut])
+        fut.result(timeout)
+        self._submit(lambda: None).result(timeout)
+
+    def close(self) -> None:
+        """Write what is queued (one try), then stop the threads."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pq.put(["stop"])
+        self._sender.join(60)
+        self._fb.shutdown(wait=True)
+        try:
+            self.redis.close()
+        except Exception:  # pragma: no cover - closing a broken pool
+            pass
+
+    # -- reads (executor threads) ------------------------------------------------------------
+    def _entry_rows(self, model: str, entries: list) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for _eid, fields in entries:
+            blob = fields.get(b"d")
+            if blob is not None:
+                out.extend(_rows_of(model, blob))
+        return out
+
+    def get(self, request_id: str, index: int | None = None) -> list[dict[str, Any]]:
+        raw = self._call(self.redis.get, self._k_rid(request_id))
+        if raw is None:
+            return []
+        model, _, eid = raw.decode().partition("\n")
+        entries = self._call(self.redis.xrange, self._k_stream(model), eid, eid)
+        rows = [r for r in self._entry_rows(model, entries) if r["request_id"] == request_id]
+        if index is not None:
+            rows = [r for r in rows if r["index"] == index]
+        return sorted(rows, key=lambda r: r["index"])
+
+    def _newest(self, model: str, want: int, version: Any = None, start: Any = "+"
+                ) -> list[dict[str, Any]]:
+        """Up to `want` rows, newest first (of one version when given)."""
+        out: list[dict[str, Any]] = []
+        end = start
+        while len(out) < want:
+            count = max(10, min(MAX_PAGE, want - len(out)))
+            page = self._call(self.redis.xrevrange, self._k_stream(model), end, "-", count)
+            if not page:
+                break
+            for _eid, fields in page:
+                blob = fields.get(b"d")
+                if blob is None:
+                    continue
+                rows = _rows_of(model, blob)
+                if version is not None:
+                    rows = [r for r in rows if _same_version(r["version"], version)]
+                out.extend(reversed(rows))  # a later index is a newer row, as in SQLite
+            if len(page) < count:
+                break
+            end = "(" + page[-1][0].decode()
+        return out[:want]
+
+    def recent(self, model: str, version: Any = None, limit: int = 1000) -> list[dict[str, Any]]:
+        if limit <= 0:
+            return []
+        start: Any = "+"
+        if version is not None:
+            last = self._call(self.redis.hget, self._k_stats(model),
+                              f"last:{_ver_str(version)}")
+            if last is None:
+                return []
+            start = last.decode()
+        return self._newest(model, limit, version, start)
+
+    def _feedback(self, model: str) -> list[list[Any]]:
+        vals = self._call(self.redis.hvals, self._k_fb(model))
+        return [msgpack.unpackb(v, raw=False) for v in vals]
+
+    def _examples(self, model: str) -> list[tuple[str, list[Any]]]:
+        got = self._call(self.redis.hgetall, self._k_ex(model))
+        return [(k.decode(), msgpack.unpackb(v, raw=False)) for k, v in got.items()]
+
+    def fed_back(self, model: str, version: Any = None) -> list[dict[str, Any]]:
+        """Feedback on logged predictions, with what was predicted. The prediction
+        may have been trimmed (or its id expired): then scores are {} and at None."""
+        fb = [f for f in self._feedback(model)
+              if version is None or _same_version(f[3], version)]
+        fb.sort(key=lambda f: f[7])
+        rids = sorted({f[0] for f in fb})
+        preds: dict[tuple[str, int], dict[str, Any]] = {}
+        if rids:
+            def join() -> None:
+                pipe = self.redis.pipeline(transaction=False)
+                for rid in rids:
+                    pipe.get(self._k_rid(rid))
+                where = [(rid, raw.decode().partition("\n")) for rid, raw
+                         in zip(rids, pipe.execute()) if raw is not None]
+                where = [(rid, m, eid) for rid, (m, _, eid) in where if m == model]
+                for rid, m, eid in where:
+                    pipe.xrange(self._k_stream(m), eid, eid)
+                for (rid, m, _eid), entries in zip(where, pipe.execute()):
+                    for r in self._entry_rows(m, entries):
+                        if r["request_id"] == rid:
+                            preds[(rid, r["index"])] = r
+            self._call(join)
+        out = []
+        for rid, index, label, ver, text, predicted, new, at in fb:
+            p = preds.get((rid, index))
+            out.append({"request_id": rid, "index": index, "version": ver, "text": text,
+                        "label": predicted, "truth": label, "new_label": bool(new),
+                        "scores": p["scores"] if p else {}, "at": p["at"] if p else None,
+                        "fed_at": at})
+        return out
+
+    def counts(self, model: str) -> dict[Any, dict[str, int]]:
+        """{version: {"predictions": texts logged for it, "feedback": n}}."""
+        def read() -> tuple[dict, list]:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hgetall(self._k_stats(model))
+            pipe.hvals(self._k_fb(model))
+            stats, fb = pipe.execute()
+            return stats, fb
+        stats, fb = self._call(read)
+        out: dict[Any, dict[str, int]] = {}
+        for k, v in stats.items():
+            if k.startswith(b"v:"):
+                out.setdefault(_ver_of(k[2:]), {"predictions": 0, "feedback": 0})[
+                    "predictions"] = int(v)
+        for raw in fb:
+            ver = msgpack.unpackb(raw, raw=False)[3]
+            key = _ver_of(_ver_str(ver))
+            out.setdefault(key, {"predictions": 0, "feedback": 0})["feedback"] += 1
+        return out
+
+    def feedback_count(self, model: str, since: float | None = None) -> int:
+        """Labels (feedback and free examples) received after `since`."""
+        t = 0.0 if since is None else since
+        return (sum(1 for f in self._feedback(model) if f[7] > t)
+                + sum(1 for _, e in self._examples(model) if e[2] > t))
+
+    def feedback_examples(self, model: str, since: float | None = None
+                          ) -> list[tuple[str, str]]:
+        """(text, label) of every label fed back for the model, oldest first; a text
+        labelled more than once keeps its newest label."""
+        t = -1.0 if since is None else since
+        rows = [(f[7], f[4], f[2]) for f in self._feedback(model) if f[7] > t]
+        rows += [(e[2], text, e[0]) for text, e in self._examples(model) if e[2] > t]
+        rows.sort(key=lambda r: r[0])
+        newest: dict[str, str] = {}
+        for _, text, label in rows:
+            newest.pop(text, None)  # re-insert: dict order follows the newest
+            newest[text] = label
+        return list(newest.items())
+
+    def review(self, model: str, limit: int = 50, strategy: str = "uncertain"
+               ) -> list[dict[str, Any]]:
+        """Logged predictions with no feedback yet (one per text), among the
+        newest REVIEW_WINDOW texts."""
+        fb = self._feedback(model)
+        fed = {(f[0], f[1]) for f in fb}
+        done = {f[4] for f in fb} | {text for text, _ in self._examples(model)}
+        rows = [r for r in self._newest(model, REVIEW_WINDOW)
+                if (r["request_id"], r["index"]) not in fed]
+        if strategy == "uncertain":
+            rows.sort(key=lambda r: r["margin"])  # stable: newest first among equals
+        else:
+            random.shuffle(rows)
+        out: list[dict[str, Any]] = []
+        for r in rows:
+            if r["text"] in done:
+                continue
+            done.add(r["text"])  # a text asked many times is reviewed once
+            out.append(r)
+            if len(out) >= limit:
+                break
+        return out
+
+    def labels_seen(self, model: str) -> set[str]:
+        """Every label fed back for the model (feedback and examples)."""
+        return {f[2] for f in self._feedback(model)} | {e[0] for _, e in self._examples(model)}
