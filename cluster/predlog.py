@@ -95,6 +95,8 @@ MAX_PAGE = 1000        # stream entries per read
 MIN_TTL_S = 600
 MAX_TTL_S = 7 * 86400
 RETRY_S = 1.0          # Redis down: one write attempt (or ping) a second at most
+PEER_LAG_S = 0.2       # a flush lasts this long at least: another node's sender
+                       # writes what it answered within ~50 ms plus a round trip
 WHAT = "the prediction log"
 
 # KEYS: stream, stats, then the id key of each answer. ARGV: max_rows, model,
@@ -459,14 +461,20 @@ class RedisPredictionLog:
         return self._submit(self._write, {self._k_ex(model): mapping} if mapping else {})
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until everything queued so far is written (PredlogUnreachable when
-        Redis refused it). Not on the IOLoop."""
+        """Wait until everything queued here so far is written (PredlogUnreachable
+        when Redis refused it), and PEER_LAG_S at least, so that what another
+        node answered just before is written too (feedback for an id not found
+        yet flushes, then looks again). Not on the IOLoop."""
         if self._closed:
             return
+        t0 = time.monotonic()
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._pq.put(["f", fut])
         fut.result(timeout)
         self._submit(lambda: None).result(timeout)
+        left = t0 + PEER_LAG_S - time.monotonic()
+        if left > 0:
+            time.sleep(left)
 
     def close(self) -> None:
         """Write what is queued (one try), then stop the threads."""
