@@ -289,9 +289,13 @@ class Metrics:
             "predictions": GaugeMetricFamily(PREFIX + "predictions_logged", "predictions kept "
                                              "in the prediction log", labels=labels),
             "accuracy": GaugeMetricFamily(PREFIX + "live_accuracy", "accuracy on the fed-back "
-                                          "predictions", labels=labels),
+                                          "predictions (multi-label: exact match of the "
+                                          "label set)", labels=labels),
             "macro_f1": GaugeMetricFamily(PREFIX + "live_macro_f1", "macro-F1 on the fed-back "
                                           "predictions", labels=labels),
+            "micro_f1": GaugeMetricFamily(PREFIX + "live_micro_f1", "micro-F1 on the fed-back "
+                                          "predictions of a multi-label version",
+                                          labels=labels),
             "unknown_ngram_share": GaugeMetricFamily(
                 PREFIX + "drift_unknown_ngram_share", "share of the window's n-grams the "
                 "training data does not hold", labels=labels),
@@ -314,7 +318,7 @@ class Metrics:
                 key = [name, str(v["version"])]
                 fams["feedback"].add_metric(key, v["feedback"])
                 fams["predictions"].add_metric(key, v["predictions"])
-                for field in ("accuracy", "macro_f1"):
+                for field in ("accuracy", "macro_f1", "micro_f1"):
                     if v["live"].get(field) is not None:
                         fams[field].add_metric(key, v["live"][field])
                 drift = v.get("drift")

@@ -11,6 +11,15 @@ per-label precision/recall/F1, the confusion matrix (rows: the true label,
 columns: the predicted one); with abstentions (label null), coverage and
 accuracy on the answered texts.
 
+Multi-label versions (meta.json `multi_label`): the truth of a text is a label
+set (stored encoded in the feedback's label: state/dataset.py decode_truth),
+and so is the prediction: the set the feedback handler computed when the
+feedback arrived (stored in the feedback's `predicted`), else the set
+recomputed from the logged top scores and the version's thresholds
+(`predicted_set`; exact when the logged top list holds every label above its
+threshold). Figures: micro-, macro- and samples-F1, exact-match accuracy,
+per-label precision/recall/F1/support/predicted; no confusion matrix.
+
 Drift, over the last `drift.window` logged texts of the version, against
 its profile:
 - unknown_ngram_share: the share of a text's n-grams the training data does
@@ -34,6 +43,7 @@ from collections import Counter
 from typing import Any
 
 from model_worker import profile as prof
+from state.dataset import decode_truth
 from state.errors import NotFound
 
 log = logging.getLogger("textswap.quality")
@@ -77,6 +87,69 @@ def live_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out.update(accuracy=round(correct / len(answered), 6),
                macro_f1=round(sum(f1s) / len(f1s), 6) if f1s else None,
                per_label=per_label, confusion={"labels": labels, "rows": matrix})
+    return out
+
+
+def predicted_set(scores: dict[str, float], thresholds: dict[str, float], min_labels: int,
+                  fallback: Any = None) -> list[str]:
+    """The label set a multi-label version answered, from the logged scores
+    ({label: score}, the answer's `top`) and its meta.json thresholds: every
+    label at or above its threshold, else (min_labels 1) the best one. Exact
+    when the logged top list holds every label above its threshold (top_k >=
+    labels answered); a min_score the request or the policy set is not logged,
+    so not applied. Without scores: [fallback] (the logged top label)."""
+    if not scores:
+        return [fallback] if isinstance(fallback, str) and fallback else []
+    chosen = sorted(lab for lab, score in scores.items()
+                    if score is not None and float(score) >= float(thresholds.get(lab, 0.5)))
+    if not chosen and min_labels > 0:
+        chosen = [max(scores, key=lambda lab: float(scores[lab] or 0.0))]
+    return chosen
+
+
+def as_set(value: Any) -> list[str]:
+    """A stored label (an encoded set, one label, or None) as a sorted label set."""
+    value = decode_truth(value)
+    if isinstance(value, list):
+        return sorted(set(value))
+    return [value] if isinstance(value, str) and value else []
+
+
+def live_figures_multi(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Multi-label figures on fed-back rows ({"label": predicted set, "truth":
+    true set}, both lists): micro-F1 (over every label decision), macro-F1
+    (mean over every label true or predicted somewhere), samples-F1 (mean per
+    text; a text with both sets empty scores 1, as the training report does),
+    exact-match accuracy, per-label counts."""
+    out: dict[str, Any] = {"multi_label": True, "feedback": len(rows), "answered": len(rows),
+                           "coverage": 1.0 if rows else None, "accuracy": None,
+                           "micro_f1": None, "macro_f1": None, "samples_f1": None,
+                           "labels_per_text": None, "per_label": {}, "confusion": None}
+    if not rows:
+        return out
+    pairs = [(set(r["truth"]), set(r["label"])) for r in rows]
+    names = sorted(set().union(*(t | p for t, p in pairs)))
+    per_label, f1s = {}, []
+    tp_all = fp_all = fn_all = 0
+    for name in names:
+        tp = sum(1 for t, p in pairs if name in t and name in p)
+        predicted = sum(1 for _, p in pairs if name in p)
+        support = sum(1 for t, _ in pairs if name in t)
+        tp_all, fp_all, fn_all = tp_all + tp, fp_all + predicted - tp, fn_all + support - tp
+        prec = tp / predicted if predicted else 0.0
+        rec = tp / support if support else 0.0
+        f1 = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
+        per_label[name] = {"precision": round(prec, 6), "recall": round(rec, 6),
+                           "f1": round(f1, 6), "support": support, "predicted": predicted}
+        f1s.append(f1)
+    micro = 2 * tp_all / (2 * tp_all + fp_all + fn_all) if tp_all else 0.0
+    samples = [2 * len(t & p) / (len(t) + len(p)) if t or p else 1.0 for t, p in pairs]
+    out.update(accuracy=round(sum(t == p for t, p in pairs) / len(pairs), 6),
+               micro_f1=round(micro, 6),
+               macro_f1=round(sum(f1s) / len(f1s), 6) if f1s else 0.0,
+               samples_f1=round(sum(samples) / len(samples), 6),
+               labels_per_text=round(sum(len(p) for _, p in pairs) / len(pairs), 6),
+               per_label=per_label)
     return out
 
 
@@ -211,12 +284,42 @@ class Quality:
             self._profiles[(name, version)] = (mtime, profile, known)
         return profile, known
 
-    def _training(self, name: str, version: int) -> dict[str, Any] | None:
+    def _meta(self, name: str, version: int) -> dict[str, Any] | None:
         try:
-            metrics = self.sup.store.meta(name, version).get("metrics") or {}
+            return self.sup.store.meta(name, version)
         except Exception:
             return None
-        return {k: metrics.get(k) for k in ("accuracy", "macro_f1", "measured_on")}
+
+    def _training(self, meta: dict[str, Any] | None) -> dict[str, Any] | None:
+        if meta is None:
+            return None
+        metrics = meta.get("metrics") or {}
+        keys = ("accuracy", "macro_f1", "measured_on")
+        if meta.get("multi_label"):
+            keys += ("micro_f1", "samples_f1")
+        return {k: metrics.get(k) for k in keys}
+
+    @staticmethod
+    def _live(fed: list[dict[str, Any]], meta: dict[str, Any] | None) -> dict[str, Any]:
+        """The live figures of a version's fed-back rows: multi-label ones when
+        its meta says so (or, meta unreadable, when the truths are label sets)."""
+        multi = bool(meta.get("multi_label")) if meta else any(
+            isinstance(decode_truth(r.get("truth")), list) for r in fed)
+        if not multi:
+            live = live_figures(fed)
+            return {k: live[k] for k in ("accuracy", "macro_f1", "per_label", "confusion",
+                                         "coverage", "answered")}
+        thresholds = (meta or {}).get("thresholds") or {}
+        min_labels = int((meta or {}).get("min_labels", 1))
+        rows = []
+        for r in fed:
+            stored = decode_truth(r.get("label"))
+            predicted = (sorted(set(stored)) if isinstance(stored, list) else
+                         predicted_set(r.get("scores") or {}, thresholds, min_labels, stored))
+            rows.append({"truth": as_set(r.get("truth")), "label": predicted})
+        live = live_figures_multi(rows)
+        live.pop("feedback")
+        return live
 
     def compute(self, name: str) -> dict[str, Any]:
         store_versions = self.sup.store.versions(name)  # InvalidName on a bad name
@@ -235,13 +338,12 @@ class Quality:
         for version in versions:
             c = counts.get(version, {"predictions": 0, "feedback": 0})
             fed = plog.fed_back(name, version) if plog is not None and c["feedback"] else []
-            live = live_figures(fed)
+            meta = self._meta(name, version) if version in store_versions else None
             entry: dict[str, Any] = {
                 "version": version, "serving": version == serving,
                 "predictions": c["predictions"], "feedback": c["feedback"],
-                "live": {k: live[k] for k in ("accuracy", "macro_f1", "per_label", "confusion",
-                                              "coverage", "answered")},
-                "training": self._training(name, version) if version in store_versions else None,
+                "live": self._live(fed, meta),
+                "training": self._training(meta),
                 "drift": None,
             }
             profile, known = (self._profile(name, version) if version in store_versions

@@ -2,6 +2,13 @@
 
 Inference port:  POST /feedback                (its own bearer token: feedback.token,
                                                 else the management token, else none)
+Multi-label models (the version's meta.json says multi_label): the truth of a
+text is a label set, `"labels": [...]` for one text (a single-text request,
+or with "index"), `"labels": [[...], [...]]` for the whole batch; free
+examples `{"text", "labels": [...]}`. A set is stored in the log's label text
+as state/dataset.py's encode_label_set (the JSON of the sorted distinct list),
+the predicted set likewise in the feedback's `predicted`.
+
 Management port: GET /models/<name>/review     (the review queue)
                  GET/PUT/DELETE /models/<name>/policy   (the retrain policy)
 
@@ -19,8 +26,10 @@ from typing import Any
 
 from tornado.ioloop import IOLoop
 
+from control.quality import predicted_set
 from frontend.base import ApiError, JsonHandler, int_field, service_error
 from frontend.loop import check_id
+from state.dataset import encode_label_set, is_label_set
 from state.errors import InvalidName, NotFound
 from state.statedb import as_oserror
 from state.storage import storage_error
@@ -60,19 +69,57 @@ def _label(value: Any, where: str) -> str:
         label.encode("utf-8")
     except UnicodeEncodeError:
         raise ApiError(400, "invalid_field", f"{where} is not valid Unicode") from None
+    if is_label_set(label):  # would read back as a label set (state/dataset.py)
+        raise ApiError(400, "invalid_field", f"{where} {label!r} is written as a JSON list, "
+                                             "which is how label sets are stored; a "
+                                             "single-label model takes a plain label")
     return label
+
+
+def _label_set(value: Any, where: str) -> list[str]:
+    """One text's label set: a list of labels, sorted and distinct; [] (the text
+    truly has none of the model's labels) is allowed."""
+    if not isinstance(value, list):
+        raise ApiError(400, "invalid_field", f"{where} must be a list of labels (a label set; "
+                                             "[] for a text with no label)")
+    out = set()
+    for i, x in enumerate(value):
+        if isinstance(x, list):
+            raise ApiError(400, "invalid_field", f"{where[:-1]}[{i}]' must be a label, not a "
+                                                 "list")
+        inner = f"{where[:-1]}[{i}]'" if where.endswith("'") else f"{where}[{i}]"
+        out.add(_label(x, inner))
+    return sorted(out)
+
+
+def _meta_of(sup: Any, name: str, version: Any, cache: dict) -> dict[str, Any]:
+    """What feedback needs of a version of a model (its meta.json): the labels it
+    knows, multi_label, thresholds, min_labels; blocking. Latest when version is
+    None."""
+    v = version
+    if version is None:  # the latest: resolved each time (a retraining adds versions)
+        try:
+            v = sup.store.resolve(name)[0]
+        except Exception:
+            v = None
+    key = (name, v)
+    if key not in cache:
+        try:
+            meta = sup.store.meta(name, int(v))
+        except Exception:
+            meta = {}
+        if len(cache) > 512:
+            cache.clear()
+        cache[key] = {"labels": set(meta.get("labels") or []),
+                      "multi_label": bool(meta.get("multi_label")),
+                      "thresholds": dict(meta.get("thresholds") or {}),
+                      "min_labels": int(meta.get("min_labels", 1))}
+    return cache[key]
 
 
 def _labels_of(sup: Any, name: str, version: Any, cache: dict) -> set[str]:
     """The labels a version of a model knows (from its meta.json); blocking."""
-    key = (name, version)
-    if key not in cache:
-        try:
-            v = sup.store.resolve(name, None if version is None else int(version))[0]
-            cache[key] = set(sup.store.meta(name, v).get("labels") or [])
-        except Exception:
-            cache[key] = set()
-    return cache[key]
+    return _meta_of(sup, name, version, cache)["labels"]
 
 
 _LABELS: dict = {}
@@ -111,7 +158,9 @@ class FeedbackHandler(JsonHandler):
         extra = sorted(set(data) & {"request_id", "index", "label", "labels"})
         if extra or "model" not in data or "examples" not in data:
             raise ApiError(400, "bad_request", "free examples are {\"model\": name, "
-                                               "\"examples\": [{\"text\", \"label\"}, ...]}"
+                                               "\"examples\": [{\"text\", \"label\"}, ...]} "
+                                               "(multi-label models: {\"text\", \"labels\": "
+                                               "[...]})"
                            + (f"; not with {', '.join(extra)}" if extra else ""))
         name = data["model"]
         if not isinstance(name, str):
@@ -122,11 +171,26 @@ class FeedbackHandler(JsonHandler):
         if len(examples) > cap:
             raise ApiError(413, "too_many_items", f"'examples' has {len(examples)} items; "
                                                   f"the limit is {cap} (feedback.max_items)")
+
+        def lookup() -> dict[str, Any]:
+            try:
+                self.sup.store.resolve(name)
+            except (NotFound, InvalidName):
+                raise ApiError(404, "not_found", f"no model named {name!r} in the store") from None
+            return _meta_of(self.sup, name, None, _LABELS)
+        info = await _run(lookup)
+        multi = info["multi_label"]
+        key = "labels" if multi else "label"
         pairs = []
         for i, ex in enumerate(examples):
             where = f"'examples[{i}]'"
-            if not isinstance(ex, dict) or set(ex) - {"text", "label"}:
-                raise ApiError(400, "invalid_field", f"{where} must be {{\"text\", \"label\"}}")
+            if not isinstance(ex, dict) or set(ex) - {"text", key} or key not in ex:
+                other = "label" if multi else "labels"
+                raise ApiError(400, "invalid_field", f"{where} must be {{\"text\", \"{key}\"}}"
+                               + (f": model {name!r} is "
+                                  + ("multi-label (a label set per text)" if multi else
+                                     "single-label (one label per text)")
+                                  if isinstance(ex, dict) and other in ex else ""))
             text = ex.get("text")
             if not isinstance(text, str) or not text.strip():
                 raise ApiError(400, "invalid_field", f"{where}.text must be a non-empty string")
@@ -138,20 +202,30 @@ class FeedbackHandler(JsonHandler):
                 text.encode("utf-8")
             except UnicodeEncodeError:
                 raise ApiError(400, "bad_text", f"{where}.text is not valid Unicode") from None
-            pairs.append((text, _label(ex.get("label"), f"{where}.label")))
+            pairs.append((text, _label_set(ex["labels"], f"{where[:-1]}.labels'") if multi
+                          else _label(ex.get("label"), f"{where}.label")))
 
         def store() -> dict[str, Any]:
-            try:
-                self.sup.store.resolve(name)
-            except (NotFound, InvalidName):
-                raise ApiError(404, "not_found", f"no model named {name!r} in the store") from None
-            known = _labels_of(self.sup, name, None, _LABELS)
-            new = sorted({lab for _, lab in pairs if lab not in known})
-            plog.add_examples(name, pairs, new).result(30)
-            return {"model": name, "stored": len(pairs), "new_labels": new,
-                    "new_label": bool(new),
-                    "items": [{"index": i, "label": lab, "new_label": lab in new}
-                              for i, (_, lab) in enumerate(pairs)]}
+            known = info["labels"]
+            if multi:
+                new = sorted({x for _, labs in pairs for x in labs if x not in known})
+                stored = [(text, encode_label_set(labs)) for text, labs in pairs]
+                # the log's new-label rows: a set with any new label
+                plog.add_examples(name, stored, [enc for (_, labs), (_, enc) in
+                                                 zip(pairs, stored) if set(labs) - known]
+                                  ).result(30)
+                items = [{"index": i, "labels": labs, "new_label": bool(set(labs) & set(new))}
+                         for i, (_, labs) in enumerate(pairs)]
+            else:
+                new = sorted({lab for _, lab in pairs if lab not in known})
+                plog.add_examples(name, pairs, new).result(30)
+                items = [{"index": i, "label": lab, "new_label": lab in new}
+                         for i, (_, lab) in enumerate(pairs)]
+            out = {"model": name, "stored": len(pairs), "new_labels": new,
+                   "new_label": bool(new), "items": items}
+            if multi:
+                out["multi_label"] = True
+            return out
         return await _run(store), name
 
     async def _on_predictions(self, data: dict[str, Any], plog: Any, cap: int
@@ -162,22 +236,31 @@ class FeedbackHandler(JsonHandler):
         rid = check_id(data["request_id"], "'request_id'")
         if ("label" in data) == ("labels" in data):
             raise ApiError(400, "bad_request", "give exactly one of 'label' (one text, or "
-                                               "with 'index') or 'labels' (the whole batch)")
+                                               "with 'index') or 'labels' (the whole batch; "
+                                               "for a multi-label model: a label set)")
         index = None
-        if "labels" in data:
-            if "index" in data:
-                raise ApiError(400, "bad_request", "'index' goes with 'label', not 'labels'")
+        if "index" in data:
+            index = int_field(data, "index", minimum=0, maximum=10**6)
+        # checks that hold for either kind of model, before the request is looked up
+        if "label" in data:
+            _label(data["label"], "'label'")
+        else:
             labels = data["labels"]
-            if not isinstance(labels, list) or not labels:
-                raise ApiError(400, "invalid_field", "'labels' must be a non-empty list")
+            if not isinstance(labels, list):
+                raise ApiError(400, "invalid_field", "'labels' must be a list")
             if len(labels) > cap:
                 raise ApiError(413, "too_many_items", f"'labels' has {len(labels)} items; "
                                                       f"the limit is {cap}")
-            wanted = [_label(x, f"'labels[{i}]'") for i, x in enumerate(labels)]
-        else:
-            if "index" in data:
-                index = int_field(data, "index", minimum=0, maximum=10**6)
-            wanted = [_label(data["label"], "'label'")]
+            if any(isinstance(x, list) for x in labels):
+                if not all(isinstance(x, list) for x in labels):
+                    raise ApiError(400, "invalid_field",
+                                   "'labels' must be one label set (a list of labels) or, for "
+                                   "the whole batch, a list of label sets; not a mix")
+                for i, x in enumerate(labels):
+                    _label_set(x, f"'labels[{i}]'")
+            else:
+                for i, x in enumerate(labels):
+                    _label(x, f"'labels[{i}]'")
 
         def store() -> dict[str, Any]:
             rows = plog.get(rid)
@@ -185,28 +268,33 @@ class FeedbackHandler(JsonHandler):
                 plog.flush(30)
                 rows = plog.get(rid)
             if not rows:
+                if data.get("labels") == []:  # not a batch's labels; a set only if multi-label
+                    raise ApiError(400, "invalid_field",
+                                   "'labels' must be a non-empty list (the batch's labels), or "
+                                   f"a multi-label model's empty label set; request id {rid!r} "
+                                   "is not in the prediction log")
                 raise ApiError(404, "unknown_request_id",
                                f"no logged prediction has request id {rid!r}",
                                {"request_id": rid})
+            info = _meta_of(self.sup, rows[0]["model"], rows[0]["version"], _LABELS)
+            if info["multi_label"]:
+                return self._store_sets(rid, rows, data, index, info, plog)
             if "labels" in data:
+                if "index" in data:
+                    raise ApiError(400, "bad_request", "'index' goes with 'label', not 'labels'")
+                if not data["labels"] or isinstance(data["labels"][0], list):
+                    raise ApiError(400, "invalid_field",
+                                   "'labels' must be a non-empty list of labels, one per text "
+                                   f"(model {rows[0]['model']!r} is single-label: no label sets)")
+                wanted = [_label(x, f"'labels[{i}]'") for i, x in enumerate(data["labels"])]
                 if len(wanted) != len(rows):
                     raise ApiError(400, "wrong_length",
                                    f"'labels' has {len(wanted)} items; request {rid} had "
                                    f"{len(rows)} texts", {"expected": len(rows)})
                 targets = list(zip(rows, wanted))
-            elif index is None:
-                if len(rows) != 1:
-                    raise ApiError(400, "missing_field",
-                                   f"request {rid} had {len(rows)} texts: give 'index' "
-                                   "(0-based) or 'labels' for all of them")
-                targets = [(rows[0], wanted[0])]
             else:
-                hit = [r for r in rows if r["index"] == index]
-                if not hit:
-                    raise ApiError(404, "unknown_index", f"request {rid} has no text at index "
-                                                         f"{index} (it had {len(rows)})",
-                                   {"request_id": rid, "index": index})
-                targets = [(hit[0], wanted[0])]
+                wanted = [_label(data["label"], "'label'")]
+                targets = self._one(rid, rows, index, wanted[0])
             items, batch = [], []
             for row, label in targets:
                 known = _labels_of(self.sup, row["model"], row["version"], _LABELS)
@@ -225,6 +313,67 @@ class FeedbackHandler(JsonHandler):
             return out
         answer = await _run(store)
         return answer, answer["model"]["name"]
+
+    @staticmethod
+    def _one(rid: str, rows: list[dict[str, Any]], index: int | None, value: Any
+             ) -> list[tuple[dict[str, Any], Any]]:
+        """The (row, truth) of a feedback on one text: the request's only text, or
+        the one at `index`."""
+        if index is None:
+            if len(rows) != 1:
+                raise ApiError(400, "missing_field",
+                               f"request {rid} had {len(rows)} texts: give 'index' "
+                               "(0-based) or 'labels' for all of them")
+            return [(rows[0], value)]
+        hit = [r for r in rows if r["index"] == index]
+        if not hit:
+            raise ApiError(404, "unknown_index", f"request {rid} has no text at index "
+                                                 f"{index} (it had {len(rows)})",
+                           {"request_id": rid, "index": index})
+        return [(hit[0], value)]
+
+    def _store_sets(self, rid: str, rows: list[dict[str, Any]], data: dict[str, Any],
+                    index: int | None, info: dict[str, Any], plog: Any) -> dict[str, Any]:
+        """Feedback on a multi-label version's predictions: a label set per text
+        (blocking: runs on the loop executor)."""
+        name = rows[0]["model"]
+        if "label" in data:
+            raise ApiError(400, "invalid_field",
+                           f"model {name!r} is multi-label: give 'labels': [...] (the text's "
+                           "label set; [] for none), not 'label'")
+        labels = data["labels"]
+        batch_form = bool(labels) and all(isinstance(x, list) for x in labels)
+        if batch_form and index is None:
+            if len(labels) != len(rows):
+                raise ApiError(400, "wrong_length",
+                               f"'labels' has {len(labels)} label sets; request {rid} had "
+                               f"{len(rows)} texts", {"expected": len(rows)})
+            targets = [(row, _label_set(x, f"'labels[{i}]'"))
+                       for i, (row, x) in enumerate(zip(rows, labels))]
+        elif batch_form:
+            raise ApiError(400, "invalid_field", "with 'index', 'labels' is that text's label "
+                                                 "set (a list of labels), not a list of sets")
+        else:
+            targets = self._one(rid, rows, index, _label_set(labels, "'labels'"))
+        items, batch = [], []
+        known = info["labels"]
+        for row, truth in targets:
+            predicted = predicted_set(row.get("scores") or {}, info["thresholds"],
+                                      info["min_labels"], row["label"])
+            new = bool(known) and bool(set(truth) - known)
+            batch.append((rid, row["index"], encode_label_set(truth), row["model"],
+                          row["version"], row["text"], encode_label_set(predicted), new))
+            items.append({"request_id": rid, "index": row["index"], "labels": truth,
+                          "predicted": predicted, "correct": truth == predicted,
+                          "new_label": new,
+                          "new_labels": sorted(set(truth) - known) if known else []})
+        plog.add_feedback_many(batch).result(30)
+        out = {"request_id": rid, "model": {"name": name, "version": rows[0]["version"]},
+               "multi_label": True, "stored": len(items),
+               "new_label": any(i["new_label"] for i in items), "items": items}
+        if len(items) == 1:
+            out.update({k: items[0][k] for k in ("index", "labels", "predicted", "correct")})
+        return out
 
 
 def _top(scores: dict[str, float]) -> list[dict[str, Any]]:

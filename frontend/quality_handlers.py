@@ -11,7 +11,9 @@ from state.store import check_name
 
 class QualityHandler(JsonHandler):
     """Per version: predictions logged, feedback, live accuracy/macro-F1/per-label/
-    confusion on the fed-back predictions, drift signals and the alert."""
+    confusion on the fed-back predictions (a multi-label version: micro-, macro-,
+    samples-F1, exact-match accuracy, per-label counts, no confusion matrix),
+    drift signals and the alert."""
 
     async def get(self, name: str) -> None:
         try:

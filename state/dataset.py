@@ -259,16 +259,56 @@ def load(spec: Any, roots: list[str]) -> Dataset:
     return check_examples(read_file(path, separator), path, declared)
 
 
+# -- feedback labels: one label, or a label set stored as one string ------------------------
+def encode_label_set(labels: Any) -> str:
+    """A label set as the prediction log's `label` text: the JSON of the sorted
+    distinct list, e.g. '["a","b"]' ('[]': the text has no label)."""
+    return json.dumps(sorted({str(x) for x in labels}), ensure_ascii=False,
+                      separators=(",", ":"))
+
+
+def is_label_set(value: Any) -> bool:
+    """Whether a stored label is an encoded label set (only the canonical form is)."""
+    return isinstance(decode_truth(value), list)
+
+
+def decode_truth(value: Any) -> Any:
+    """A stored feedback label: a list (sorted, distinct) for an encoded label
+    set, else the value itself (one label, a plain string). Only the canonical
+    encoding decodes, so a single label that merely starts with '[' stays one."""
+    if not (isinstance(value, str) and value.startswith("[") and value.endswith("]")):
+        return value
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return value
+    if (isinstance(parsed, list) and all(isinstance(x, str) for x in parsed)
+            and encode_label_set(parsed) == value):
+        return parsed
+    return value
+
+
 def merge_feedback(data: Dataset, examples: list[tuple[str, str]]) -> tuple[Dataset, dict[str, Any]]:
     """The training data with fed-back labels folded in (docs/loop.md): a text in
-    both keeps the feedback's label; a label that the data lacks becomes a class
-    once it has MIN_PER_LABEL examples (until then its rows wait, reported)."""
-    if data.multi_label and examples:
-        raise DataError("feedback (one label per text) cannot be folded into multi-label "
-                        "training data yet; train without 'feedback'")
+    both keeps the feedback's label (or label set); a label that the data lacks
+    becomes a class once it has MIN_PER_LABEL examples (until then its rows wait,
+    reported). Labels are stored as the prediction log keeps them: one label a
+    plain string, a label set encoded (encode_label_set). One label per text does
+    not fold into multi-label data, nor a label set into single-label data."""
+    decoded = [(text, decode_truth(label)) for text, label in examples]
+    sets = sum(isinstance(lab, list) for _, lab in decoded)
+    if data.multi_label and sets < len(decoded):
+        raise DataError("feedback with one label per text cannot be folded into multi-label "
+                        "training data: a multi-label model takes label sets ('labels': [...]); "
+                        "train without 'feedback'")
+    if not data.multi_label and sets:
+        raise DataError(f"{sets} feedback label set(s) cannot be folded into single-label "
+                        "training data (one label per text); train without 'feedback'")
+    if data.multi_label:
+        return _merge_sets(data, decoded)
     known = set(data.counts)
     fed: dict[str, str] = {}
-    for text, label in examples:
+    for text, label in decoded:
         label = str(label).strip()
         if text and text.strip() and label and len(text) <= MAX_TEXT_CHARS:
             fed[text] = label
@@ -287,14 +327,61 @@ def merge_feedback(data: Dataset, examples: list[tuple[str, str]]) -> tuple[Data
         texts.append(t)
         labels.append(lab)
     counts = dict(sorted(collections.Counter(labels).items()))
-    if len(counts) < 2:
-        raise DataError(f"with the feedback folded in, the data has one label: {list(counts)}")
-    few = {k: v for k, v in counts.items() if v < MIN_PER_LABEL}
-    if few:  # feedback relabelled a class's examples away
-        raise DataError(f"with the feedback folded in, labels have too few examples: {few}")
+    _check_merged(counts)
     new_labels = sorted(lab for lab in new_counts if lab not in waiting)
     summary = {"rows": len(fed), "new_label_rows": sum(new_counts[lab] for lab in new_labels),
                "new_labels": new_labels, "relabelled": replaced,
                "added": len(fed) - min(overlap, len(fed)),
                "waiting": {lab: new_counts[lab] for lab in sorted(waiting)}}
     return Dataset(texts, labels, data.source, counts), summary
+
+
+def _check_merged(counts: dict[str, int]) -> None:
+    if len(counts) < 2:
+        raise DataError(f"with the feedback folded in, the data has one label: {list(counts)}")
+    few = {k: v for k, v in counts.items() if v < MIN_PER_LABEL}
+    if few:  # feedback relabelled a class's examples away
+        raise DataError(f"with the feedback folded in, labels have too few examples: {few}")
+
+
+def _merge_sets(data: Dataset, decoded: list[tuple[str, Any]]) -> tuple[Dataset, dict[str, Any]]:
+    """merge_feedback for multi-label data: label sets per text. A fed-back empty
+    set (the text has no label) takes the text out of the training data: every
+    training text needs a label (check_examples); it is counted as
+    `no_label_rows`. A new label with fewer than MIN_PER_LABEL texts waits: it is
+    left out of the sets (a set left empty leaves its text out too)."""
+    known = set(data.counts)
+    fed: dict[str, list[str]] = {}
+    for text, labels in decoded:
+        labels = sorted({str(x).strip() for x in labels} - {""})
+        if text and text.strip() and len(text) <= MAX_TEXT_CHARS:
+            fed.pop(text, None)
+            fed[text] = labels
+    new_counts = collections.Counter(x for labs in fed.values() for x in labs if x not in known)
+    waiting = {lab for lab, n in new_counts.items() if n < MIN_PER_LABEL}
+    no_label = sum(1 for labs in fed.values() if not labs)
+    kept = {t: [x for x in labs if x not in waiting] for t, labs in fed.items()}
+    texts, labels, replaced, overlap = [], [], 0, 0
+    for t, labs in zip(data.texts, data.labels):
+        if t in fed:
+            overlap += 1
+            replaced += kept[t] != sorted(labs)
+            continue  # the feedback row below stands for it (or takes it out)
+        texts.append(t)
+        labels.append(list(labs))
+    rows, present = 0, set(data.texts)
+    for t, labs in kept.items():
+        if labs:
+            texts.append(t)
+            labels.append(labs)
+            rows += 1
+    counts = dict(sorted(collections.Counter(x for labs in labels for x in labs).items()))
+    _check_merged(counts)
+    new_labels = sorted(lab for lab in new_counts if lab not in waiting)
+    summary = {"rows": rows, "multi_label": True,
+               "new_label_rows": sum(1 for labs in kept.values() if set(labs) & set(new_labels)),
+               "new_labels": new_labels, "relabelled": replaced,
+               "added": sum(1 for t, labs in kept.items() if labs and t not in present),
+               "no_label_rows": no_label,
+               "waiting": {lab: new_counts[lab] for lab in sorted(waiting)}}
+    return Dataset(texts, labels, data.source, counts, True), summary

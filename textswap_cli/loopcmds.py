@@ -99,7 +99,9 @@ def register(cli: Any, command: Any, emit_json: Any) -> None:
                         failed.append({**row, "error": str(exc)})
                         continue
                     stored += a["stored"]
-                    new.update(i["label"] for i in a["items"] if i.get("new_label"))
+                    for i in a["items"]:  # multi-label models answer "labels", "new_labels"
+                        if i.get("new_label"):
+                            new.update(i["new_labels"] if "new_labels" in i else [i["label"]])
                 out = {"stored": stored, "new_labels": sorted(new), "failed": failed}
             if ctx.json:
                 emit_json(out)
@@ -132,8 +134,11 @@ def register(cli: Any, command: Any, emit_json: Any) -> None:
             emit_json(answer)
             return
         for item in answer["items"]:
-            render.out.print(f"{item['request_id']}#{item['index']}: {item['label']} (predicted "
-                             f"{item['predicted']})" + (" [new label]" if item["new_label"] else ""))
+            got, predicted = item.get("label", item.get("labels")), item["predicted"]
+            if isinstance(got, list):  # a multi-label model's label sets
+                got, predicted = ", ".join(got) or "(none)", ", ".join(predicted) or "(none)"
+            render.out.print(f"{item['request_id']}#{item['index']}: {got} (predicted "
+                             f"{predicted})" + (" [new label]" if item["new_label"] else ""))
 
 
     @cli.command()

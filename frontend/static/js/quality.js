@@ -1,6 +1,7 @@
 // Live quality and drift: GET /models/<name>/quality for each serving model
 // (every 5 s at most per model), one table per model: per version the
-// predictions logged, the feedback, live accuracy and macro-F1 beside the
+// predictions logged, the feedback, live accuracy (micro-F1 for a multi-label
+// version) and macro-F1 beside the
 // training-time figures, the drift signals against the version's training
 // profile (over their threshold: red) and the alert.
 
@@ -57,7 +58,11 @@ function versionRow(v) {
     h("td", {}, "v" + v.version, v.serving ? h("span", {class: "badge b-serving"}, "serving") : null),
     h("td", {class: "num"}, fmtNum(v.predictions, 0)),
     h("td", {class: "num"}, fmtNum(v.feedback, 0)),
-    h("td", {class: "q-acc"}, figure(v.live, v.training, "accuracy")),
+    // a multi-label version: micro-F1 (accuracy there is the exact match of the set)
+    v.live?.multi_label
+      ? h("td", {class: "q-acc", title: "multi-label: micro-F1"}, h("span", {class: "muted"}, "micro-F1 "),
+        figure({accuracy: v.live?.micro_f1}, {accuracy: v.training?.micro_f1}, "accuracy"))
+      : h("td", {class: "q-acc"}, figure(v.live, v.training, "accuracy")),
     h("td", {}, figure({accuracy: v.live?.macro_f1}, {accuracy: v.training?.macro_f1}, "accuracy")),
     h("td", {class: "num"}, d ? fmtNum(d.texts, 0) : "—"),
     h("td", {class: "num q-unknown"}, d ? signal(d, "unknown_ngram_excess", "max_unknown_excess") : "—"),
