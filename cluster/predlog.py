@@ -63,10 +63,11 @@ pool is thread-safe.
 Redis down: nothing blocks the request path; the sender drops what it could
 not write (counted in ``dropped``), tries at most once a second, and pings
 once a second when idle, so the health clears when Redis is back. Writes
-and reads raise (or fail their future with) `PredlogUnreachable`, an
-OSError, which frontend/loop_handlers.py answers with 503
-``store_unavailable`` saying that Redis is unreachable; a connection attempt
-gives up after ``op_timeout`` (1 s). Imports no TensorFlow, nothing above
+and reads raise (or fail their future with) `PredlogUnreachable`, both an
+OSError (frontend/loop_handlers.py answers those with 503
+``store_unavailable``) and a ServiceError (503 ``store_unavailable`` where
+handlers map those: /quality), its message saying that Redis is
+unreachable; a connection attempt gives up after ``op_timeout`` (1 s). Imports no TensorFlow, nothing above
 state/.
 """
 from __future__ import annotations
@@ -84,6 +85,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
+
+from state.errors import ServiceError
 
 log = logging.getLogger("textswap.predlog")
 
@@ -138,9 +141,12 @@ return {maxlen, ttl}
 """
 
 
-class PredlogUnreachable(OSError):
+class PredlogUnreachable(ServiceError, OSError):
     """Redis did not answer. An OSError without errno, so that
-    frontend/loop_handlers.py answers 503 store_unavailable with this message."""
+    frontend/loop_handlers.py (which maps OSError) answers 503 store_unavailable
+    with this message; and a ServiceError (503) for the handlers that map those
+    (GET /quality, /train with feedback)."""
+    status, code = 503, "store_unavailable"
 
 
 def _margin(scores: dict[str, float]) -> float:
@@ -254,7 +260,8 @@ class RedisPredictionLog:
     # -- errors and health -----------------------------------------------------------------
     def _unreachable(self, exc: BaseException) -> PredlogUnreachable:
         return PredlogUnreachable(f"Redis at {self.url} is unreachable "
-                                  f"({type(exc).__name__}: {exc})")
+                                  f"({type(exc).__name__}: {exc})",
+                                  details={"what": WHAT, "path": self.path})
 
     def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
         """One read or write; PredlogUnreachable (OSError) when Redis fails."""

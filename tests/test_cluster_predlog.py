@@ -265,6 +265,7 @@ def test_redis_down_fails_fast_with_an_oserror_and_counts_the_drops(tmp_path):
         with pytest.raises(PredlogUnreachable) as err:
             p.get("up")
         assert isinstance(err.value, OSError) and "unreachable" in str(err.value)
+        assert err.value.status == 503 and err.value.errno is None
         fut = p.add_feedback("up", 0, "neg", model="m", version=1, text="a")
         assert isinstance(fut.exception(10), PredlogUnreachable)
         t1 = time.monotonic()
@@ -406,6 +407,9 @@ def test_redis_down_feedback_answers_503_and_predictions_go_on(two):
             assert "Redis" in body["error"]["message"] and "unreachable" in body["error"]["message"]
             code, body = request(n.mport, "GET", "/models/sent/review")
             assert code == 503 and body["error"]["code"] == "store_unavailable", body
+            code, body = request(n.mport, "GET", "/models/sent/quality")
+            assert code == 503 and body["error"]["code"] == "store_unavailable", body
+            assert "unreachable" in body["error"]["message"]
             for i in range(5):
                 out = _predict(n, {"text": "很差"}, f"during-outage-{n.node_id}-{i}")
                 assert out["model"] == {"name": "sent", "version": 2}
