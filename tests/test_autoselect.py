@@ -267,3 +267,40 @@ def test_every_family_loads_in_safe_mode(tmp_path):
         assert probs.shape == (len(probe), 3)
         np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-5)
         np.testing.assert_allclose(probs, expected[path], atol=1e-6)
+
+
+def test_risk_coverage_carried_to_the_final_models_size():
+    """From 500 texts on, the chosen members are fitted once more on 3/4 of each
+    fold: the report's risk-coverage rows are carried one step along that curve
+    (the fold models' own figures kept as cv_*), accuracy_low is the one-sided
+    95 % Wilson bound under each accuracy, and the served temperature is the
+    fold models' one moved along the curve by at most 1.25x."""
+    from model_worker import autoselect, textmodel
+
+    texts, labels = chinese(1200)
+    result = textmodel.train_model(texts, labels, {"time_budget_s": 30, "views": ["char"]})
+    report = result.report
+    note = report["risk_coverage_method"]
+    assert note["applied"] is True, note
+    k = report["folds"]
+    assert note["factor"] == pytest.approx(np.log(k / (k - 1)) / np.log(1 / 0.75), abs=1e-3)
+    served, fitted = report["calibration"]["temperature"], report["calibration"]["temperature_cv"]
+    assert [m["temperature"] for m in report["chosen"]["members"]] == served
+    for t, t0 in zip(served, fitted):
+        assert t0 / 1.25 - 1e-3 <= t <= t0 * 1.25 + 1e-3
+    rows = report["risk_coverage"]
+    assert [r["threshold"] for r in rows] == [0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95]
+    for r in rows:
+        assert {"coverage", "accuracy", "accuracy_low", "cv_coverage", "cv_accuracy", "answered"} <= r.keys()
+        if r["accuracy"] is not None:
+            n = r["coverage"] * len(texts)
+            assert r["accuracy_low"] == pytest.approx(autoselect.wilson_low(r["accuracy"], n), abs=1e-4)
+            assert r["accuracy_low"] < r["accuracy"]
+    # the bound: 90 % of 100 -> 0.8396 (one-sided 95 %, Wilson); tighter with more texts
+    assert autoselect.wilson_low(0.9, 100) == pytest.approx(0.8396, abs=5e-4)
+    assert autoselect.wilson_low(0.9, 1000) > autoselect.wilson_low(0.9, 100)
+    # under 500 texts the curve is not drawn, and it says why
+    small = textmodel.train_model(texts[:300], labels[:300], {"time_budget_s": 10, "views": ["char"]})
+    assert small.report["risk_coverage_method"]["applied"] is False
+    assert "500" in small.report["risk_coverage_method"]["why"]
+    assert small.report["calibration"]["temperature"] == small.report["calibration"]["temperature_cv"]
