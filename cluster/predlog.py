@@ -521,11 +521,17 @@ class RedisPredictionLog:
         """Up to `want` rows, newest first (of one version when given)."""
         out: list[dict[str, Any]] = []
         end = start
+        entries = 0
         while len(out) < want:
-            count = max(10, min(MAX_PAGE, want - len(out)))
+            # entries to read: what is missing over the rows per entry seen so
+            # far (batches of 64 texts need few entries), a little more
+            per = len(out) / entries if entries and out else 1.0
+            count = max(10, min(MAX_PAGE, int((want - len(out)) / per * 1.2) + 1,
+                                MAX_PAGE if entries else 100))
             page = self._call(self.redis.xrevrange, self._k_stream(model), end, "-", count)
             if not page:
                 break
+            entries += len(page)
             for _eid, fields in page:
                 blob = fields.get(b"d")
                 if blob is None:
