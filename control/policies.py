@@ -41,6 +41,7 @@ from typing import Any
 from tornado.ioloop import IOLoop
 
 from state.config import ConfigError
+from state.dataset import is_label_set
 from state.store import check_name
 
 log = logging.getLogger("textswap.policies")
@@ -256,6 +257,8 @@ class Policies:
         started = time.time()
         examples = await loop.run_in_executor(None, self.sup.predlog.feedback_examples, name)
         share = p.get("holdout", 0.2) if p["apply"] == "gate" else 0.0
+        if any(is_label_set(lab) for _, lab in examples):
+            share = 0.0  # multi-label feedback: the gate compares top labels, not sets
         train = [(t, lab) for t, lab in examples if not held_out(t, share)]
         hold = [(t, lab) for t, lab in examples if held_out(t, share)]
         job = await self.sup.jobs.submit(name, None, None, False, feedback=train,
