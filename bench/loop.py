@@ -76,6 +76,45 @@ def train(svc: Service, name: str, data: list[dict], apply: bool) -> dict[str, A
 
 
 # -- 1. logging cost -------------------------------------------------------------------------
+def settled_cpu_s(pid: int, deadline_s: float = 20.0) -> float:
+    """tree_cpu_s once the service is idle again (the log's writer process,
+    at a lower priority, may still be writing what the load left it)."""
+    end = time.monotonic() + deadline_s
+    last = tree_cpu_s(pid)
+    while time.monotonic() < end:
+        time.sleep(0.3)
+        now = tree_cpu_s(pid)
+        if now - last < 0.01:
+            return now
+        last = now
+    return last
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process and its live
+    descendants (the supervisor, its zygote, workers and log writer), from /proc."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(name)] = int(fields[1])
+        ticks[int(name)] = int(fields[11]) + int(fields[12])
+    tree, todo = {pid}, [pid]
+    while todo:
+        p = todo.pop()
+        for child, ppid in parent.items():
+            if ppid == p and child not in tree:
+                tree.add(child)
+                todo.append(child)
+    return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
+
+
 def cost(workdir: str, seconds: float, rounds: int) -> dict[str, Any]:
     models = os.path.join(workdir, "models")
     svc = Service(models, args=["--config", config(os.path.join(workdir, "c.yaml"))])
@@ -92,6 +131,7 @@ def cost(workdir: str, seconds: float, rounds: int) -> dict[str, Any]:
     gen = serving.LoadGen("wrk" if shutil.which("wrk") else "client", workdir)
     figures: dict[str, dict[str, list[float]]] = {
         "single_c64": {"on": [], "off": []}, "batch256_c4": {"on": [], "off": []}}
+    cpu: dict[str, dict[str, list[float]]] = {k: {"on": [], "off": []} for k in figures}
     for r in range(rounds):
         for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
             cfg = config(os.path.join(workdir, f"{mode}.yaml"),
@@ -103,16 +143,25 @@ def cost(workdir: str, seconds: float, rounds: int) -> dict[str, Any]:
                 for key, bodies, conc, per in (("single_c64", single, 64, 1),
                                                ("batch256_c4", batch, 4, 256)):
                     gen.result(gen.start(svc.port, bodies, conc, 2), 2, per)  # warm-up
+                    cpu0 = tree_cpu_s(svc.proc.pid)
                     res = gen.result(gen.start(svc.port, bodies, conc, seconds), seconds, per)
+                    per_req = (settled_cpu_s(svc.proc.pid) - cpu0) / max(1, res["rps"] * seconds)
                     figures[key][mode].append(res["rps"])
-                    log(f"round {r + 1} log {mode}: {key} {res['rps']:.0f} req/s")
+                    cpu[key][mode].append(per_req * 1e3)
+                    log(f"round {r + 1} log {mode}: {key} {res['rps']:.0f} req/s, "
+                        f"{per_req * 1e3:.3f} CPU ms a request")
             finally:
                 svc.stop()
     out: dict[str, Any] = {}
     for key, f in figures.items():
         on, off = statistics.median(f["on"]), statistics.median(f["off"])
+        c_on, c_off = statistics.median(cpu[key]["on"]), statistics.median(cpu[key]["off"])
         out[key] = {"rps_log_on": round(on, 1), "rps_log_off": round(off, 1),
                     "cost": round(1 - on / off, 4), "runs": f,
+                    # the service's CPU (every process of it) per request: what
+                    # the log adds, less swayed by other load on the machine
+                    "cpu_ms_log_on": round(c_on, 4), "cpu_ms_log_off": round(c_off, 4),
+                    "cpu_cost": round(c_on / c_off - 1, 4), "cpu_runs": cpu[key],
                     "within_budget": 1 - on / off <= 0.03}
     return out
 
