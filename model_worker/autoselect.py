@@ -468,14 +468,17 @@ def cost_aware(search: Search, members: list[Scored], temps: list[float]
 # Entry point
 # --------------------------------------------------------------------------
 
-# Risk-coverage at the final model's size. The table comes from out-of-fold
-# scores of fold models fitted on (k-1)/k of the rows; the served model, fitted
-# on all of them, is more confident: at the same threshold it answers more
-# texts (5-10 points more on the bench's held-out sets), harder ones, at about
-# a point less accuracy. The chosen members are fitted once more per fold on a
-# share of the fold's rows (_CURVE_SHARE), and each threshold's coverage and
-# accuracy are carried along that learning curve, linearly in log(rows), from
-# the smaller fold models through the fold models to the final one.
+# Calibration and risk-coverage at the final model's size. Temperatures and
+# the risk-coverage table come from out-of-fold scores of fold models fitted
+# on (k-1)/k of the rows; the served model, fitted on all of them, has larger
+# margins: with the fold models' temperature it was overconfident on unseen
+# texts (at a threshold it answered 5-10 points more texts than the table
+# said, at about a point less accuracy, on the bench's held-out sets). The
+# chosen members are fitted once more per fold on a share of the fold's rows
+# (_CURVE_SHARE); each member's temperature (log T) and each threshold's
+# coverage and accuracy are carried along that learning curve, linearly in
+# log(rows), from the smaller fold models through the fold models to the
+# final one.
 _CURVE_SHARE = 0.75
 _CURVE_MAX_S = 20.0  # at most this long, nor more than a quarter of the budget
 _CURVE_MIN_ROWS = 500  # below, the curve's two points are mostly noise
