@@ -195,11 +195,13 @@ def test_tensorflow_cpp_logs_are_silent_unless_debug(tiny_store, capfd, monkeypa
 
 
 def _zygote_pid(svc: Service) -> int:
-    """The service's child that is neither a worker nor multiprocess's tracker."""
+    """The service's child that is neither a worker, multiprocess's tracker nor
+    the prediction log's writer."""
     workers = {w["pid"] for w in svc.status()["workers"]}
     for p in psutil.Process(svc.proc.pid).children():
         try:
-            if p.pid not in workers and "resource_tracker" not in " ".join(p.cmdline()):
+            cmd = " ".join(p.cmdline())
+            if p.pid not in workers and "resource_tracker" not in cmd and "predlog_writer" not in cmd:
                 return p.pid
         except psutil.NoSuchProcess:
             continue
