@@ -226,7 +226,7 @@ class FeedbackHandler(JsonHandler):
             if multi:
                 out["multi_label"] = True
             return out
-        return await _run(store), name
+        return await _run(store, path=getattr(plog, "path", "")), name
 
     async def _on_predictions(self, data: dict[str, Any], plog: Any, cap: int
                               ) -> tuple[dict[str, Any], str]:
@@ -311,7 +311,7 @@ class FeedbackHandler(JsonHandler):
             if len(items) == 1:
                 out.update({k: items[0][k] for k in ("index", "label", "predicted", "correct")})
             return out
-        answer = await _run(store)
+        answer = await _run(store, path=getattr(plog, "path", ""))
         return answer, answer["model"]["name"]
 
     @staticmethod

@@ -719,6 +719,11 @@ def quality_paths(name_param: S, bad_path: S) -> S:
                                                     "items": {"type": "integer"}}}}},
                    "coverage": {**num, "description": "answered / fed back (abstentions "
                                                       "are not answered)"},
+                   "multi_label": {"type": "boolean",
+                                   "description": "a multi-label version: micro_f1, "
+                                                  "samples_f1, exact-match accuracy, "
+                                                  "per-label counts; confusion is null"},
+                   "micro_f1": num, "samples_f1": num, "labels_per_text": num,
                    "answered": {"type": "integer"}}}
     drift: S = {"type": "object", "nullable": True, "required": ["alert"],
                 "description": "null when the version has no training profile",
@@ -774,38 +779,53 @@ _LABEL: S = {"anyOf": [{"type": "string", "minLength": 1, "maxLength": 200, "pat
 
 def loop_inference_paths(cfg: Any, text: S) -> S:
     cap = cfg["feedback"]["max_items"]
+    label_set: S = {"type": "array", "maxItems": 1000, "items": _LABEL,
+                    "description": "a multi-label model's truth for one text: its label "
+                                   "set ([] for none of the labels)"}
+    index: S = {"type": "integer", "minimum": 0, "maximum": 1000000,
+                "description": "the text's place in a batch (0-based)"}
     on_prediction: S = {
         "type": "object", "additionalProperties": False, "required": ["request_id", "label"],
-        "properties": {"request_id": REQUEST_ID, "label": _LABEL,
-                       "index": {"type": "integer", "minimum": 0, "maximum": 1000000,
-                                 "description": "the text's place in a batch (0-based)"}}}
+        "properties": {"request_id": REQUEST_ID, "label": _LABEL, "index": index}}
+    on_prediction_set: S = {
+        "type": "object", "additionalProperties": False, "required": ["request_id", "labels"],
+        "description": "a multi-label model: one text's label set (with 'index' inside a "
+                       "batch)",
+        "properties": {"request_id": REQUEST_ID, "labels": label_set, "index": index}}
     on_batch: S = {
         "type": "object", "additionalProperties": False, "required": ["request_id", "labels"],
         "properties": {"request_id": REQUEST_ID,
                        "labels": {"type": "array", "minItems": 1, "maxItems": cap,
-                                  "items": _LABEL,
-                                  "description": "one per text of the request, in order"}}}
+                                  "items": {"anyOf": [_LABEL, label_set]},
+                                  "description": "one per text of the request, in order "
+                                                 "(a label set each for a multi-label "
+                                                 "model)"}}}
     free: S = {
         "type": "object", "additionalProperties": False, "required": ["model", "examples"],
         "properties": {"model": NAME, "examples": {
             "type": "array", "minItems": 1, "maxItems": cap,
             "items": {"type": "object", "additionalProperties": False,
-                      "required": ["text", "label"],
-                      "properties": {"text": text, "label": _LABEL}}}},
+                      "required": ["text"],
+                      "description": "'label', or 'labels' (a set) for a multi-label model",
+                      "properties": {"text": text, "label": _LABEL, "labels": label_set}}}},
         "example": {"model": "sent", "examples": [{"text": "love it", "label": "pos"}]}}
-    item: S = {"type": "object", "required": ["label", "new_label"],
+    names: S = {"type": "array", "items": {"type": "string"}}
+    item: S = {"type": "object", "required": ["new_label"],
+               "description": "'label' and 'predicted' are strings, or for a multi-label "
+                              "model 'labels' and 'predicted' are label sets",
                "properties": {"request_id": REQUEST_ID, "index": {"type": "integer"},
-                              "label": {"type": "string"},
-                              "predicted": {"type": "string", "nullable": True},
+                              "label": {"type": "string"}, "labels": names,
+                              "predicted": {"nullable": True,
+                                            "anyOf": [{"type": "string"}, names]},
                               "correct": {"type": "boolean"},
-                              "new_label": {"type": "boolean"}}}
+                              "new_label": {"type": "boolean"}, "new_labels": names}}
     answer: S = {"type": "object", "required": ["stored", "new_label", "items"],
                  "properties": {"stored": {"type": "integer"},
                                 "new_label": {"type": "boolean",
                                               "description": "a label the model does not "
                                                              "know (a class at the next "
                                                              "training)"},
-                                "new_labels": {"type": "array", "items": {"type": "string"}},
+                                "new_labels": names, "multi_label": {"type": "boolean"},
                                 "request_id": REQUEST_ID, "model": {},
                                 "items": {"type": "array", "items": item}}}
     op: S = {
@@ -815,7 +835,7 @@ def loop_inference_paths(cfg: Any, text: S) -> S:
                        "the same (request id, index) replaces the earlier one. It becomes "
                        "training data: it takes feedback.token, else the management token "
                        "(none when neither is set).",
-        "requestBody": _body({"oneOf": [on_prediction, on_batch, free]}),
+        "requestBody": _body({"anyOf": [on_prediction, on_prediction_set, on_batch, free]}),
         "responses": {
             "200": _json(answer, "stored (committed before this answer)"),
             "400": _err("not JSON, unknown field, malformed request id, a bad label, 'labels' "
