@@ -22,7 +22,7 @@ from sklearn.preprocessing import MultiLabelBinarizer
 from control import quality
 from helpers import Service, request, wait_for
 from state import dataset
-from test_feedback import TOKEN, feedback, log_of
+from test_feedback import TOKEN, _cli, feedback, log_of
 from test_multilabel import PROBE, TOPICS, _train, topic_rows
 
 ROWS = topic_rows(90)
@@ -252,6 +252,25 @@ def test_a_wrong_free_example_is_a_400_naming_the_field(svc, example, field):
         assert "multi-label" in fb["error"]["message"]
 
 
+def test_cli_sends_a_label_set(svc):
+    """textswap feedback REQUEST_ID --label-set a,b [--index N]."""
+    import json
+    texts = [PROBE[0] + " by cli", PROBE[2] + " by cli"]
+    body = _predict(svc, texts)
+    rid = body["request_id"]
+    out = _cli(svc, "--json", "feedback", rid, "--label-set", "food, money", "--index", "1")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["labels"] == ["food", "money"] and got["index"] == 1 and got["stored"] == 1, got
+    _give(body, 1, ["food", "money"], texts)
+    out = _cli(svc, "feedback", rid, "--label-set", "food", "--index", "0")
+    assert out.returncode == 0 and f"{rid}#0: food (predicted" in out.stdout, (out.stdout,
+                                                                                out.stderr)
+    _give(body, 0, ["food"], texts)
+    out = _cli(svc, "feedback", rid, "food", "--label-set", "food")
+    assert out.returncode != 0 and "LABEL" in out.stderr
+
+
 def _expected(given) -> dict:
     pairs = [(set(t), set(p)) for t, p, _ in given.values()]
     names = sorted(set().union(*(t | p for t, p in pairs)))
@@ -271,12 +290,12 @@ def _expected(given) -> dict:
 
 
 def test_live_quality_of_a_multilabel_version(svc):
-    assert len(GIVEN) == 13
+    assert len(GIVEN) == 15
     code, report = svc.mget("/models/tags/quality")
     assert code == 200, report
     assert set(report) >= {"model", "versions"}
     v = [x for x in report["versions"] if x["version"] == 1][0]
-    assert v["feedback"] == 13 and v["predictions"] >= 13 and "drift" in v
+    assert v["feedback"] == 15 and v["predictions"] >= 15 and "drift" in v
     live = v["live"]
     want = _expected(GIVEN)
     assert live["multi_label"] is True and live["confusion"] is None
@@ -311,12 +330,12 @@ def test_retraining_folds_the_label_sets_in(svc):
     assert code == 200, job
     data = job["job"]["data"]
     fed = data["feedback"]
-    # texts fed back: 13 on predictions, 2 free examples; one has no label, and
+    # texts fed back: 15 on predictions, 2 free examples; one has no label, and
     # "chess" (2 texts, one of them replaced by the whole batch) waits with 1
     texts = {text: truth for truth, _, text in GIVEN.values()}
-    assert len(texts) == 13
+    assert len(texts) == 15
     assert fed["multi_label"] is True
-    assert fed["rows"] == 13 - 1 + 2 and fed["no_label_rows"] == 1
+    assert fed["rows"] == 15 - 1 + 2 and fed["no_label_rows"] == 1
     assert fed["waiting"] == {"chess": 1} and fed["new_labels"] == []
     assert data["examples"] == len(ROWS) + fed["rows"]  # every fed-back text is new
 
@@ -328,5 +347,5 @@ def test_retraining_folds_the_label_sets_in(svc):
     assert job["state"] == "succeeded", job
     code, meta = svc.mget("/models/tags/2")
     assert code == 200 and meta["multi_label"] is True
-    assert meta["data"]["examples"] == len(ROWS) + 14
+    assert meta["data"]["examples"] == len(ROWS) + 16
 

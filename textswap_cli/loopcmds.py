@@ -2,6 +2,7 @@
 
     textswap feedback REQUEST_ID LABEL [--index N]     one label
     textswap feedback REQUEST_ID --labels a,b,c        a whole batch, in order
+    textswap feedback REQUEST_ID --label-set a,b [--index N]   a multi-label model: one text's set
     textswap feedback --file queue.csv                 a labelled review export
     textswap feedback --model NAME --file data.csv     labelled texts (no prediction)
     textswap review NAME [--limit 50] [--strategy uncertain|random] [--export queue.csv]
@@ -70,17 +71,22 @@ def register(cli: Any, command: Any, emit_json: Any) -> None:
     @click.argument("label", required=False)
     @click.option("--index", type=click.IntRange(min=0), help="The text's place in a batch.")
     @click.option("--labels", help="Comma-separated labels for the whole batch, in order.")
+    @click.option("--label-set", "label_set",
+                  help="A multi-label model: one text's label set, comma-separated ('' for "
+                       "none of the labels).")
     @click.option("--file", "file_", type=click.Path(dir_okay=False),
                   help="A labelled review export (CSV), or with --model labelled texts.")
     @click.option("--model", help="With --file: texts and labels for this model (no prediction).")
     @command
     def feedback(ctx: Ctx, request_id: str | None, label: str | None, index: int | None,
-                 labels: str | None, file_: str | None, model: str | None) -> None:
+                 labels: str | None, label_set: str | None, file_: str | None,
+                 model: str | None) -> None:
         """Send true labels back (POST /feedback): they become training data."""
         api = _feedback_api(ctx)
         if file_ is not None:
-            if request_id or label or labels or index is not None:
-                raise click.UsageError("--file takes no REQUEST_ID, LABEL, --labels or --index")
+            if request_id or label or labels or label_set is not None or index is not None:
+                raise click.UsageError("--file takes no REQUEST_ID, LABEL, --labels, "
+                                       "--label-set or --index")
             if model is not None:
                 examples = read_examples(file_)
                 answers = [api.post("/feedback", {"model": model,
@@ -117,11 +123,16 @@ def register(cli: Any, command: Any, emit_json: Any) -> None:
             return
         if model is not None:
             raise click.UsageError("--model goes with --file")
-        if request_id is None or (label is None) == (labels is None):
+        given = sum(x is not None for x in (label, labels, label_set))
+        if request_id is None or given != 1:
             raise click.UsageError("give REQUEST_ID and LABEL, REQUEST_ID --labels a,b,..., "
-                                   "or --file")
+                                   "REQUEST_ID --label-set a,b, or --file")
         body: dict[str, Any] = {"request_id": request_id}
-        if labels is not None:
+        if label_set is not None:
+            body["labels"] = [x.strip() for x in label_set.split(",") if x.strip()]
+            if index is not None:
+                body["index"] = index
+        elif labels is not None:
             if index is not None:
                 raise click.UsageError("--index goes with LABEL, not --labels")
             body["labels"] = [x.strip() for x in labels.split(",")]
