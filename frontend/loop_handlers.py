@@ -408,12 +408,19 @@ class ReviewHandler(JsonHandler):
             except (NotFound, InvalidName):
                 raise ApiError(404, "not_found", f"no model named {name!r} in the store") from None
             plog.flush(10)  # what was answered before this request is in the queue
-            return plog.review(name, limit, strategy)
+            rows = plog.review(name, limit, strategy)
+            for r in rows:  # a multi-label version: the set it answered, rebuilt
+                info = _meta_of(self.sup, name, r["version"], _LABELS)
+                if info["multi_label"]:
+                    r["labels"] = predicted_set(r["scores"] or {}, info["thresholds"],
+                                                info["min_labels"], r["label"])
+            return rows
         rows = await _run(read)
         items = [{"request_id": r["request_id"], "index": r["index"], "text": r["text"],
                   "label": r["label"], "top": _top(r["scores"]),
                   "score": max(r["scores"].values()) if r["scores"] else None,
-                  "margin": r["margin"], "version": r["version"], "at": r["at"]}
+                  "margin": r["margin"], "version": r["version"], "at": r["at"],
+                  **({"labels": r["labels"]} if "labels" in r else {})}
                  for r in rows]
         self.send_json({"model": name, "strategy": strategy, "count": len(items),
                         "items": items})

@@ -271,6 +271,17 @@ def test_cli_sends_a_label_set(svc):
     assert out.returncode != 0 and "LABEL" in out.stderr
 
 
+def test_review_items_carry_the_answered_label_set(svc):
+    texts = [PROBE[1] + " for review", PROBE[3] + " for review"]
+    body = _predict(svc, texts)
+    code, got = svc.mget("/models/tags/review?limit=1000&strategy=random")
+    assert code == 200, got
+    mine = {i["index"]: i for i in got["items"] if i["request_id"] == body["request_id"]}
+    assert sorted(mine) == [0, 1], got
+    for i, p in enumerate(body["predictions"]):
+        assert mine[i]["labels"] == _answered(p) and mine[i]["label"] == p["label"]
+
+
 def _expected(given) -> dict:
     pairs = [(set(t), set(p)) for t, p, _ in given.values()]
     names = sorted(set().union(*(t | p for t, p in pairs)))
