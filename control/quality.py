@@ -240,10 +240,17 @@ class Quality:
 
     async def report(self, name: str) -> dict[str, Any]:
         """The quality report of a model (NotFound when neither the store nor
-        the log knows it)."""
-        result = await self.sup.loop.run_in_executor(None, self.compute, name)
+        the log knows it). Counts what was answered before this call: the log's
+        queue is flushed first."""
+        result = await self.sup.loop.run_in_executor(None, self._flushed_compute, name)
         self.latest[name] = result
         return result
+
+    def _flushed_compute(self, name: str) -> dict[str, Any]:
+        plog = self.predlog
+        if plog is not None and getattr(plog, "enabled", False):
+            plog.flush(10)
+        return self.compute(name)
 
     async def _tick(self) -> None:
         if self._refreshing or self.predlog is None:
