@@ -22,6 +22,7 @@ from sklearn.preprocessing import MultiLabelBinarizer
 from control import quality
 from helpers import Service, request, wait_for
 from state import dataset
+from test_dashboard import ARTIFACTS, Browser, browser, pw  # noqa: F401 (pw: the fixture)
 from test_feedback import TOKEN, _cli, feedback, log_of
 from test_multilabel import PROBE, TOPICS, _train, topic_rows
 
@@ -360,3 +361,53 @@ def test_retraining_folds_the_label_sets_in(svc):
     assert code == 200 and meta["multi_label"] is True
     assert meta["data"]["examples"] == len(ROWS) + 16
 
+
+
+@browser
+def test_review_panel_sends_label_sets(svc, pw):  # noqa: F811 (pw: the fixture)
+    """In the real browser: a multi-label item shows the set it answered; the
+    label buttons toggle labels in or out, the send button posts the set, and
+    Enter on an item confirms its answered set. /quality counts both."""
+    import os
+    texts = [PROBE[0] + " on the page", PROBE[2] + " on the page"]
+    body = _predict(svc, texts)
+    rid = body["request_id"]
+    answered = [_answered(p) for p in body["predictions"]]
+    before = [x for x in svc.mget("/models/tags/quality")[1]["versions"] if x["version"] == 1][0]
+    b = Browser(pw)
+    try:
+        page = b.page
+        page.goto(f"http://127.0.0.1:{svc.mport}/")
+        panel = page.locator("#review")
+        panel.locator("select.rv-model").select_option("tags")
+        first = panel.locator(f'li[data-request-id="{rid}"][data-index="0"]')
+        first.wait_for()
+        assert ", ".join(answered[0]) in first.locator(".rv-label").inner_text()
+        extra = next(t for t in sorted(TOPICS) if t not in answered[0])
+        first.locator(f'button.toggle[data-label="{extra}"]').click()
+        first = panel.locator(f'li[data-request-id="{rid}"][data-index="0"]')
+        assert first.locator(f'button.toggle[data-label="{extra}"]').get_attribute(
+            "aria-pressed") == "true"
+        want0 = sorted(answered[0] + [extra])
+        assert first.locator("button.send-set").inner_text() == "Send " + ", ".join(want0)
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        page.locator("#review-sec").screenshot(path=os.path.join(ARTIFACTS,
+                                                                 "review-panel-multilabel.png"))
+        first.locator("button.send-set").click()
+        first.wait_for(state="detached")
+        second = panel.locator(f'li[data-request-id="{rid}"][data-index="1"]')
+        second.locator(".rv-text").click()
+        second.press("Enter")
+        second.wait_for(state="detached")
+        assert not b.js_errors and not b.bad_responses, (b.js_errors, b.bad_responses)
+    finally:
+        b.close()
+    plog = log_of(svc)
+    try:
+        fed = {r["index"]: r for r in plog.fed_back("tags") if r["request_id"] == rid}
+    finally:
+        plog.close()
+    assert dataset.decode_truth(fed[0]["truth"]) == want0
+    assert dataset.decode_truth(fed[1]["truth"]) == answered[1]
+    after = [x for x in svc.mget("/models/tags/quality")[1]["versions"] if x["version"] == 1][0]
+    assert after["feedback"] == before["feedback"] + 2

@@ -11,6 +11,10 @@
 //   j / ↓, k / ↑  next / previous item
 //   s             skip (leave it for later; it stays in the queue)
 //   n             type a label the model does not know yet
+//
+// A multi-label model's items carry the label set it answered (`labels`):
+// the label buttons then toggle labels in or out of the set, and Enter (or
+// the send button) posts the set as it stands; 1-9 toggle.
 
 import * as api from "./api.js";
 import {h, isObj, num, toast} from "./ui.js";
@@ -21,6 +25,10 @@ const EMPTY_RECHECK_MS = 15000;
 
 const enc = encodeURIComponent;
 const keyOf = (it) => it.request_id + "#" + it.index;
+const isMulti = (it) => Array.isArray(it.labels);
+const setText = (set) => (set.length ? set.join(", ") : "(none)");
+// a multi-label item's set as the person has it now (the answered set until toggled)
+const pickOf = (it) => (it.pick ??= it.labels.filter((l) => typeof l === "string").slice().sort());
 const pct = (x) => (num(x) === null ? "—" : (x * 100).toFixed(x >= 0.995 || x < 0.001 ? 1 : 0) + "%");
 
 export class ReviewPanel {
@@ -163,14 +171,25 @@ export class ReviewPanel {
     else this.load();
   }
 
+  toggle(it, label) {
+    const set = pickOf(it);
+    const at = set.indexOf(label);
+    if (at >= 0) set.splice(at, 1); else { set.push(label); set.sort(); }
+    this.render(true);
+  }
+
   async label(it, label, how) {
     const k = keyOf(it);
-    if (this.busy.has(k) || typeof label !== "string" || !label.trim()) return;
+    const multi = Array.isArray(label);
+    if (this.busy.has(k) || (!multi && (typeof label !== "string" || !label.trim()))) return;
     this.busy.add(k);
     const li = this.list.querySelector(`li[data-key="${CSS.escape(k)}"]`);
     if (li) li.classList.add("sending");
+    const said = multi ? setText(label) : label.trim();
     try {
-      const res = await api.post("/feedback", {request_id: it.request_id, index: it.index, label: label.trim()});
+      const res = await api.post("/feedback", multi
+        ? {request_id: it.request_id, index: it.index, labels: label}
+        : {request_id: it.request_id, index: it.index, label: label.trim()});
       const at = this.items.indexOf(it);
       if (at >= 0) {
         this.items.splice(at, 1);
@@ -180,7 +199,7 @@ export class ReviewPanel {
       this.labelled++;
       if (this.quality) this.quality.feedback++;
       const extra = res?.new_label ? " (a new label: a class at the next training)" : "";
-      toast((how === "confirm" ? "Confirmed " : "Labelled ") + "“" + short(it.text) + "” as " + label.trim() + extra + ".", "ok");
+      toast((how === "confirm" ? "Confirmed " : "Labelled ") + "“" + short(it.text) + "” as " + said + extra + ".", "ok");
       this.render(true);
       if (this.items.length < REFILL_BELOW) this.load();
     } catch (e) {
@@ -201,11 +220,13 @@ export class ReviewPanel {
     let done = true;
     if (ev.key === "Enter" || ev.key === "y") {
       if (ev.target.closest("button")) return;  // a focused button clicks itself
-      if (typeof it.label === "string") this.label(it, it.label, "confirm");
+      if (isMulti(it)) this.label(it, pickOf(it).slice(), sameSet(pickOf(it), it.labels) ? "confirm" : "pick");
+      else if (typeof it.label === "string") this.label(it, it.label, "confirm");
     } else if (/^[1-9]$/.test(ev.key)) {
       const labels = this.labelsFor(it);
       const label = labels[Number(ev.key) - 1];
-      if (label !== undefined) this.label(it, label, label === it.label ? "confirm" : "pick");
+      if (label !== undefined && isMulti(it)) this.toggle(it, label);
+      else if (label !== undefined) this.label(it, label, label === it.label ? "confirm" : "pick");
     } else if (ev.key === "j" || ev.key === "ArrowDown" || ev.key === "s") {
       this.move(1);
     } else if (ev.key === "k" || ev.key === "ArrowUp") {
@@ -275,13 +296,13 @@ export class ReviewPanel {
     h("div", {class: "rv-text", lang: ""}, it.text ?? ""),
     h("div", {class: "rv-pred"},
       h("span", {class: "muted"}, "predicted"),
-      h("strong", {class: "rv-label"}, it.label ?? "—"),
+      h("strong", {class: "rv-label"}, isMulti(it) ? setText(it.labels) : it.label ?? "—"),
       h("span", {class: "rv-top"}, top.map((t) => h("span", {class: "rv-score" + (t.label === it.label ? " best" : "")},
         h("span", {class: "rv-bar-bg"}, h("span", {class: "rv-bar-fill", style: {width: Math.max(2, (num(t.score) ?? 0) * 100).toFixed(1) + "%"}})),
         t.label + " " + pct(t.score)))),
       num(it.margin) !== null ? h("span", {class: "muted rv-margin", title: "top score minus the second"}, "margin " + it.margin.toFixed(3)) : null,
       Number.isInteger(it.version) ? h("span", {class: "muted"}, "v" + it.version) : null),
-    h("div", {class: "rv-actions"},
+    isMulti(it) ? this.setActions(it, labels, newLabel) : h("div", {class: "rv-actions"},
       typeof it.label === "string" ? h("button", {class: "btn small confirm", type: "button", title: "Enter",
         onclick: () => this.label(it, it.label, "confirm")}, "✓ " + it.label) : null,
       labels.map((l, j) => h("button", {class: "btn small ghost pick" + (l === it.label ? " predicted" : ""), type: "button",
@@ -290,6 +311,38 @@ export class ReviewPanel {
       j < 9 ? h("kbd", {}, String(j + 1)) : null, l)),
       newLabel));
   }
+
+  // a multi-label item: toggles for each label, and one button that sends the set
+  setActions(it, labels, newLabel) {
+    const set = pickOf(it);
+    const same = sameSet(set, it.labels);
+    newLabel.onkeydown = (ev) => {
+      if (ev.key === "Enter" && ev.target.value.trim()) {
+        ev.preventDefault();
+        const l = ev.target.value.trim();
+        if (!set.includes(l)) { set.push(l); set.sort(); }
+        ev.target.value = "";
+        this.render(true);
+      }
+      if (ev.key === "Escape") { ev.target.value = ""; ev.target.closest("li").focus(); }
+    };
+    newLabel.placeholder = "add a new label…";
+    return h("div", {class: "rv-actions"},
+      h("button", {class: "btn small confirm send-set", type: "button", title: "Enter",
+        onclick: () => this.label(it, set.slice(), same ? "confirm" : "pick")}, (same ? "✓ " : "Send ") + setText(set)),
+      labels.concat(set.filter((l) => !labels.includes(l))).map((l, j) => h("button", {
+        class: "btn small ghost pick toggle" + (set.includes(l) ? " on" : "") + (it.labels.includes(l) ? " predicted" : ""),
+        type: "button", "data-label": l, "aria-pressed": set.includes(l) ? "true" : "false",
+        title: j < 9 ? "key " + (j + 1) + ": in or out of the set" : "in or out of the set",
+        onclick: () => this.toggle(it, l)},
+      j < 9 ? h("kbd", {}, String(j + 1)) : null, l)),
+      newLabel);
+  }
+}
+
+function sameSet(a, b) {
+  const x = [...a].sort(), y = [...b].sort();
+  return x.length === y.length && x.every((v, i) => v === y[i]);
 }
 
 function short(text) {
