@@ -726,11 +726,11 @@ def main() -> None:
                   f"coverage/accuracy (at least) -> test coverage/accuracy")
             for r in auto["risk_coverage"]:
                 fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-                verdict = ("holds" if r.get("holds") else "short, within the test's sampling error"
-                           if r.get("within_test_noise") else "SHORT") if "holds" in r else ""
+                mark = ("holds" if r.get("holds") else "short, within the test's sampling error"
+                        if r.get("within_test_noise") else "SHORT") if "holds" in r else ""
                 print(f"  {r['threshold']:.2f}  {fmt(r['cv_coverage'])} / {fmt(r['cv_accuracy'])}   "
                       f"{fmt(r['coverage'])} / {fmt(r['accuracy'])} ({fmt(r.get('accuracy_low'))})  ->  "
-                      f"{fmt(r['test_coverage'])} / {fmt(r['test_accuracy'])}  {verdict}")
+                      f"{fmt(r['test_coverage'])} / {fmt(r['test_accuracy'])}  {mark}")
             rows = [r for r in auto["risk_coverage"] if "holds" in r]
             print(f"  promise held at {sum(r['holds'] for r in rows)} of {len(rows)} thresholds; "
                   f"short beyond the test's sampling error at "
