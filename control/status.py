@@ -55,6 +55,15 @@ class StatusView:
             log.warning("GET /history answers without the pending writes: the state db is slow")
         return self.sup.state.history(name, limit)
 
+    def _predlog(self) -> dict[str, Any] | None:
+        """The prediction log's counts (texts logged, dropped, queued), or None."""
+        plog = getattr(self.sup, "predlog", None)
+        if plog is None or not getattr(plog, "enabled", False):
+            return None
+        stats = getattr(plog, "stats", None)
+        return stats() if stats is not None else {"logged": plog.logged,
+                                                   "dropped": plog.dropped}
+
     def status(self) -> dict[str, Any]:
         me = psutil.Process()
         described = {g: w.describe() for g, w in sorted(self.pool.workers.items())}
@@ -90,6 +99,7 @@ class StatusView:
             "record_revision": self.sup.record.get("revision", 0),
             "storage": {**self.sup.storage.health(), "record_dirty": self.sup.applies.dirty},
             "zygote": self.pool.zygote.describe() if self.pool.zygote is not None else None,
+            "prediction_log": self._predlog(),
             "jobs": self.sup.jobs.list(),
             "cluster": None if self.sup.cluster is None else self.sup.cluster.cluster.status(),
         }

@@ -65,7 +65,7 @@ log = logging.getLogger("textswap.predlog")
 FILENAME = ".predictions.db"
 SCHEMA_VERSION = 1
 _BATCH_WAIT_S = 0.05  # the sender gathers answers this long between two writes
-MAX_QUEUED = 20_000   # answers waiting for the writer; beyond, new ones are dropped
+MAX_QUEUED = 200_000  # texts waiting for the writer; beyond, new answers are dropped
 _BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
          "from state.predlog_writer import main; sys.exit(main(sys.argv[2:]))")
 
@@ -150,6 +150,7 @@ class PredictionLog:
         self._started_at = 0.0
         self._retired = [0, 0]  # logged, dropped by writer processes that ended
         self._lost = 0          # dropped here: queue full, writer down, unpackable
+        self._queued = 0        # texts put on the queue and not yet sent to the writer
         self._thread = threading.Thread(target=self._run, name="predlog-feedback", daemon=True)
         self._thread.start()
         self._sender = threading.Thread(target=self._send_loop, name="predlog-sender",
@@ -167,6 +168,12 @@ class PredictionLog:
         """Prediction rows not written: a failed write, the queue full, the writer down."""
         w = self._writer
         return self._retired[1] + self._lost + (w.dropped if w else 0)
+
+    def stats(self) -> dict[str, int]:
+        """For /status: texts logged (committed by the writer), dropped (never
+        written: a failed write, the queue full, the writer down), and queued
+        (waiting in this process for the sender)."""
+        return {"logged": self.logged, "dropped": self.dropped, "queued": max(0, self._queued)}
 
     # -- connections --------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -190,9 +197,10 @@ class PredictionLog:
     def add(self, rows: list[dict[str, Any]]) -> None:
         """Queue predictions for the writer (never blocks)."""
         if self.enabled and not self._closed and rows:
-            if self._pq.qsize() >= MAX_QUEUED:
+            if self._queued >= MAX_QUEUED:
                 self._lost += len(rows)
             else:
+                self._queued += len(rows)
                 self._pq.put(["r", rows])
 
     def add_answer(self, at: float, request_id: str, model: str, version: Any,
@@ -200,9 +208,10 @@ class PredictionLog:
         """Queue a /predict answer whole (its rows are built in the writer process:
         the request path pays one queue put)."""
         if self.enabled and not self._closed and texts:
-            if self._pq.qsize() >= MAX_QUEUED:
+            if self._queued >= MAX_QUEUED:
                 self._lost += len(texts)
             else:
+                self._queued += len(texts)
                 self._pq.put(["a", at, request_id, model, version, texts, predictions])
 
     def _send_loop(self) -> None:
@@ -219,6 +228,9 @@ class PredictionLog:
                     break
             stop = any(b[0] == "stop" for b in batch)
             items = [b for b in batch if b[0] != "stop"]
+            texts = sum(len(it[5]) if it[0] == "a" else len(it[1])
+                        for it in items if it[0] in ("a", "r"))
+            self._queued -= texts  # (one writer thread: no lock; the count is a bound)
             if items:
                 self._send(items)
         self._end_writer()

@@ -40,8 +40,8 @@ import msgpack
 
 from state.statedb import as_oserror
 
-NICE = 10        # below the serving processes: the log catches up when they idle
-TRIM_EVERY = 2000  # rows inserted for a model between two trims
+NICE = 19        # the lowest CPU priority: serving first, the log writes in idle time
+TRIM_SLACK = 0.05  # a model's rows may exceed max_rows by this share before a trim
 _INSERT = ("INSERT INTO predictions (at, request_id, idx, model, version, text, label, "
            "scores, margin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
@@ -116,7 +116,7 @@ class Writer:
         self.conn = sqlite3.connect(path, timeout=10.0, isolation_level=None)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.since_trim: dict[str, int] = {}
+        self.rows: dict[str, int] = {}  # rows per model, as counted and kept since
         self.logged = self.dropped = 0
         self.error: list[Any] | None = None
 
@@ -139,16 +139,14 @@ class Writer:
             try:
                 conn.executemany(_INSERT, rows)
                 for model, n in counts.items():
-                    self.since_trim[model] = self.since_trim.get(model, 0) + n
-                    if self.since_trim[model] >= min(TRIM_EVERY, self.max_rows):
-                        self.since_trim[model] = 0
-                        self._trim(model)
+                    self._trim(model, n)
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:  # SQLite may have rolled back itself (disk full)
                     conn.execute("ROLLBACK")
                 raise
         except Exception as exc:  # a full disk: serving goes on, these rows are lost
+            self.rows.clear()  # rolled back: count again at the next write
             self.dropped += len(rows)
             err = as_oserror(exc)
             self.error = [err.errno, str(err)]
@@ -175,13 +173,22 @@ class Writer:
         self.error = None
         return True
 
-    def _trim(self, model: str) -> None:
-        """Keep the newest max_rows predictions of a model."""
-        row = self.conn.execute("SELECT id FROM predictions WHERE model = ? ORDER BY id DESC "
-                                "LIMIT 1 OFFSET ?", (model, self.max_rows)).fetchone()
-        if row is not None:
-            self.conn.execute("DELETE FROM predictions WHERE model = ? AND id <= ?",
-                              (model, row[0]))
+    def _trim(self, model: str, added: int) -> None:
+        """Keep the newest max_rows predictions of a model (up to TRIM_SLACK more
+        between two trims): the model's row count is kept here (counted once),
+        and a trim deletes the oldest rows through the (model, id) index."""
+        count = self.rows.get(model)
+        if count is None:
+            count = self.conn.execute("SELECT COUNT(*) FROM predictions WHERE model = ?",
+                                      (model,)).fetchone()[0]
+        else:
+            count += added
+        if count > self.max_rows + int(self.max_rows * TRIM_SLACK):
+            self.conn.execute("DELETE FROM predictions WHERE id IN (SELECT id FROM predictions "
+                              "WHERE model = ? ORDER BY id LIMIT ?)",
+                              (model, count - self.max_rows))
+            count = self.max_rows
+        self.rows[model] = count
 
 
 def report(out: Any, writer: Writer, acks: list[int]) -> bool:

@@ -72,6 +72,17 @@ def test_every_answer_has_a_request_id_also_as_header(svc):
     assert other["request_id"] != body["request_id"]
 
 
+def test_status_counts_the_logged_texts(svc):
+    def plog_status():
+        return mget(svc, "/status")[1]["prediction_log"]
+    before = plog_status()
+    assert set(before) == {"logged", "dropped", "queued"} and before["dropped"] == 0
+    predict(svc, {"texts": ["计数 一", "计数 二", "计数 三"]})
+    wait_for(lambda: plog_status()["logged"] >= before["logged"] + 3, 30,
+             "the three texts committed by the writer process")
+    assert plog_status()["dropped"] == 0
+
+
 def test_a_clients_id_is_used_and_a_malformed_one_refused(svc):
     code, body, headers = predict(svc, {"text": "很好"}, {"X-Request-Id": "ticket:42_a.b-c"})
     assert code == 200 and body["request_id"] == "ticket:42_a.b-c"

@@ -159,3 +159,20 @@ def test_merge_feedback_wins_and_counts_new_labels():
         merge_feedback(data, [("a", "neg"), ("b", "neg")])
     with pytest.raises(DataError):  # ... or a label with one example
         merge_feedback(data, [("a", "neg")])
+
+
+def test_counts_of_logged_dropped_and_queued_texts(tmp_path):
+    """stats(): what the writer process committed, what was never written, what
+    waits here; the trim keeps max_rows (and at most 5 % more between trims)."""
+    p = PredictionLog(str(tmp_path / "p.db"), max_rows=100)
+    try:
+        for i in range(40):
+            p.add(_rows(f"r{i}", ["a", "b", "c"]))
+        p.flush(10)
+        assert p.stats() == {"logged": 120, "dropped": 0, "queued": 0}
+        assert 100 <= p.counts("m")[1]["predictions"] <= 105
+        assert p.recent("m", limit=1)[0]["request_id"] == "r39"
+    finally:
+        p.close()
+    p.add(_rows("late", ["x"]))  # closed: not queued, not counted as logged
+    assert p.stats()["logged"] == 120 and p.stats()["queued"] == 0
