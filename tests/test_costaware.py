@@ -41,7 +41,16 @@ def test_one_standard_error_rule_with_given_speeds(search, monkeypatch):
     monkeypatch.setattr(autoselect, "serving_speed", fake_speed)
     picked, picked_t, note = autoselect.cost_aware(search, members, temps)
     best = note["most_accurate"]["cv_macro_f1"]
-    within = [s for s in search.scored if s.score >= best - note["se"] - 1e-9]
+    folds = members[0].fold_scores if len(members) == 1 else autoselect.fold_f1(
+        search, autoselect.oof_probs(members, temps)[1])
+    within = [s for s in search.scored if s.score >= best - note["se"] - 1e-9
+              and autoselect._tied(folds, s.fold_scores)]
+    assert note["paired"] is True
+    # paired: a candidate whose every fold is below the best's by the same amount
+    # is not tied however large the folds' own spread; the best is tied with itself
+    assert not autoselect._tied([0.8, 0.9, 0.7], [0.78, 0.88, 0.68])
+    assert autoselect._tied([0.8, 0.9, 0.7], [0.8, 0.9, 0.7])
+    assert autoselect._tied([0.8, 0.9, 0.7], [0.81, 0.87, 0.71])
     word_within = [s for s in within if s.candidate.views == ("word",)]
     assert note["se"] > 0 and note["finalists"]
     assert {f["name"] for f in note["finalists"]} == {s.candidate.name for s in within}
