@@ -87,6 +87,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from state.errors import ServiceError
+from state.predlog import drain
 
 log = logging.getLogger("textswap.predlog")
 
@@ -316,17 +317,12 @@ class RedisPredictionLog:
             except queue.Empty:
                 self._probe()
                 continue
-            batch = [item]
             if item[0] in ("a", "r"):  # gather more: fewer, bigger writes
                 time.sleep(_BATCH_WAIT_S)
                 wait = self._last_try + RETRY_S - time.monotonic()
                 if self._failing and wait > 0:
                     time.sleep(wait)  # Redis down: one attempt a second
-            while True:
-                try:
-                    batch.append(self._pq.get_nowait())
-                except queue.Empty:
-                    break
+            batch = drain(self._pq, item)
             stop = any(b[0] == "stop" for b in batch)
             items = [b for b in batch if b[0] != "stop"]
             if items:

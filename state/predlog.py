@@ -66,8 +66,6 @@ FILENAME = ".predictions.db"
 SCHEMA_VERSION = 1
 _BATCH_WAIT_S = 0.05  # the sender gathers answers this long between two writes
 MAX_QUEUED = 200_000  # texts waiting for the writer; beyond, new answers are dropped
-_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); "
-         "from state.predlog_writer import main; sys.exit(main(sys.argv[2:]))")
 
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS predictions (
@@ -108,6 +106,16 @@ _SCHEMA = [
            PRIMARY KEY (model, text)
        )""",
 ]
+
+
+def drain(q: queue.SimpleQueue, first: Any) -> list[Any]:
+    """`first` and whatever else is on the queue now (one batch)."""
+    batch = [first]
+    while True:
+        try:
+            batch.append(q.get_nowait())
+        except queue.Empty:
+            return batch
 
 
 class _Writer:
@@ -227,14 +235,9 @@ class PredictionLog:
         stop = False
         while not stop:
             item = self._pq.get()
-            batch = [item]
             if item[0] == "b":  # gather more: fewer, bigger writes
                 time.sleep(_BATCH_WAIT_S)
-            while True:
-                try:
-                    batch.append(self._pq.get_nowait())
-                except queue.Empty:
-                    break
+            batch = drain(self._pq, item)
             stop = any(b[0] == "stop" for b in batch)
             items = [b for b in batch if b[0] != "stop"]
             texts = sum(it[2] for it in items if it[0] == "b")
@@ -275,9 +278,9 @@ class PredictionLog:
             time.sleep(wait)
         self._started_at = time.monotonic()
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        proc = subprocess.Popen([sys.executable, "-c", _BOOT, root, self.path,
-                                 str(self.max_rows)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE)
+        proc = subprocess.Popen([sys.executable, "-m", "state.predlog_writer", self.path,
+                                 str(self.max_rows)], cwd=root,  # the package from the layout
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         w = self._writer = _Writer(proc)
         w.reader = threading.Thread(target=self._read_loop, args=(w,), name="predlog-acks",
                                     daemon=True)
@@ -403,12 +406,7 @@ class PredictionLog:
         conn = self._connect()
         stop = False
         while not stop:
-            batch = [self._q.get()]
-            while True:
-                try:
-                    batch.append(self._q.get_nowait())
-                except queue.Empty:
-                    break
+            batch = drain(self._q, self._q.get())
             stop = any(b[0] == "stop" for b in batch)
             self._write(conn, batch)
         conn.close()
