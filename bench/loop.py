@@ -93,6 +93,12 @@ def settled_cpu_s(pid: int, deadline_s: float = 20.0) -> float:
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) used so far by a process and its live
     descendants (the supervisor, its zygote, workers and log writer), from /proc."""
+    return sum(tree_cpu_roles(pid).values())
+
+
+def tree_cpu_roles(pid: int) -> dict[str, float]:
+    """tree_cpu_s split by role: the supervisor itself, the prediction log's
+    writer process, and the rest (zygote, workers, trainers)."""
     parent: dict[int, int] = {}
     ticks: dict[int, int] = {}
     for name in os.listdir("/proc"):
@@ -112,7 +118,19 @@ def tree_cpu_s(pid: int) -> float:
             if ppid == p and child not in tree:
                 tree.add(child)
                 todo.append(child)
-    return sum(ticks.get(p, 0) for p in tree) / os.sysconf("SC_CLK_TCK")
+    out = {"supervisor": 0.0, "log writer": 0.0, "workers": 0.0}
+    hz = os.sysconf("SC_CLK_TCK")
+    for p in tree:
+        role = "supervisor" if p == pid else "workers"
+        if p != pid:
+            try:
+                with open(f"/proc/{p}/cmdline", "rb") as fh:
+                    if b"predlog_writer" in fh.read():
+                        role = "log writer"
+            except OSError:
+                pass
+        out[role] += ticks.get(p, 0) / hz
+    return out
 
 
 def cost(workdir: str, seconds: float, rounds: int) -> dict[str, Any]:
@@ -143,13 +161,18 @@ def cost(workdir: str, seconds: float, rounds: int) -> dict[str, Any]:
                 for key, bodies, conc, per in (("single_c64", single, 64, 1),
                                                ("batch256_c4", batch, 4, 256)):
                     gen.result(gen.start(svc.port, bodies, conc, 2), 2, per)  # warm-up
-                    cpu0 = tree_cpu_s(svc.proc.pid)
+                    roles0 = tree_cpu_roles(svc.proc.pid)
+                    cpu0 = sum(roles0.values())
                     res = gen.result(gen.start(svc.port, bodies, conc, seconds), seconds, per)
-                    per_req = (settled_cpu_s(svc.proc.pid) - cpu0) / max(1, res["rps"] * seconds)
+                    n_req = max(1, res["rps"] * seconds)
+                    per_req = (settled_cpu_s(svc.proc.pid) - cpu0) / n_req
+                    roles1 = tree_cpu_roles(svc.proc.pid)
+                    split = ", ".join(f"{k} {(roles1[k] - roles0[k]) / n_req * 1e3:.3f}"
+                                      for k in roles1)
                     figures[key][mode].append(res["rps"])
                     cpu[key][mode].append(per_req * 1e3)
                     log(f"round {r + 1} log {mode}: {key} {res['rps']:.0f} req/s, "
-                        f"{per_req * 1e3:.3f} CPU ms a request")
+                        f"{per_req * 1e3:.3f} CPU ms a request ({split})")
             finally:
                 svc.stop()
     out: dict[str, Any] = {}

@@ -49,39 +49,49 @@ import json
 import logging
 import os
 import queue
+import random
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import msgpack
 
+from state.predlog_writer import top_list
 from state.statedb import as_oserror
 
 log = logging.getLogger("textswap.predlog")
 
 FILENAME = ".predictions.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 1: a row per text in `predictions` (migrated on open)
 _BATCH_WAIT_S = 0.05  # the sender gathers answers this long between two writes
 MAX_QUEUED = 200_000  # texts waiting for the writer; beyond, new answers are dropped
 
 _SCHEMA = [
-    """CREATE TABLE IF NOT EXISTS predictions (
-           id INTEGER PRIMARY KEY AUTOINCREMENT,
-           at REAL NOT NULL,
-           request_id TEXT NOT NULL,
-           idx INTEGER NOT NULL,
+    # The predictions, as written by the writer process (state/predlog_writer.py):
+    # one row per (model, version) per write (~50 ms of answers), its answers'
+    # entries in `data` as msgpack: [[at, request_id, first index, [text, ...],
+    # [label, ...], [[label, score, label, score, ...], ...]], ...] (top scores,
+    # best first). A row per text cost the writer ~25 us a text (the row, its two
+    # index entries); a row per write and an id per request cost a fraction.
+    """CREATE TABLE IF NOT EXISTS batches (
+           id INTEGER PRIMARY KEY,
            model TEXT NOT NULL,
            version INTEGER,
-           text TEXT NOT NULL,
-           label TEXT,
-           scores TEXT,           -- JSON {label: score}, best first
-           margin REAL            -- top score minus the second (uncertainty)
+           n INTEGER NOT NULL,    -- texts in data
+           at REAL NOT NULL,      -- its newest answer's time
+           data BLOB NOT NULL
        )""",
-    "CREATE INDEX IF NOT EXISTS predictions_rid ON predictions (request_id, idx)",
-    "CREATE INDEX IF NOT EXISTS predictions_model ON predictions (model, id)",
+    "CREATE INDEX IF NOT EXISTS batches_model ON batches (model, id)",
+    "CREATE INDEX IF NOT EXISTS batches_version ON batches (model, version, id)",
+    # where a request's answer is (a request id used again: the newest answer)
+    """CREATE TABLE IF NOT EXISTS rids (
+           request_id TEXT PRIMARY KEY,
+           batch INTEGER NOT NULL
+       ) WITHOUT ROWID""",
+    "CREATE INDEX IF NOT EXISTS rids_batch ON rids (batch)",
     """CREATE TABLE IF NOT EXISTS feedback (
            request_id TEXT NOT NULL,
            idx INTEGER NOT NULL,
@@ -118,6 +128,72 @@ def drain(q: queue.SimpleQueue, first: Any) -> list[Any]:
             return batch
 
 
+def _margin(top: list[dict[str, Any]]) -> float:
+    """The top score minus the second (only the top one kept: its distance to a
+    tie; none: 1.0)."""
+    if len(top) >= 2:
+        return top[0]["score"] - top[1]["score"]
+    if top:
+        return 2.0 * top[0]["score"] - 1.0
+    return 1.0
+
+
+def _unpack(e: list) -> tuple[list[str], list[dict[str, Any]]]:
+    """A stored entry's texts and predictions."""
+    texts, preds = msgpack.unpackb(e[4], raw=False)
+    return texts, preds
+
+
+def _pred(model: str, version: Any, e: list, text: str, p: dict[str, Any], i: int
+          ) -> dict[str, Any]:
+    """Text i of a stored entry as a prediction row."""
+    top = p.get("top") or []
+    return {"at": e[0], "request_id": e[1], "index": e[2] + i, "model": model,
+            "version": version, "text": text,
+            "label": top[0]["label"] if top else p.get("label"),
+            "scores": {t["label"]: t["score"] for t in top}, "margin": _margin(top)}
+
+
+def _migrate_v1(conn: sqlite3.Connection) -> None:
+    """Schema 1 (a row per text in `predictions`) to batches and request ids, in
+    the caller's transaction: a few thousand texts a row, a request's texts
+    never split."""
+    key: tuple[str, Any] | None = None
+    runs: list[list[Any]] = []  # [at, request_id, first index, texts, predictions]
+    n = 0
+
+    def put() -> None:
+        if runs and key is not None:
+            ents = [[at, rid, first, len(texts), msgpack.packb([texts, preds], use_bin_type=True)]
+                    for at, rid, first, texts, preds in runs]
+            bid = conn.execute("INSERT INTO batches (model, version, n, at, data) "
+                               "VALUES (?, ?, ?, ?, ?)",
+                               (key[0], key[1], n, ents[-1][0],
+                                msgpack.packb(ents, use_bin_type=True))).lastrowid
+            conn.executemany("INSERT OR REPLACE INTO rids (request_id, batch) VALUES (?, ?)",
+                             [(e[1], bid) for e in ents])
+
+    for at, rid, idx, model, version, text, label, scores in conn.execute(
+            "SELECT at, request_id, idx, model, version, text, label, scores FROM predictions "
+            "ORDER BY id").fetchall():
+        top = top_list(json.loads(scores or "{}"))
+        pred = {"label": label if label is not None or not top else top[0]["label"], "top": top}
+        last = runs[-1] if runs else None
+        if (model, version) == key and last is not None and last[1] == rid \
+                and last[2] + len(last[3]) == idx:
+            last[3].append(text)
+            last[4].append(pred)
+            n += 1
+            continue
+        if (model, version) != key or (n >= 2000 and (last is None or last[1] != rid)):
+            put()
+            key, runs, n = (model, version), [], 0
+        runs.append([at, rid, idx, [text], [pred]])
+        n += 1
+    put()
+    conn.execute("DROP TABLE predictions")
+
+
 class _Writer:
     """One writer process, and the flush markers it has been sent."""
 
@@ -144,9 +220,19 @@ class PredictionLog:
             if current > SCHEMA_VERSION:
                 raise RuntimeError(f"{self.path} has schema version {current}; this code "
                                    f"knows up to {SCHEMA_VERSION}")
-            for stmt in _SCHEMA:
-                conn.execute(stmt)
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for stmt in _SCHEMA:
+                    conn.execute(stmt)
+                if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                                "name = 'predictions'").fetchone():
+                    _migrate_v1(conn)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
         finally:
             conn.close()
         self._q: queue.SimpleQueue = queue.SimpleQueue()   # feedback, examples
@@ -209,22 +295,31 @@ class PredictionLog:
 
     def add_answer(self, at: float, request_id: str, model: str, version: Any,
                    texts: list[str], predictions: list[dict[str, Any]]) -> None:
-        """Queue a /predict answer whole (its rows are built in the writer process)."""
+        """Queue a /predict answer whole: the writer process stores its packed
+        texts and predictions as they are."""
         if self.enabled and not self._closed and texts:
-            self._put(["a", at, request_id, model, version, texts, predictions], len(texts))
+            self._put(None, len(texts), (at, request_id, model, version, texts, predictions))
 
-    def _put(self, item: list[Any], texts: int) -> None:
-        """The item packed at once (a one-item batch of the writer's protocol), and
-        the bytes queued: ~2 us here, and no container outlives the request. (Queued
-        as objects, the answers of the last ~50 ms survived young collections and
-        were promoted to the old generation, whose collections then traversed them:
-        measurably more CPU a request in the supervisor.)"""
+    def _put(self, item: list[Any] | None, texts: int, answer: tuple | None = None) -> None:
+        """The item (or answer) packed at once, as a one-item batch of the writer's
+        protocol, and the bytes queued: ~4 us here, and no container outlives
+        the request. (Queued as objects, the answers of the last ~50 ms survived
+        young collections and were promoted to the old generation, whose
+        collections then traversed them: measurably more CPU a request in the
+        supervisor.)"""
         if self._queued >= MAX_QUEUED:
             self._lost += texts
             return
+        packer = getattr(self._local, "packer", None)
+        if packer is None:  # a Packer is not thread-safe: one per thread (it is faster
+            packer = self._local.packer = msgpack.Packer(use_bin_type=True)  # than packb)
         try:
-            blob = msgpack.packb([item], use_bin_type=True)
+            if answer is not None:
+                at, rid, model, version, txts, preds = answer
+                item = ["A", at, rid, model, version, texts, packer.pack([txts, preds])]
+            blob = packer.pack([item])
         except (TypeError, ValueError) as exc:  # a value msgpack cannot pack
+            packer.reset()
             self._lost += texts
             log.error("prediction log: %d texts not packable, skipped: %r", texts, exc)
             return
@@ -448,54 +543,85 @@ class PredictionLog:
                 f.set_result(None)
 
     # -- reads (executor threads) ------------------------------------------------------------
-    @staticmethod
-    def _pred(r: sqlite3.Row) -> dict[str, Any]:
-        return {"at": r["at"], "request_id": r["request_id"], "index": r["idx"],
-                "model": r["model"], "version": r["version"], "text": r["text"],
-                "label": r["label"], "scores": json.loads(r["scores"] or "{}"),
-                "margin": r["margin"]}
+    def _batches(self, sql: str, args: tuple = ()) -> Iterator[tuple[str, Any, list]]:
+        """(model, version, entries) of the batches a query selects (model,
+        version, data), decoded one at a time (a caller may stop early)."""
+        cur = self._reader().execute(sql, args)
+        try:
+            for model, version, data in cur:
+                yield model, version, msgpack.unpackb(data, raw=False)
+        finally:
+            cur.close()
 
     def get(self, request_id: str, index: int | None = None) -> list[dict[str, Any]]:
-        if index is None:
-            rows = self._read("SELECT * FROM predictions WHERE request_id = ? ORDER BY idx",
-                              (request_id,))
-        else:
-            rows = self._read("SELECT * FROM predictions WHERE request_id = ? AND idx = ?",
-                              (request_id, index))
-        return [self._pred(r) for r in rows]
+        found: dict[int, dict[str, Any]] = {}
+        for model, version, ents in self._batches(
+                "SELECT b.model, b.version, b.data FROM rids r JOIN batches b ON b.id = r.batch "
+                "WHERE r.request_id = ?", (request_id,)):
+            for e in ents:
+                if e[1] != request_id:
+                    continue
+                texts, preds = _unpack(e)
+                for i, (t, p) in enumerate(zip(texts, preds)):
+                    if index is None or e[2] + i == index:
+                        found[e[2] + i] = _pred(model, version, e, t, p, i)
+        return [found[i] for i in sorted(found)]
 
     def recent(self, model: str, version: Any = None, limit: int = 1000) -> list[dict[str, Any]]:
+        """The newest `limit` predictions, newest first."""
         if version is None:
-            rows = self._read("SELECT * FROM predictions WHERE model = ? ORDER BY id DESC "
-                              "LIMIT ?", (model, limit))
+            sql, args = ("SELECT model, version, data FROM batches WHERE model = ? "
+                         "ORDER BY id DESC", (model,))
         else:
-            rows = self._read("SELECT * FROM predictions WHERE model = ? AND version = ? "
-                              "ORDER BY id DESC LIMIT ?", (model, int(version), limit))
-        return [self._pred(r) for r in rows]
+            sql, args = ("SELECT model, version, data FROM batches WHERE model = ? AND "
+                         "version = ? ORDER BY id DESC", (model, int(version)))
+        out: list[dict[str, Any]] = []
+        if limit <= 0:
+            return out
+        for m, v, ents in self._batches(sql, args):
+            for e in reversed(ents):
+                texts, preds = _unpack(e)
+                for i in range(len(texts) - 1, -1, -1):
+                    out.append(_pred(m, v, e, texts[i], preds[i], i))
+                    if len(out) >= limit:
+                        return out
+        return out
 
     def fed_back(self, model: str, version: Any = None) -> list[dict[str, Any]]:
         """Feedback on logged predictions, with what was predicted. The prediction
-        row may have been trimmed: then scores are {} and label the stored one."""
+        may have been trimmed: then scores are {} and label the stored one."""
         sql = ("SELECT f.request_id, f.idx, f.version, f.text, f.predicted, f.label AS truth, "
-               "f.at AS fed_at, f.new_label, p.scores, p.at FROM feedback f LEFT JOIN "
-               "predictions p ON p.request_id = f.request_id AND p.idx = f.idx "
-               "WHERE f.model = ?")
+               "f.at AS fed_at, f.new_label, r.batch FROM feedback f LEFT JOIN "
+               "rids r ON r.request_id = f.request_id WHERE f.model = ?")
         args: tuple = (model,)
         if version is not None:
             sql += " AND f.version = ?"
             args = (model, int(version))
+        rows = self._read(sql + " ORDER BY f.at", args)
+        wanted: dict[int, set[str]] = {}
+        for r in rows:
+            if r["batch"] is not None:
+                wanted.setdefault(r["batch"], set()).add(r["request_id"])
+        found: dict[tuple[str, int], tuple[float, dict[str, Any]]] = {}
+        for bid, rids in wanted.items():
+            got = self._read("SELECT data FROM batches WHERE id = ?", (bid,))
+            for e in msgpack.unpackb(got[0][0], raw=False) if got else ():
+                if e[1] in rids:
+                    for i, p in enumerate(_unpack(e)[1]):
+                        found[(e[1], e[2] + i)] = (e[0], p)
         out = []
-        for r in self._read(sql + " ORDER BY f.at", args):
+        for r in rows:
+            at, p = found.get((r["request_id"], r["idx"]), (None, {}))
             out.append({"request_id": r["request_id"], "index": r["idx"],
                         "version": r["version"], "text": r["text"], "label": r["predicted"],
                         "truth": r["truth"], "new_label": bool(r["new_label"]),
-                        "scores": json.loads(r["scores"] or "{}"), "at": r["at"],
-                        "fed_at": r["fed_at"]})
+                        "scores": {t["label"]: t["score"] for t in p.get("top") or ()},
+                        "at": at, "fed_at": r["fed_at"]})
         return out
 
     def counts(self, model: str) -> dict[Any, dict[str, int]]:
         out: dict[Any, dict[str, int]] = {}
-        for r in self._read("SELECT version, COUNT(*) AS n FROM predictions WHERE model = ? "
+        for r in self._read("SELECT version, SUM(n) AS n FROM batches WHERE model = ? "
                             "GROUP BY version", (model,)):
             out.setdefault(r["version"], {"predictions": 0, "feedback": 0})["predictions"] = r["n"]
         for r in self._read("SELECT version, COUNT(*) AS n FROM feedback WHERE model = ? "
@@ -527,21 +653,36 @@ class PredictionLog:
 
     def review(self, model: str, limit: int = 50, strategy: str = "uncertain"
                ) -> list[dict[str, Any]]:
-        """Logged predictions with no feedback yet (one per text: the newest)."""
-        order = "p.margin ASC, p.id DESC" if strategy == "uncertain" else "RANDOM()"
-        rows = self._read(
-            "SELECT p.* FROM predictions p LEFT JOIN feedback f ON f.request_id = p.request_id "
-            "AND f.idx = p.idx WHERE p.model = ? AND f.request_id IS NULL "
-            f"ORDER BY {order} LIMIT ?", (model, 4 * limit + 200))
+        """Logged predictions with no feedback yet (one per text: for "uncertain",
+        its most uncertain prediction; the newest first among equal margins)."""
+        fed = {(r[0], r[1]) for r in self._read(
+            "SELECT request_id, idx FROM feedback WHERE model = ?", (model,))}
         done = {r[0] for r in self._read(
             "SELECT text FROM feedback WHERE model = ? UNION SELECT text FROM examples "
             "WHERE model = ?", (model, model))}
+        cands: list[tuple[float, int, Any, list, str, dict, int]] = []
+        seq = 0
+        for _, v, ents in self._batches("SELECT model, version, data FROM batches WHERE "
+                                        "model = ? ORDER BY id DESC", (model,)):
+            for e in reversed(ents):
+                rid, first = e[1], e[2]
+                texts, preds = _unpack(e)
+                for i in range(len(texts) - 1, -1, -1):
+                    if texts[i] in done or (rid, first + i) in fed:
+                        continue
+                    seq += 1
+                    cands.append((_margin(preds[i].get("top") or []), seq, v, e, texts[i],
+                                  preds[i], i))
+        if strategy == "uncertain":
+            cands.sort(key=lambda c: (c[0], c[1]))
+        else:
+            random.shuffle(cands)
         out: list[dict[str, Any]] = []
-        for r in rows:
-            if r["text"] in done:
+        for _, _, v, e, text, p, i in cands:
+            if text in done:
                 continue
-            done.add(r["text"])  # a text asked many times is reviewed once
-            out.append(self._pred(r))
+            done.add(text)  # a text asked many times is reviewed once
+            out.append(_pred(model, v, e, text, p, i))
             if len(out) >= limit:
                 break
         return out

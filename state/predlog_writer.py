@@ -13,8 +13,9 @@ process lowers its own CPU priority, see ``NICE``).
 Protocol (msgpack objects, one after another, both ways):
 
     in:  [item, ...]      a batch; item is one of
-         ["a", at, request_id, model, version, texts, predictions]   a /predict answer
-         ["r", [row, ...]]                                           rows (PredictionLog.add)
+         ["A", at, request_id, model, version, n, blob]   a /predict answer of n texts,
+                                                          blob: msgpack [texts, predictions]
+         ["r", [row, ...]]                                rows (PredictionLog.add)
          ["f", seq]        a flush marker: acknowledged once all before it is committed
     out: {"logged": n, "dropped": n, "error": null | [errno, message], "acks": [seq, ...]}
          after a transaction that acknowledges markers or changes the error state,
@@ -27,7 +28,6 @@ stdin. Imports no TensorFlow and nothing above state/.
 """
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
@@ -41,73 +41,58 @@ import msgpack
 from state.statedb import as_oserror
 
 NICE = 19        # the lowest CPU priority: serving first, the log writes in idle time
-TRIM_SLACK = 0.05  # a model's rows may exceed max_rows by this share before a trim
-_INSERT = ("INSERT INTO predictions (at, request_id, idx, model, version, text, label, "
-           "scores, margin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+TRIM_SLACK = 0.05  # a model's texts may exceed max_rows by this share before a trim
+_BATCH = "INSERT INTO batches (model, version, n, at, data) VALUES (?, ?, ?, ?, ?)"
+_RID = "INSERT OR REPLACE INTO rids (request_id, batch) VALUES (?, ?)"
 
 
-def _scores_map(scores: Any) -> dict[str, float]:
+def top_list(scores: Any) -> list[dict[str, Any]]:
+    """Scores as a /predict top list [{"label", "score"}, ...], best first (from
+    a {label: score} map, or a top list)."""
     if isinstance(scores, dict):
-        return scores
-    if isinstance(scores, list):
-        return {s["label"]: s["score"] for s in scores}
-    return {}
+        return sorted(({"label": k, "score": float(v)} for k, v in scores.items()),
+                      key=lambda t: -t["score"])
+    return list(scores or ())
 
 
-def _margin(scores: dict[str, float]) -> float:
-    vals = sorted(scores.values(), reverse=True)
-    if not vals:
-        return 1.0
-    if len(vals) == 1:  # only the top one was asked for: its distance to a tie
-        return 2.0 * vals[0] - 1.0
-    return vals[0] - vals[1]
-
-
-_LABEL_JSON: dict[str, str] = {}  # a label as a JSON string, encoded once
-
-
-def _scores_json(top: Any) -> str:
-    """{label: score, ...} as JSON text, best first (what json.dumps gives, at a
-    fraction of its cost: labels are few and encoded once)."""
-    enc = _LABEL_JSON
-    parts = []
-    for t in top:
-        label = t["label"]
-        key = enc.get(label)
-        if key is None:
-            key = enc[label] = json.dumps(label, ensure_ascii=False)
-        score = float(t["score"])
-        parts.append(f"{key}: {score!r}" if abs(score) <= 1e308 else  # not inf, not NaN
-                     f"{key}: {json.dumps(score)}")
-    return "{" + ", ".join(parts) + "}"
-
-
-def rows_of(items: list[list[Any]], counts: dict[str, int]) -> list[tuple]:
-    """The predictions table's rows from a batch's items (counts: rows per model)."""
-    rows: list[tuple] = []
-    append = rows.append
+def entries_of(items: list[list[Any]]) -> dict[tuple[str, Any], list[list[Any]]]:
+    """A batch's answers as stored entries, grouped by (model, version). An
+    entry is [at, request_id, first index, texts, blob]: blob is msgpack of
+    [texts, predictions] as /predict answered them (a /predict answer's blob
+    is stored as the supervisor packed it: nothing per text is done here);
+    rows from PredictionLog.add become one entry per run of one request's rows."""
+    groups: dict[tuple[str, Any], list[list[Any]]] = {}
     for item in items:
         kind = item[0]
-        if kind == "a":
-            _, at, rid, model, version, texts, preds = item
-            for i, (text, p) in enumerate(zip(texts, preds)):
-                top = p.get("top") or ()
-                if top:
-                    s1 = top[0]["score"]
-                    margin = s1 - top[1]["score"] if len(top) > 1 else 2.0 * s1 - 1.0
-                    append((at, rid, i, model, version, text, top[0]["label"],
-                            _scores_json(top), margin))
-                else:
-                    append((at, rid, i, model, version, text, p.get("label"), "{}", 1.0))
-            counts[model] = counts.get(model, 0) + len(texts)
+        if kind == "A":
+            _, at, rid, model, version, n, blob = item
+            groups.setdefault((model, version), []).append([at, rid, 0, n, blob])
         elif kind == "r":
+            runs: list[tuple[tuple[str, Any], list[Any], list[str], list[dict]]] = []
             for r in item[1]:
-                scores = _scores_map(r.get("scores"))
-                append((r.get("at") or time.time(), r["request_id"], r.get("index", 0),
-                        r["model"], r.get("version"), r["text"], r.get("label"),
-                        json.dumps(scores, ensure_ascii=False), _margin(scores)))
-                counts[r["model"]] = counts.get(r["model"], 0) + 1
-    return rows
+                key = (r["model"], r.get("version"))
+                idx = int(r.get("index", 0))
+                top = top_list(r.get("scores"))
+                pred = {"label": r.get("label") if r.get("label") is not None or not top
+                        else top[0]["label"], "top": top}
+                if runs and runs[-1][0] == key and runs[-1][1][1] == r["request_id"] \
+                        and runs[-1][1][2] + len(runs[-1][2]) == idx:
+                    runs[-1][2].append(r["text"])  # the next text of the same request
+                    runs[-1][3].append(pred)
+                    continue
+                head = [r.get("at") or time.time(), r["request_id"], idx]
+                runs.append((key, head, [r["text"]], [pred]))
+            for key, head, texts, preds in runs:
+                groups.setdefault(key, []).append(
+                    [*head, len(texts), msgpack.packb([texts, preds], use_bin_type=True)])
+    return groups
+
+
+def cut(entry: list[Any], k: int) -> list[Any]:
+    """An entry without its first k texts."""
+    texts, preds = msgpack.unpackb(entry[4], raw=False)
+    return [entry[0], entry[1], entry[2] + k, entry[3] - k,
+            msgpack.packb([texts[k:], preds[k:]], use_bin_type=True)]
 
 
 class Writer:
@@ -116,28 +101,37 @@ class Writer:
         self.conn = sqlite3.connect(path, timeout=10.0, isolation_level=None)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")
-        self.rows: dict[str, int] = {}  # rows per model, as counted and kept since
+        self.rows: dict[str, int] = {}  # texts per model, as counted and kept since
         self.logged = self.dropped = 0
         self.error: list[Any] | None = None
 
     def write(self, items: list[list[Any]]) -> bool:
-        """One transaction for the batch (when it fails, its rows are lost and
-        counted). Returns whether the error state changed."""
-        counts: dict[str, int] = {}
+        """One transaction for the batch (when it fails, its texts are lost and
+        counted): one row in `batches` per (model, version), one in `rids` per
+        request. Returns whether the error state changed."""
         before = self.error
         try:
-            rows = rows_of(items, counts)
+            groups = entries_of(items)
         except Exception as exc:  # pragma: no cover - the supervisor sends what it built
             print(f"prediction log: malformed batch skipped: {exc!r}", file=sys.stderr,
                   flush=True)
             return False
-        if not rows:
+        if not groups:
             return False
+        counts: dict[str, int] = {}
+        total = 0
         conn = self.conn
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.executemany(_INSERT, rows)
+                for (model, version), ents in groups.items():
+                    n = sum(e[3] for e in ents)
+                    bid = conn.execute(_BATCH, (model, version, n, ents[-1][0],
+                                                msgpack.packb(ents, use_bin_type=True))
+                                       ).lastrowid
+                    conn.executemany(_RID, [(e[1], bid) for e in ents])
+                    counts[model] = counts.get(model, 0) + n
+                    total += n
                 for model, n in counts.items():
                     self._trim(model, n)
                 conn.execute("COMMIT")
@@ -145,15 +139,16 @@ class Writer:
                 if conn.in_transaction:  # SQLite may have rolled back itself (disk full)
                     conn.execute("ROLLBACK")
                 raise
-        except Exception as exc:  # a full disk: serving goes on, these rows are lost
+        except Exception as exc:  # a full disk: serving goes on, these texts are lost
             self.rows.clear()  # rolled back: count again at the next write
-            self.dropped += len(rows)
+            total = sum(e[3] for ents in groups.values() for e in ents)
+            self.dropped += total
             err = as_oserror(exc)
             self.error = [err.errno, str(err)]
-            print(f"prediction log write failed ({len(rows)} rows lost): {exc}",
+            print(f"prediction log write failed ({total} texts lost): {exc}",
                   file=sys.stderr, flush=True)
             return before is None
-        self.logged += len(rows)
+        self.logged += total
         self.error = None
         return before is not None
 
@@ -174,20 +169,47 @@ class Writer:
         return True
 
     def _trim(self, model: str, added: int) -> None:
-        """Keep the newest max_rows predictions of a model (up to TRIM_SLACK more
-        between two trims): the model's row count is kept here (counted once),
-        and a trim deletes the oldest rows through the (model, id) index."""
+        """Keep the newest max_rows texts of a model (up to TRIM_SLACK more between
+        two trims): the count is kept here (counted once); a trim deletes the
+        oldest batches whole, and cuts the oldest texts off the next one."""
+        conn = self.conn
         count = self.rows.get(model)
         if count is None:
-            count = self.conn.execute("SELECT COUNT(*) FROM predictions WHERE model = ?",
-                                      (model,)).fetchone()[0]
+            count = conn.execute("SELECT COALESCE(SUM(n), 0) FROM batches WHERE model = ?",
+                                 (model,)).fetchone()[0]
         else:
             count += added
         if count > self.max_rows + int(self.max_rows * TRIM_SLACK):
-            self.conn.execute("DELETE FROM predictions WHERE id IN (SELECT id FROM predictions "
-                              "WHERE model = ? ORDER BY id LIMIT ?)",
-                              (model, count - self.max_rows))
-            count = self.max_rows
+            excess = count - self.max_rows
+            gone: list[int] = []
+            for bid, n in conn.execute("SELECT id, n FROM batches WHERE model = ? ORDER BY id",
+                                       (model,)).fetchall():
+                if excess <= 0:
+                    break
+                if n <= excess:
+                    gone.append(bid)
+                    excess -= n
+                    count -= n
+                    continue
+                ents = msgpack.unpackb(conn.execute("SELECT data FROM batches WHERE id = ?",
+                                                    (bid,)).fetchone()[0], raw=False)
+                while excess > 0:
+                    k = min(excess, ents[0][3])
+                    if k == ents[0][3]:
+                        ents.pop(0)
+                    else:  # the entry's first k texts go
+                        ents[0] = cut(ents[0], k)
+                    excess -= k
+                    count -= k
+                conn.execute("UPDATE batches SET n = ?, data = ? WHERE id = ?",
+                             (sum(e[3] for e in ents), msgpack.packb(ents, use_bin_type=True),
+                              bid))
+                break
+            for i in range(0, len(gone), 500):
+                part = gone[i:i + 500]
+                marks = ",".join("?" * len(part))
+                conn.execute(f"DELETE FROM rids WHERE batch IN ({marks})", part)
+                conn.execute(f"DELETE FROM batches WHERE id IN ({marks})", part)
         self.rows[model] = count
 
 

@@ -176,3 +176,66 @@ def test_counts_of_logged_dropped_and_queued_texts(tmp_path):
         p.close()
     p.add(_rows("late", ["x"]))  # closed: not queued, not counted as logged
     assert p.stats()["logged"] == 120 and p.stats()["queued"] == 0
+
+
+def test_a_schema_1_log_is_migrated_on_open(tmp_path):
+    """A log written by the previous layout (a row per text in `predictions`)
+    opens with every prediction and its feedback readable as before."""
+    import json
+    import sqlite3
+    path = str(tmp_path / "p.db")
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("""CREATE TABLE predictions (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, request_id TEXT NOT NULL,
+        idx INTEGER NOT NULL, model TEXT NOT NULL, version INTEGER, text TEXT NOT NULL,
+        label TEXT, scores TEXT, margin REAL)""")
+    conn.execute("""CREATE TABLE feedback (
+        request_id TEXT NOT NULL, idx INTEGER NOT NULL, model TEXT NOT NULL, version INTEGER,
+        text TEXT NOT NULL, predicted TEXT, label TEXT NOT NULL,
+        new_label INTEGER NOT NULL DEFAULT 0, at REAL NOT NULL, PRIMARY KEY (request_id, idx))""")
+    rows = [(1.0, "r1", 0, "m", 1, "a", "pos", {"pos": 0.9, "neg": 0.1}),
+            (1.0, "r1", 1, "m", 1, "b", "neg", {"neg": 0.6, "pos": 0.4}),
+            (2.0, "r2", 0, "m", 2, "c", "pos", {"pos": 0.7, "neg": 0.3}),
+            (3.0, "r3", 0, "n", 1, "d", "x", {"x": 1.0})]
+    for at, rid, idx, model, version, text, label, scores in rows:
+        conn.execute("INSERT INTO predictions (at, request_id, idx, model, version, text, "
+                     "label, scores, margin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                     (at, rid, idx, model, version, text, label, json.dumps(scores)))
+    conn.execute("INSERT INTO feedback VALUES ('r1', 1, 'm', 1, 'b', 'neg', 'pos', 0, 5.0)")
+    conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    p = PredictionLog(path)
+    try:
+        assert [r["text"] for r in p.get("r1")] == ["a", "b"]
+        assert p.get("r1", 1)[0]["scores"] == {"neg": 0.6, "pos": 0.4}
+        assert p.get("r1", 1)[0]["margin"] == pytest.approx(0.2)
+        assert p.counts("m") == {1: {"predictions": 2, "feedback": 1},
+                                 2: {"predictions": 1, "feedback": 0}}
+        assert [r["text"] for r in p.recent("m")] == ["c", "b", "a"]
+        fed = p.fed_back("m")
+        assert len(fed) == 1 and fed[0]["truth"] == "pos" and fed[0]["scores"]["neg"] == 0.6
+        assert p.get("r3")[0]["model"] == "n"
+        p.add(_rows("r4", ["e"]))  # and new predictions go beside them
+        p.flush(10)
+        assert p.counts("m")[1]["predictions"] == 3
+    finally:
+        p.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'predictions'").fetchall()
+    conn.close()
+
+
+def test_trim_cuts_a_batch_and_keeps_the_newest_texts_exactly(tmp_path):
+    """One write holding more than max_rows texts: the trim cuts the oldest
+    texts off inside the stored batch, and a trimmed request reads as gone."""
+    p = PredictionLog(str(tmp_path / "p.db"), max_rows=10)
+    try:
+        p.add(_rows("big", [f"t{i}" for i in range(25)]))
+        p.flush(10)
+        assert p.counts("m")[1]["predictions"] == 10
+        kept = p.get("big")
+        assert [r["index"] for r in kept] == list(range(15, 25))
+        assert p.get("big", 3) == [] and p.get("big", 20)[0]["text"] == "t20"
+    finally:
+        p.close()
