@@ -43,6 +43,7 @@ saturated for a long time), new predictions are dropped and counted
 """
 from __future__ import annotations
 
+import array
 import concurrent.futures
 import itertools
 import json
@@ -660,29 +661,44 @@ class PredictionLog:
         done = {r[0] for r in self._read(
             "SELECT text FROM feedback WHERE model = ? UNION SELECT text FROM examples "
             "WHERE model = ?", (model, model))}
-        cands: list[tuple[float, int, Any, list, str, dict, int]] = []
-        seq = 0
-        for _, v, ents in self._batches("SELECT model, version, data FROM batches WHERE "
-                                        "model = ? ORDER BY id DESC", (model,)):
-            for e in reversed(ents):
+        # One pass over the model's batches, newest first, keeping only numbers
+        # (a margin, and where the text is): no container per text outlives
+        # its step, so a log of 100,000 texts costs the collector nothing.
+        margins = array.array("d")
+        where = array.array("q")  # batch << 40 | entry << 20 | text index
+        datas: list[tuple[Any, bytes]] = []  # (version, data) of each batch read
+        cur = self._reader().execute("SELECT version, data FROM batches WHERE model = ? "
+                                     "ORDER BY id DESC", (model,))
+        for bi, (v, data) in enumerate(cur):
+            datas.append((v, data))
+            ents = msgpack.unpackb(data, raw=False)
+            for ei in range(len(ents) - 1, -1, -1):
+                e = ents[ei]
                 rid, first = e[1], e[2]
                 texts, preds = _unpack(e)
                 for i in range(len(texts) - 1, -1, -1):
                     if texts[i] in done or (rid, first + i) in fed:
                         continue
-                    seq += 1
-                    cands.append((_margin(preds[i].get("top") or []), seq, v, e, texts[i],
-                                  preds[i], i))
-        if strategy == "uncertain":
-            cands.sort(key=lambda c: (c[0], c[1]))
+                    margins.append(_margin(preds[i].get("top") or []))
+                    where.append(bi << 40 | ei << 20 | i)
+        order = list(range(len(margins)))
+        if strategy == "uncertain":  # stable: among equal margins, the newest first
+            order.sort(key=margins.__getitem__)
         else:
-            random.shuffle(cands)
+            random.shuffle(order)
+        decoded: dict[int, list] = {}
         out: list[dict[str, Any]] = []
-        for _, _, v, e, text, p, i in cands:
-            if text in done:
+        for k in order:
+            w = where[k]
+            bi, ei, i = w >> 40, (w >> 20) & 0xFFFFF, w & 0xFFFFF
+            if bi not in decoded:
+                decoded[bi] = msgpack.unpackb(datas[bi][1], raw=False)
+            e = decoded[bi][ei]
+            texts, preds = _unpack(e)
+            if texts[i] in done:
                 continue
-            done.add(text)  # a text asked many times is reviewed once
-            out.append(_pred(model, v, e, text, p, i))
+            done.add(texts[i])  # a text asked many times is reviewed once
+            out.append(_pred(model, datas[bi][0], e, texts[i], preds[i], i))
             if len(out) >= limit:
                 break
         return out
