@@ -26,9 +26,12 @@ drift code reads it through these methods only):
     flush(timeout) / close()
 
 Threading and processes: predictions (add, add_answer) are packed with
-msgpack at once (~2 us) and the bytes put on a queue; a sender thread
-writes what gathered every ~50 ms to the writer process (state/predlog_writer.py: it builds,
-inserts and trims the rows, off the supervisor's interpreter lock). Feedback
+msgpack at once (~4 us) and the bytes put on a queue; a sender thread
+writes what gathered every ~50 ms to the writer process
+(state/predlog_writer.py: it stores and trims them, off the supervisor's
+interpreter lock). Storage (schema 2, see _SCHEMA): a row per write and
+per (model, version) holding the answers as packed, and a row per request
+id; reads decode what they need. Feedback
 and free examples (add_feedback, add_examples) are written by a thread here,
 in call order, each future resolving once committed. Read methods open a
 connection per thread (thread-local), so they are safe from executor threads;
@@ -60,7 +63,7 @@ from typing import Any, Iterable, Iterator
 
 import msgpack
 
-from state.predlog_writer import top_list
+from state.predlog_writer import ID_MOD, ID_WINDOW_MS, MAX_SPAN_S, id_ms, store, top_list
 from state.statedb import as_oserror
 
 log = logging.getLogger("textswap.predlog")
@@ -82,12 +85,15 @@ _SCHEMA = [
            model TEXT NOT NULL,
            version INTEGER,
            n INTEGER NOT NULL,    -- texts in data
-           at REAL NOT NULL,      -- its newest answer's time
+           at_first REAL NOT NULL,  -- its oldest answer's time
+           at REAL NOT NULL,      -- its newest answer's time (at most MAX_SPAN_S later)
            data BLOB NOT NULL
        )""",
     "CREATE INDEX IF NOT EXISTS batches_model ON batches (model, id)",
     "CREATE INDEX IF NOT EXISTS batches_version ON batches (model, version, id)",
-    # where a request's answer is (a request id used again: the newest answer)
+    "CREATE INDEX IF NOT EXISTS batches_at ON batches (at_first)",
+    # where a request's answer is, for the requests not found by their id's time
+    # (predlog_writer.found_by_time; a request id used again: the newest answer)
     """CREATE TABLE IF NOT EXISTS rids (
            request_id TEXT PRIMARY KEY,
            batch INTEGER NOT NULL
@@ -165,14 +171,9 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
 
     def put() -> None:
         if runs and key is not None:
-            ents = [[at, rid, first, len(texts), msgpack.packb([texts, preds], use_bin_type=True)]
-                    for at, rid, first, texts, preds in runs]
-            bid = conn.execute("INSERT INTO batches (model, version, n, at, data) "
-                               "VALUES (?, ?, ?, ?, ?)",
-                               (key[0], key[1], n, ents[-1][0],
-                                msgpack.packb(ents, use_bin_type=True))).lastrowid
-            conn.executemany("INSERT OR REPLACE INTO rids (request_id, batch) VALUES (?, ?)",
-                             [(e[1], bid) for e in ents])
+            store(conn, key[0], key[1],
+                  [[at, rid, first, len(texts), msgpack.packb([texts, preds], use_bin_type=True)]
+                   for at, rid, first, texts, preds in runs])
 
     for at, rid, idx, model, version, text, label, scores in conn.execute(
             "SELECT at, request_id, idx, model, version, text, label, scores FROM predictions "
@@ -555,10 +556,24 @@ class PredictionLog:
             cur.close()
 
     def get(self, request_id: str, index: int | None = None) -> list[dict[str, Any]]:
+        found = self._get(request_id, index, self._batches(
+            "SELECT b.model, b.version, b.data FROM rids r JOIN batches b ON b.id = r.batch "
+            "WHERE r.request_id = ?", (request_id,)))
+        ms = id_ms(request_id)
+        if not found and ms is not None:  # a service-made id: by its time
+            now_ms = int(time.time() * 1000)
+            t = (now_ms - (now_ms - ms) % ID_MOD) / 1000.0
+            found = self._get(request_id, index, self._batches(
+                "SELECT model, version, data FROM batches WHERE at_first BETWEEN ? AND ? "
+                "AND at >= ? ORDER BY id", (t - MAX_SPAN_S - 1.0, t + ID_WINDOW_MS / 1000 + 1.0,
+                                            t - 1.0)))
+        return found
+
+    @staticmethod
+    def _get(request_id: str, index: int | None, batches: Iterator[tuple[str, Any, list]]
+             ) -> list[dict[str, Any]]:
         found: dict[int, dict[str, Any]] = {}
-        for model, version, ents in self._batches(
-                "SELECT b.model, b.version, b.data FROM rids r JOIN batches b ON b.id = r.batch "
-                "WHERE r.request_id = ?", (request_id,)):
+        for model, version, ents in batches:
             for e in ents:
                 if e[1] != request_id:
                     continue
@@ -591,22 +606,20 @@ class PredictionLog:
     def fed_back(self, model: str, version: Any = None) -> list[dict[str, Any]]:
         """Feedback on logged predictions, with what was predicted. The prediction
         may have been trimmed: then scores are {} and label the stored one."""
-        sql = ("SELECT f.request_id, f.idx, f.version, f.text, f.predicted, f.label AS truth, "
-               "f.at AS fed_at, f.new_label, r.batch FROM feedback f LEFT JOIN "
-               "rids r ON r.request_id = f.request_id WHERE f.model = ?")
+        sql = ("SELECT request_id, idx, version, text, predicted, label AS truth, "
+               "at AS fed_at, new_label FROM feedback WHERE model = ?")
         args: tuple = (model,)
+        bsql = "SELECT model, version, data FROM batches WHERE model = ?"
         if version is not None:
-            sql += " AND f.version = ?"
+            sql += " AND version = ?"
+            bsql += " AND version = ?"
             args = (model, int(version))
-        rows = self._read(sql + " ORDER BY f.at", args)
-        wanted: dict[int, set[str]] = {}
-        for r in rows:
-            if r["batch"] is not None:
-                wanted.setdefault(r["batch"], set()).add(r["request_id"])
+        rows = self._read(sql + " ORDER BY at", args)
+        # the predictions fed back: one pass over the batches they can be in
+        rids = {r["request_id"] for r in rows}
         found: dict[tuple[str, int], tuple[float, dict[str, Any]]] = {}
-        for bid, rids in wanted.items():
-            got = self._read("SELECT data FROM batches WHERE id = ?", (bid,))
-            for e in msgpack.unpackb(got[0][0], raw=False) if got else ():
+        for _, _, ents in self._batches(bsql + " ORDER BY id", args) if rows else ():
+            for e in ents:
                 if e[1] in rids:
                     for i, p in enumerate(_unpack(e)[1]):
                         found[(e[1], e[2] + i)] = (e[0], p)

@@ -5,10 +5,13 @@ Why a process of its own: the log is written at the rate of the predictions
 its interpreter lock with the IOLoop. Each SQLite call hands that lock back
 and forth, and the IOLoop waited for it on every hand-back: a third of the
 single-text throughput went (docs/loop.md). Here the supervisor only puts
-answers on a queue; its sender thread packs what gathered every ~50 ms with
-msgpack and writes it to this process's stdin. Rows are built, inserted and
-trimmed here, on another core (or in the idle moments of a busy one: the
-process lowers its own CPU priority, see ``NICE``).
+answers on a queue, packed; its sender thread writes what gathered every
+~50 ms to this process's stdin. Here each write becomes one transaction:
+a row in `batches` per (model, version) holding the answers as the
+supervisor packed them, a row in `rids` for a request whose id cannot be
+found by its time (see ``own_id_ms``), and the trim, on another core (or in
+the idle moments of a busy one: the process lowers its own CPU priority,
+see ``NICE``). Nothing is done per text.
 
 Protocol (msgpack objects, one after another, both ways):
 
@@ -42,8 +45,64 @@ from state.statedb import as_oserror
 
 NICE = 19        # the lowest CPU priority: serving first, the log writes in idle time
 TRIM_SLACK = 0.05  # a model's texts may exceed max_rows by this share before a trim
-_BATCH = "INSERT INTO batches (model, version, n, at, data) VALUES (?, ?, ?, ?, ?)"
+_BATCH = ("INSERT INTO batches (model, version, n, at_first, at, data) "
+          "VALUES (?, ?, ?, ?, ?, ?)")
 _RID = "INSERT OR REPLACE INTO rids (request_id, batch) VALUES (?, ?)"
+
+# Finding a request by its id. The ids the service makes (frontend/loop.py
+# new_id: 8 hex digits, the time in ms modulo 10**10 as 10 digits, a hex
+# sequence) carry their time, and the answer is logged within moments of it:
+# such a request is found among the few batches written around that time,
+# and needs no row of its own (a `rids` row costs the writer more than all
+# else it does for a single-text answer). Any other id, or an answer logged
+# more than ID_WINDOW_MS after its id's time, gets a `rids` row.
+ID_MOD = 10 ** 10
+ID_WINDOW_MS = 2000
+MAX_SPAN_S = 2.0  # a batch row holds answers of at most this span of time
+
+
+def id_ms(rid: str) -> int | None:
+    """The time in a service-made request id (ms modulo ID_MOD), else None."""
+    if len(rid) < 19 or not rid[8:18].isdigit():
+        return None
+    try:
+        int(rid[:8], 16)
+        int(rid[18:], 16)
+    except ValueError:
+        return None
+    return int(rid[8:18])
+
+
+def found_by_time(rid: str, at: float) -> bool:
+    """Whether the answer to `rid`, logged at `at`, is found by its id's time."""
+    ms = id_ms(rid)
+    return ms is not None and (int(at * 1000) - ms) % ID_MOD <= ID_WINDOW_MS
+
+
+def store(conn: sqlite3.Connection, model: str, version: Any, ents: list[list[Any]]) -> int:
+    """Insert entries of one (model, version) as batch rows (split so that none
+    spans more than MAX_SPAN_S), with a `rids` row for each request not found
+    by its id's time. Returns the texts stored."""
+    total = 0
+    start = 0
+    lo = hi = ents[0][0]
+    for k in range(len(ents) + 1):
+        if k < len(ents):
+            at = ents[k][0]
+            if max(hi, at) - min(lo, at) <= MAX_SPAN_S:
+                lo, hi = min(lo, at), max(hi, at)
+                continue
+        part = ents[start:k]
+        n = sum(e[3] for e in part)
+        bid = conn.execute(_BATCH, (model, version, n, lo, hi,
+                                    msgpack.packb(part, use_bin_type=True))).lastrowid
+        own = [(e[1], bid) for e in part if not found_by_time(e[1], e[0])]
+        if own:
+            conn.executemany(_RID, own)
+        total += n
+        if k < len(ents):
+            start, lo, hi = k, ents[k][0], ents[k][0]
+    return total
 
 
 def top_list(scores: Any) -> list[dict[str, Any]]:
@@ -125,11 +184,7 @@ class Writer:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 for (model, version), ents in groups.items():
-                    n = sum(e[3] for e in ents)
-                    bid = conn.execute(_BATCH, (model, version, n, ents[-1][0],
-                                                msgpack.packb(ents, use_bin_type=True))
-                                       ).lastrowid
-                    conn.executemany(_RID, [(e[1], bid) for e in ents])
+                    n = store(conn, model, version, ents)
                     counts[model] = counts.get(model, 0) + n
                     total += n
                 for model, n in counts.items():

@@ -239,3 +239,40 @@ def test_trim_cuts_a_batch_and_keeps_the_newest_texts_exactly(tmp_path):
         assert p.get("big", 3) == [] and p.get("big", 20)[0]["text"] == "t20"
     finally:
         p.close()
+
+
+def test_service_made_ids_are_found_by_their_time_without_a_row_of_their_own(tmp_path):
+    """An id the service made (frontend/loop.py new_id) carries its time: its
+    answer, logged within moments, is found among the batches written then
+    (no `rids` row); one logged long after its id's time, and any other id,
+    gets a row; both read back the same."""
+    import sqlite3
+    import time
+
+    from frontend.loop import new_id
+    path = str(tmp_path / "p.db")
+    p = PredictionLog(path)
+    try:
+        ids = [new_id() for _ in range(300)]
+        now = time.time()  # logged after the ids were made, as a request does
+        for k, rid in enumerate(ids):
+            rows = _rows(rid, [f"t{k}", f"u{k}"])
+            for r in rows:
+                r["at"] = now
+            p.add(rows)
+        late = f"{ids[0][:8]}{int((now - 30) * 1000) % 10**10:010d}1"  # made 30 s before
+        p.add([{**r, "at": now} for r in _rows(late, ["late"])])
+        p.add([{**r, "at": now} for r in _rows("client-7", ["c"])])
+        p.flush(10)
+        assert [r["text"] for r in p.get(ids[123])] == ["t123", "u123"]
+        assert p.get(ids[299], 1)[0]["text"] == "u299" and p.get(ids[5], 2) == []
+        assert p.get(late)[0]["text"] == "late" and p.get("client-7")[0]["text"] == "c"
+        assert p.get(f"{ids[0][:18]}ffff") == []  # well-formed, never logged
+        p.add_feedback(ids[7], 1, "neg", model="m", version=1, text="u7").result(10)
+        fed = p.fed_back("m", 1)
+        assert fed[0]["scores"] == {"pos": 0.9, "neg": 0.1} and fed[0]["at"] == now
+    finally:
+        p.close()
+    conn = sqlite3.connect(path)
+    assert {r[0] for r in conn.execute("SELECT request_id FROM rids")} == {late, "client-7"}
+    conn.close()
