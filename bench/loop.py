@@ -5,8 +5,10 @@
     .venv/bin/python bench/loop.py --loop     # only the loop
     make bench
 
-1. Logging cost. The same service and model with predictions.log true and
-   false, runs interleaved (on, off, on, off...), medians: single-text POST
+1. Logging cost. Two services side by side with the same model, one with
+   predictions.log true and one false; short load runs alternate between
+   them (on, off, off, on, ...), each after the other went idle; medians:
+   single-text POST
    /predict at concurrency 64 (the lean path) and 256-text requests at
    concurrency 4. Budget: at most 3 % fewer requests/s with the log on, by
    the medians and by the median of the rounds' own on/off ratios.
@@ -135,6 +137,11 @@ def tree_cpu_roles(pid: int) -> dict[str, float]:
 
 
 def cost(workdir: str, seconds: float, rounds: int) -> dict[str, Any]:
+    """Two services side by side, the same model, the log on in one and off in
+    the other; short load runs alternate between them (on, off, off, on, ...),
+    each after the other service has gone idle (its log writer included), so
+    that both see the same machine: its load drifts over minutes, and one
+    service per phase measured that drift as much as the log."""
     models = os.path.join(workdir, "models")
     svc = Service(models, args=["--config", config(os.path.join(workdir, "c.yaml"))])
     try:
@@ -142,41 +149,55 @@ def cost(workdir: str, seconds: float, rounds: int) -> dict[str, Any]:
         wait_for(lambda: svc.get("/readyz")[0] == 200, 120, "rev serving")
     finally:
         svc.stop()
+    shutil.copytree(models, os.path.join(workdir, "models-off"))
     texts = [r["text"] for r in rows()[:3000]]
     single = serving.write_bodies(os.path.join(workdir, "single.jsonl"),
                                   [{"text": t} for t in texts])
     batch = serving.write_bodies(os.path.join(workdir, "batch.jsonl"),
                                  [{"texts": texts[i:i + 256]} for i in range(0, 2560, 256)])
     gen = serving.LoadGen("wrk" if shutil.which("wrk") else "client", workdir)
+    log(f"load generator: {gen.kind}")
     figures: dict[str, dict[str, list[float]]] = {
         "single_c64": {"on": [], "off": []}, "batch256_c4": {"on": [], "off": []}}
     cpu: dict[str, dict[str, list[float]]] = {k: {"on": [], "off": []} for k in figures}
-    for r in range(rounds):
-        for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
+    split: dict[str, dict[str, list[float]]] = {k: {"supervisor": [], "log writer": []}
+                                                for k in figures}
+    svcs: dict[str, Service] = {}
+    try:
+        for mode in ("on", "off"):
             cfg = config(os.path.join(workdir, f"{mode}.yaml"),
                          f"predictions:\n  log: {'true' if mode == 'on' else 'false'}\n")
-            svc = Service(models, args=["--config", cfg])
-            try:
-                wait_for(lambda: svc.get("/readyz")[0] == 200, 180, "serving")
-                svc.wait_standby()
-                for key, bodies, conc, per in (("single_c64", single, 64, 1),
-                                               ("batch256_c4", batch, 4, 256)):
-                    gen.result(gen.start(svc.port, bodies, conc, 2), 2, per)  # warm-up
-                    roles0 = tree_cpu_roles(svc.proc.pid)
-                    cpu0 = sum(roles0.values())
-                    res = gen.result(gen.start(svc.port, bodies, conc, seconds), seconds, per)
+            svcs[mode] = Service(models if mode == "on" else os.path.join(workdir, "models-off"),
+                                 args=["--config", cfg])
+        for s in svcs.values():
+            wait_for(lambda s=s: s.get("/readyz")[0] == 200, 180, "serving")
+            s.wait_standby()
+        for key, bodies, conc, per in (("single_c64", single, 64, 1),
+                                       ("batch256_c4", batch, 4, 256)):
+            for s in svcs.values():
+                gen.result(gen.start(s.port, bodies, conc, 2), 2, per)  # warm-up
+                settled_cpu_s(s.proc.pid)
+            for r in range(rounds):
+                for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                    s = svcs[mode]
+                    roles0 = tree_cpu_roles(s.proc.pid)
+                    res = gen.result(gen.start(s.port, bodies, conc, seconds), seconds, per)
                     n_req = max(1, res["rps"] * seconds)
-                    per_req = (settled_cpu_s(svc.proc.pid) - cpu0) / n_req
-                    roles1 = tree_cpu_roles(svc.proc.pid)
-                    split = ", ".join(f"{k} {(roles1[k] - roles0[k]) / n_req * 1e3:.3f}"
-                                      for k in roles1)
+                    settled_cpu_s(s.proc.pid)  # its writer done before the other runs
+                    roles1 = tree_cpu_roles(s.proc.pid)
+                    d = {k: (roles1[k] - roles0[k]) / n_req * 1e3 for k in roles1}
                     figures[key][mode].append(res["rps"])
-                    cpu[key][mode].append(per_req * 1e3)
+                    cpu[key][mode].append(sum(d.values()))
+                    if mode == "on":
+                        for k in split[key]:
+                            split[key][k].append(d[k])
                     log(f"round {r + 1} log {mode}: {key} {res['rps']:.0f} req/s, "
-                        f"{per_req * 1e3:.3f} CPU ms a request ({split})")
-            finally:
-                svc.stop()
-    out: dict[str, Any] = {}
+                        f"{sum(d.values()):.3f} CPU ms a request ("
+                        + ", ".join(f"{k} {v:.3f}" for k, v in d.items()) + ")")
+    finally:
+        for s in svcs.values():
+            s.stop()
+    out: dict[str, Any] = {"load_generator": gen.kind}
     for key, f in figures.items():
         on, off = statistics.median(f["on"]), statistics.median(f["off"])
         c_on, c_off = statistics.median(cpu[key]["on"]), statistics.median(cpu[key]["off"])
@@ -190,6 +211,7 @@ def cost(workdir: str, seconds: float, rounds: int) -> dict[str, Any]:
                     # the log adds, less swayed by other load on the machine
                     "cpu_ms_log_on": round(c_on, 4), "cpu_ms_log_off": round(c_off, 4),
                     "cpu_cost": round(c_on / c_off - 1, 4), "cpu_runs": cpu[key],
+                    "log_writer_cpu_ms": round(statistics.median(split[key]["log writer"]), 4),
                     "within_budget": 1 - on / off <= 0.03 and paired <= 0.03}
     return out
 
@@ -273,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cost", action="store_true", help="only the logging cost")
     p.add_argument("--loop", action="store_true", help="only the loop")
-    p.add_argument("--seconds", type=float, default=8.0, help="per load run")
-    p.add_argument("--rounds", type=int, default=8, help="on/off pairs of the cost runs")
+    p.add_argument("--seconds", type=float, default=4.0, help="per load run")
+    p.add_argument("--rounds", type=int, default=12, help="on/off pairs of the cost runs")
     p.add_argument("--feedback", type=int, default=1000, help="labels fed back (N)")
     args = p.parse_args(argv)
     both = not args.cost and not args.loop

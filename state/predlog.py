@@ -27,7 +27,7 @@ drift code reads it through these methods only):
 
 Threading and processes: predictions (add, add_answer) are packed with
 msgpack at once (~4 us) and the bytes put on a queue; a sender thread
-writes what gathered every ~50 ms to the writer process
+writes what gathered every ~0.5 s to the writer process
 (state/predlog_writer.py: it stores and trims them, off the supervisor's
 interpreter lock). Storage (schema 2, see _SCHEMA): a row per write and
 per (model, version) holding the answers as packed, and a row per request
@@ -37,7 +37,7 @@ in call order, each future resolving once committed. Read methods open a
 connection per thread (thread-local), so they are safe from executor threads;
 they must not run on the IOLoop. Storage: SQLite, WAL, ``synchronous=NORMAL``
 (``<models_dir>/.predictions.db``): a clean stop commits everything queued;
-a kill -9 of the supervisor may lose the predictions of its last ~50 ms (the
+a kill -9 of the supervisor may lose the predictions of its last ~0.5 s (the
 writer commits what it was sent, then exits), never an answered feedback.
 When the writer falls behind by more than ``MAX_QUEUED`` answers (a machine
 saturated for a long time), new predictions are dropped and counted
@@ -70,12 +70,17 @@ log = logging.getLogger("textswap.predlog")
 
 FILENAME = ".predictions.db"
 SCHEMA_VERSION = 2  # 1: a row per text in `predictions` (migrated on open)
-_BATCH_WAIT_S = 0.05  # the sender gathers answers this long between two writes
+# The sender gathers answers this long between two writes (a flush or a stop
+# cuts the wait short). Measured (bench/loop.py --cost): with 50 ms, the
+# writer's twenty wake-ups a second cost the supervisor ~25 us a single-text
+# request (its caches and core shared with the writer) for ~5 us of its own
+# work; with 0.5 s, nothing measurable, and the writer ~30 % less a text.
+_BATCH_WAIT_S = 0.5
 MAX_QUEUED = 200_000  # texts waiting for the writer; beyond, new answers are dropped
 
 _SCHEMA = [
     # The predictions, as written by the writer process (state/predlog_writer.py):
-    # one row per (model, version) per write (~50 ms of answers), its answers'
+    # one row per (model, version) per write (~0.5 s of answers), its answers'
     # entries in `data` as msgpack: [[at, request_id, first index, [text, ...],
     # [label, ...], [[label, score, label, score, ...], ...]], ...] (top scores,
     # best first). A row per text cost the writer ~25 us a text (the row, its two
@@ -249,6 +254,7 @@ class PredictionLog:
         self._queued = 0        # texts put on the queue and not yet sent to the writer
         self._thread = threading.Thread(target=self._run, name="predlog-feedback", daemon=True)
         self._thread.start()
+        self._wake = threading.Event()  # cuts the sender's gathering wait short
         self._sender = threading.Thread(target=self._send_loop, name="predlog-sender",
                                         daemon=True)
         self._sender.start()
@@ -305,7 +311,7 @@ class PredictionLog:
     def _put(self, item: list[Any] | None, texts: int, answer: tuple | None = None) -> None:
         """The item (or answer) packed at once, as a one-item batch of the writer's
         protocol, and the bytes queued: ~4 us here, and no container outlives
-        the request. (Queued as objects, the answers of the last ~50 ms survived
+        the request. (Queued as objects, the answers of the last ~0.5 s survived
         young collections and were promoted to the old generation, whose
         collections then traversed them: measurably more CPU a request in the
         supervisor.)"""
@@ -333,7 +339,8 @@ class PredictionLog:
         while not stop:
             item = self._pq.get()
             if item[0] == "b":  # gather more: fewer, bigger writes
-                time.sleep(_BATCH_WAIT_S)
+                self._wake.wait(_BATCH_WAIT_S)
+                self._wake.clear()
             batch = drain(self._pq, item)
             stop = any(b[0] == "stop" for b in batch)
             items = [b for b in batch if b[0] != "stop"]
@@ -482,6 +489,7 @@ class PredictionLog:
             return
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._pq.put(["f", next(self._seq), fut])
+        self._wake.set()
         fut.result(timeout)
         self._submit("noop", None).result(timeout)
 
@@ -491,6 +499,7 @@ class PredictionLog:
             return
         self._closed = True
         self._pq.put(["stop"])
+        self._wake.set()
         self._q.put(("stop", None, None))
         self._sender.join(60)
         self._thread.join(30)

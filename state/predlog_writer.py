@@ -6,10 +6,10 @@ its interpreter lock with the IOLoop. Each SQLite call hands that lock back
 and forth, and the IOLoop waited for it on every hand-back: a third of the
 single-text throughput went (docs/loop.md). Here the supervisor only puts
 answers on a queue, packed; its sender thread writes what gathered every
-~50 ms to this process's stdin. Here each write becomes one transaction:
+~0.5 s to this process's stdin. Here each write becomes one transaction:
 a row in `batches` per (model, version) holding the answers as the
 supervisor packed them, a row in `rids` for a request whose id cannot be
-found by its time (see ``own_id_ms``), and the trim, on another core (or in
+found by its time (see ``found_by_time``), and the trim, on another core (or in
 the idle moments of a busy one: the process lowers its own CPU priority,
 see ``NICE``). Nothing is done per text.
 
@@ -116,7 +116,7 @@ def top_list(scores: Any) -> list[dict[str, Any]]:
 
 def entries_of(items: list[list[Any]]) -> dict[tuple[str, Any], list[list[Any]]]:
     """A batch's answers as stored entries, grouped by (model, version). An
-    entry is [at, request_id, first index, texts, blob]: blob is msgpack of
+    entry is [at, request_id, first index, n, blob]: blob is msgpack of the n
     [texts, predictions] as /predict answered them (a /predict answer's blob
     is stored as the supervisor packed it: nothing per text is done here);
     rows from PredictionLog.add become one entry per run of one request's rows."""
@@ -166,8 +166,9 @@ class Writer:
 
     def write(self, items: list[list[Any]]) -> bool:
         """One transaction for the batch (when it fails, its texts are lost and
-        counted): one row in `batches` per (model, version), one in `rids` per
-        request. Returns whether the error state changed."""
+        counted): rows in `batches` per (model, version) (store), and in `rids`
+        for requests not found by their id's time. Returns whether the error
+        state changed."""
         before = self.error
         try:
             groups = entries_of(items)
