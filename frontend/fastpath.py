@@ -120,9 +120,10 @@ class _Predict(httputil.HTTPMessageDelegate):
             data = check_object(parse_json(body, self.headers.get("Content-Type")),
                                 PREDICT_FIELDS)
             texts, top_k, model = predict_request(data, self.router.limits)
+            raw: list[Any] = []
             payload: Any = await predictions.predict(self.router.sup, texts, top_k, model,
-                                                     predictions.predict_options(data))
-            loop.log_predictions(self.router.sup, rid, texts, payload)
+                                                     predictions.predict_options(data), raw)
+            loop.log_predictions(self.router.sup, rid, texts, payload, raw)
         except ApiError as exc:
             status = exc.status_code
             payload = {"error": {**exc.details, "code": exc.code, "message": exc.message}}

@@ -6,8 +6,8 @@ Open Inference Protocol's infer (oip.py), each with two small calls:
     rid = request_id(headers)            # the client's X-Request-Id, or a new one (400 if bad)
     log_predictions(sup, rid, texts, payload)   # payload["request_id"] = rid; rows to the log
 
-Logging costs the request path the building of one dict per text and a
-queue put (state/predlog.py writes them on its own thread).
+Logging costs the request path one msgpack call and a queue put
+(state/predlog.py: a writer process stores them).
 """
 from __future__ import annotations
 
@@ -60,15 +60,31 @@ def _logging(sup: Any) -> Any:
     return plog
 
 
-def log_predictions(sup: Any, rid: str, texts: list[str], payload: dict[str, Any]) -> None:
-    """Add the request id to a /predict answer and log its predictions."""
+RAW_MAX_LABELS = 32  # up to this many labels, a model's score rows are logged as they are
+
+
+def _raw(scores: Any, labels: list[str]) -> bool:
+    """Whether score rows can be logged as they are (few labels, plain lists)."""
+    return (len(labels) <= RAW_MAX_LABELS and isinstance(scores, list)
+            and all(type(r) is list for r in scores[:1]))
+
+
+def log_predictions(sup: Any, rid: str, texts: list[str], payload: dict[str, Any],
+                    raw: list[Any] | None = None) -> None:
+    """Add the request id to a /predict answer and log its predictions.
+    raw: (labels, score rows, k) as predictions.predict keeps them; logged
+    instead of the prediction objects when the model has few labels (packing
+    a float row costs a fraction of packing the objects built from it)."""
     payload["request_id"] = rid
     plog = _logging(sup)
     if plog is None:
         return
     model = payload["model"]
-    plog.add_answer(time.time(), rid, model["name"], model["version"], texts,
-                    payload["predictions"])
+    if raw and _raw(raw[1], raw[0]):
+        plog.add_scores(time.time(), rid, model["name"], model["version"], texts, *raw)
+    else:
+        plog.add_answer(time.time(), rid, model["name"], model["version"], texts,
+                        payload["predictions"])
 
 
 def log_scores(sup: Any, rid: str, texts: list[str], model: dict[str, Any],
@@ -78,6 +94,10 @@ def log_scores(sup: Any, rid: str, texts: list[str], model: dict[str, Any],
     if plog is None:
         return
     now = time.time()
+    if _raw(scores, labels):
+        plog.add_scores(now, rid, model["name"], model["version"], texts, labels, scores,
+                        min(keep, len(labels)))
+        return
     rows = []
     for i, (t, row) in enumerate(zip(texts, scores)):
         order = sorted(range(len(labels)), key=row.__getitem__, reverse=True)[:keep]

@@ -202,8 +202,10 @@ def prediction(row: list[float], labels: list[str], k: int, info: dict[str, Any]
 
 
 async def predict(sup: Any, texts: list[str], top_k: int, name: str | None,
-                  options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The /predict answer: one prediction per text, in order."""
+                  options: dict[str, Any] | None = None, keep: list[Any] | None = None
+                  ) -> dict[str, Any]:
+    """The /predict answer: one prediction per text, in order. keep: a list that
+    receives (labels, score rows, k), for the prediction log."""
     options = options or {}
     try:
         model, labels, scores, explained = await scores_for(sup, texts, name,
@@ -218,6 +220,8 @@ async def predict(sup: Any, texts: list[str], top_k: int, name: str | None,
         min_score = policy_min_score(sup, model["name"])
     k = min(top_k, len(labels))
     predictions = [prediction(row, labels, k, info, min_score) for row in scores]
+    if keep is not None:
+        keep.extend((labels, scores, k))
     if explained is not None:
         for p, e in zip(predictions, explained):
             p["explanation"] = e

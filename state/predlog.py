@@ -151,9 +151,20 @@ def _margin(top: list[dict[str, Any]]) -> float:
 
 
 def _unpack(e: list) -> tuple[list[str], list[dict[str, Any]]]:
-    """A stored entry's texts and predictions."""
-    texts, preds = msgpack.unpackb(e[4], raw=False)
-    return texts, preds
+    """A stored entry's texts and predictions (the top lists rebuilt when the
+    entry holds score rows: see PredictionLog.add_scores)."""
+    body = msgpack.unpackb(e[4], raw=False)
+    if len(body) == 2:
+        return body[0], body[1]
+    texts, labels, rows, k = body
+    return texts, [_top_of(row, labels, k) for row in rows]
+
+
+def _top_of(row: list[float], labels: list[str], k: int) -> dict[str, Any]:
+    """A prediction (its label and top k) from a score row."""
+    order = sorted(range(len(row)), key=row.__getitem__, reverse=True)[:max(1, k)]
+    top = [{"label": labels[i], "score": row[i]} for i in order]
+    return {"label": top[0]["label"] if top else None, "top": top}
 
 
 def _pred(model: str, version: Any, e: list, text: str, p: dict[str, Any], i: int
@@ -308,6 +319,15 @@ class PredictionLog:
         if self.enabled and not self._closed and texts:
             self._put(None, len(texts), (at, request_id, model, version, texts, predictions))
 
+    def add_scores(self, at: float, request_id: str, model: str, version: Any,
+                   texts: list[str], labels: list[str], rows: list[list[float]], k: int
+                   ) -> None:
+        """Queue an answer as the model's score rows (one per text, a score per
+        label) and the number of top labels it answered: stored as they are,
+        and read back as top lists (cheaper to pack than the predictions)."""
+        if self.enabled and not self._closed and texts:
+            self._put(None, len(texts), (at, request_id, model, version, texts, labels, rows, k))
+
     def _put(self, item: list[Any] | None, texts: int, answer: tuple | None = None) -> None:
         """The item (or answer) packed at once, as a one-item batch of the writer's
         protocol, and the bytes queued: ~4 us here, and no container outlives
@@ -323,8 +343,9 @@ class PredictionLog:
             packer = self._local.packer = msgpack.Packer(use_bin_type=True)  # than packb)
         try:
             if answer is not None:
-                at, rid, model, version, txts, preds = answer
-                item = ["A", at, rid, model, version, texts, packer.pack([txts, preds])]
+                at, rid, model, version, *body = answer  # [texts, predictions] or
+                item = ["A", at, rid, model, version, texts,  # [texts, labels, rows, k]
+                        packer.pack(body)]
             blob = packer.pack([item])
         except (TypeError, ValueError) as exc:  # a value msgpack cannot pack
             packer.reset()

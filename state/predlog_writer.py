@@ -17,7 +17,8 @@ Protocol (msgpack objects, one after another, both ways):
 
     in:  [item, ...]      a batch; item is one of
          ["A", at, request_id, model, version, n, blob]   a /predict answer of n texts,
-                                                          blob: msgpack [texts, predictions]
+                                   blob: msgpack [texts, predictions], or [texts, labels,
+                                   score rows, top k] (PredictionLog.add_scores)
          ["r", [row, ...]]                                rows (PredictionLog.add)
          ["f", seq]        a flush marker: acknowledged once all before it is committed
     out: {"logged": n, "dropped": n, "error": null | [errno, message], "acks": [seq, ...]}
@@ -149,9 +150,13 @@ def entries_of(items: list[list[Any]]) -> dict[tuple[str, Any], list[list[Any]]]
 
 def cut(entry: list[Any], k: int) -> list[Any]:
     """An entry without its first k texts."""
-    texts, preds = msgpack.unpackb(entry[4], raw=False)
+    body = msgpack.unpackb(entry[4], raw=False)
+    if len(body) == 2:  # [texts, predictions]
+        body = [body[0][k:], body[1][k:]]
+    else:  # [texts, labels, score rows, top k]
+        body = [body[0][k:], body[1], body[2][k:], body[3]]
     return [entry[0], entry[1], entry[2] + k, entry[3] - k,
-            msgpack.packb([texts[k:], preds[k:]], use_bin_type=True)]
+            msgpack.packb(body, use_bin_type=True)]
 
 
 class Writer:

@@ -276,3 +276,22 @@ def test_service_made_ids_are_found_by_their_time_without_a_row_of_their_own(tmp
     conn = sqlite3.connect(path)
     assert {r[0] for r in conn.execute("SELECT request_id FROM rids")} == {late, "client-7"}
     conn.close()
+
+
+def test_score_rows_read_back_as_top_lists_and_are_cut_by_the_trim(tmp_path):
+    """add_scores (the /predict path for models with few labels) stores the
+    score rows; reads give the same rows as a logged top list would, and a
+    trim inside the entry keeps the right texts with their scores."""
+    p = PredictionLog(str(tmp_path / "p.db"), max_rows=3)
+    try:
+        p.add_scores(1.0, "s1", "m", 1, ["a", "b", "c", "d", "e"], ["x", "y", "z"],
+                     [[0.1, 0.7, 0.2], [0.5, 0.2, 0.3], [0.3, 0.3, 0.4], [0.9, 0.05, 0.05],
+                      [0.2, 0.2, 0.6]], 2)
+        p.flush(10)
+        got = p.get("s1")
+        assert [r["index"] for r in got] == [2, 3, 4]  # the oldest two trimmed
+        assert got[1]["label"] == "x" and got[1]["scores"] == {"x": 0.9, "y": 0.05}
+        assert got[0]["margin"] == pytest.approx(0.1)
+        assert [r["text"] for r in p.review("m", 5)] == ["c", "e", "d"]
+    finally:
+        p.close()
