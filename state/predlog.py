@@ -81,10 +81,10 @@ MAX_QUEUED = 200_000  # texts waiting for the writer; beyond, new answers are dr
 _SCHEMA = [
     # The predictions, as written by the writer process (state/predlog_writer.py):
     # one row per (model, version) per write (~0.5 s of answers), its answers'
-    # entries in `data` as msgpack: [[at, request_id, first index, [text, ...],
-    # [label, ...], [[label, score, label, score, ...], ...]], ...] (top scores,
-    # best first). A row per text cost the writer ~25 us a text (the row, its two
-    # index entries); a row per write and an id per request cost a fraction.
+    # entries in `data` as msgpack: [[at, request_id, first index, n, blob], ...],
+    # blob the msgpack the request path made: [texts, predictions], or [texts,
+    # labels, score rows, top k] (add_scores). A row per text cost the writer
+    # ~25 us a text (the row, its two index entries); this costs a fraction.
     """CREATE TABLE IF NOT EXISTS batches (
            id INTEGER PRIMARY KEY,
            model TEXT NOT NULL,
