@@ -80,7 +80,7 @@ def log_predictions(sup: Any, rid: str, texts: list[str], payload: dict[str, Any
     if plog is None:
         return
     model = payload["model"]
-    if raw and _raw(raw[1], raw[0]):
+    if raw and _raw(raw[1], raw[0]) and hasattr(plog, "add_scores"):  # (the Redis log: no)
         plog.add_scores(time.time(), rid, model["name"], model["version"], texts, *raw)
     else:
         plog.add_answer(time.time(), rid, model["name"], model["version"], texts,
@@ -94,7 +94,7 @@ def log_scores(sup: Any, rid: str, texts: list[str], model: dict[str, Any],
     if plog is None:
         return
     now = time.time()
-    if _raw(scores, labels):
+    if _raw(scores, labels) and hasattr(plog, "add_scores"):
         plog.add_scores(now, rid, model["name"], model["version"], texts, labels, scores,
                         min(keep, len(labels)))
         return
