@@ -87,7 +87,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from state.errors import ServiceError
-from state.predlog import drain
+from state.predlog import drain, top_of
 
 log = logging.getLogger("textswap.predlog")
 
@@ -309,6 +309,17 @@ class RedisPredictionLog:
             else:
                 self._pq.put(["a", at, request_id, model, version, texts, predictions])
 
+    def add_scores(self, at: float, request_id: str, model: str, version: Any,
+                   texts: list[str], labels: list[str], rows: list[list[float]], k: int
+                   ) -> None:
+        """Queue an answer as its score rows (as state/predlog.py's add_scores):
+        the top lists are built on the sender thread, off the request path."""
+        if self.enabled and not self._closed and texts:
+            if self._pq.qsize() >= MAX_QUEUED:
+                self._lost += len(texts)
+            else:
+                self._pq.put(["s", at, request_id, model, version, texts, labels, rows, k])
+
     def _send_loop(self) -> None:
         stop = False
         while not stop:
@@ -317,7 +328,7 @@ class RedisPredictionLog:
             except queue.Empty:
                 self._probe()
                 continue
-            if item[0] in ("a", "r"):  # gather more: fewer, bigger writes
+            if item[0] in ("a", "s", "r"):  # gather more: fewer, bigger writes
                 time.sleep(_BATCH_WAIT_S)
                 wait = self._last_try + RETRY_S - time.monotonic()
                 if self._failing and wait > 0:
@@ -345,8 +356,12 @@ class RedisPredictionLog:
         packb = msgpack.packb
         for it in items:
             try:
-                if it[0] == "a":
-                    _, at, rid, model, version, texts, preds = it
+                if it[0] in ("a", "s"):
+                    if it[0] == "a":
+                        _, at, rid, model, version, texts, preds = it
+                    else:  # score rows: the predictions /predict answered
+                        _, at, rid, model, version, texts, labels, rows, k = it
+                        preds = [top_of(row, labels, k) for row in rows]
                     tops = [p.get("top") for p in preds]
                     labels = None if all(tops) else [p.get("label") for p in preds]
                     blob = packb([1, at, rid, version, texts, tops, labels, None],
@@ -365,7 +380,7 @@ class RedisPredictionLog:
                                       [r.get("index", 0) for r in rows]], use_bin_type=True)
                         by_model.setdefault(model, []).append((rid, version, len(rows), blob))
             except Exception as exc:  # e.g. a value msgpack cannot pack: skipped, counted
-                n = len(it[5]) if it[0] == "a" else len(it[1])
+                n = len(it[5]) if it[0] in ("a", "s") else len(it[1])
                 bad += n
                 log.error("prediction log: %d texts not packable, skipped: %r", n, exc)
         return by_model, bad

@@ -66,7 +66,7 @@ RAW_MAX_LABELS = 32  # up to this many labels, a model's score rows are logged a
 def _raw(scores: Any, labels: list[str]) -> bool:
     """Whether score rows can be logged as they are (few labels, plain lists)."""
     return (len(labels) <= RAW_MAX_LABELS and isinstance(scores, list)
-            and all(type(r) is list for r in scores[:1]))
+            and (not scores or type(scores[0]) is list))
 
 
 def log_predictions(sup: Any, rid: str, texts: list[str], payload: dict[str, Any],
@@ -80,7 +80,7 @@ def log_predictions(sup: Any, rid: str, texts: list[str], payload: dict[str, Any
     if plog is None:
         return
     model = payload["model"]
-    if raw and _raw(raw[1], raw[0]) and hasattr(plog, "add_scores"):  # (the Redis log: no)
+    if raw and _raw(raw[1], raw[0]):
         plog.add_scores(time.time(), rid, model["name"], model["version"], texts, *raw)
     else:
         plog.add_answer(time.time(), rid, model["name"], model["version"], texts,
@@ -94,7 +94,7 @@ def log_scores(sup: Any, rid: str, texts: list[str], model: dict[str, Any],
     if plog is None:
         return
     now = time.time()
-    if _raw(scores, labels) and hasattr(plog, "add_scores"):
+    if _raw(scores, labels):
         plog.add_scores(now, rid, model["name"], model["version"], texts, labels, scores,
                         min(keep, len(labels)))
         return

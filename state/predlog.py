@@ -157,11 +157,12 @@ def _unpack(e: list) -> tuple[list[str], list[dict[str, Any]]]:
     if len(body) == 2:
         return body[0], body[1]
     texts, labels, rows, k = body
-    return texts, [_top_of(row, labels, k) for row in rows]
+    return texts, [top_of(row, labels, k) for row in rows]
 
 
-def _top_of(row: list[float], labels: list[str], k: int) -> dict[str, Any]:
-    """A prediction (its label and top k) from a score row."""
+def top_of(row: list[float], labels: list[str], k: int) -> dict[str, Any]:
+    """A prediction (its label and top k) from a score row (what /predict
+    answered for it; used by the Redis log too)."""
     order = sorted(range(len(row)), key=row.__getitem__, reverse=True)[:max(1, k)]
     top = [{"label": labels[i], "score": row[i]} for i in order]
     return {"label": top[0]["label"] if top else None, "top": top}

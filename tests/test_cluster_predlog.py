@@ -101,6 +101,18 @@ def test_a_predict_answer_is_logged_whole(plog):
     assert rows[0]["margin"] == pytest.approx(0.6)
 
 
+def test_an_answer_logged_as_score_rows_reads_as_its_top_lists(plog):
+    """add_scores (the /predict path for models with few labels): the Redis log
+    stores the top k of each row, as /predict answered them."""
+    plog.add_scores(1.0, "sc", "m", 3, ["x", "y"], ["a", "b", "c"],
+                    [[0.2, 0.7, 0.1], [0.5, 0.1, 0.4]], 2)
+    plog.flush(10)
+    rows = plog.get("sc")
+    assert [(r["index"], r["label"], r["version"]) for r in rows] == [(0, "b", 3), (1, "a", 3)]
+    assert rows[1]["scores"] == {"a": 0.5, "c": 0.4}
+    assert rows[0]["margin"] == pytest.approx(0.5)
+
+
 def test_top_list_scores_are_kept_as_a_map(plog):
     rows = _rows("r", ["x"])
     rows[0]["scores"] = [{"label": "neg", "score": 0.6}, {"label": "pos", "score": 0.4}]
