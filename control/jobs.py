@@ -30,6 +30,7 @@ from state import dataset
 from state.statedb import FILENAME as STATE_FILE, StateDB
 from model_worker.params import ParamError, multi_label_refusal, validate_params
 from state.store import TMP, check_name
+from control.childlog import is_tensorflow_line
 from control.workerhandle import ChildProcess
 
 log = logging.getLogger("textswap.jobs")
@@ -461,10 +462,13 @@ class JobManager:
         try:
             with open(path, "rb") as fh:
                 fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - n))
-                return fh.read().decode("utf-8", "replace")
+                fh.seek(max(0, fh.tell() - 4 * n))
+                text = fh.read().decode("utf-8", "replace")
         except OSError:
             return None
+        # TensorFlow's C++ notices (control/childlog.py) say nothing about the job
+        lines = [ln for ln in text.split("\n") if not is_tensorflow_line(ln)]
+        return "\n".join(lines)[-n:]
 
     async def _apply(self, job: Job) -> None:
         assert job.result is not None

@@ -26,6 +26,7 @@ from tornado.concurrent import Future
 from tornado.ioloop import IOLoop
 from tornado.iostream import IOStream, StreamClosedError
 
+from control.childlog import StderrRelay
 from model_worker import protocol
 
 log = logging.getLogger("textswap.workers")
@@ -118,9 +119,13 @@ class ChildProcess:
             self._launch = zygote.launch(kind, child, options, self._on_forked,
                                          self._on_fork_failed)
         else:
-            self.process = _spawn.Process(target=target, args=(child, options), daemon=True,
-                                          name=f"textswap-{kind}-{self.generation}")
-            self.process.start()
+            relay = StderrRelay("tensorflow")  # its stderr, read by the supervisor
+            self.process = _spawn.Process(target=target, args=(child, options, relay.child_end),
+                                          daemon=True, name=f"textswap-{kind}-{self.generation}")
+            try:
+                self.process.start()
+            finally:
+                relay.started()
             child.close()  # the child has its own copy; EOF now means it is gone
             self.pid = self.process.pid
             self._loop.add_handler(self.process.sentinel, self._on_sentinel, IOLoop.READ)

@@ -29,6 +29,7 @@ from typing import Any, Callable
 import multiprocess
 from tornado.ioloop import IOLoop
 
+from control.childlog import StderrRelay
 from model_worker import protocol
 
 log = logging.getLogger("textswap.zygote")
@@ -105,9 +106,14 @@ class Zygote:
         from model_worker.zygote import main as target
 
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.process = _spawn.Process(target=target, args=(child, self.options), daemon=True,
-                                      name="textswap-zygote")
-        self.process.start()
+        # its stderr, and every forked child's, is read by the supervisor
+        relay = StderrRelay("tensorflow")
+        self.process = _spawn.Process(target=target, args=(child, self.options, relay.child_end),
+                                      daemon=True, name="textswap-zygote")
+        try:
+            self.process.start()
+        finally:
+            relay.started()
         child.close()
         parent.setblocking(False)
         self.sock, self.pid, self.state = parent, self.process.pid, "booting"

@@ -160,9 +160,14 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
                                 "labels": result.labels, "train_seconds": train_s})
 
 
-def main(sock: socket.socket, spec: dict[str, Any]) -> None:
-    """Process entry point (forked from the zygote, or spawned)."""
+def main(sock: socket.socket, spec: dict[str, Any],
+         stderr: socket.socket | None = None) -> None:
+    """Process entry point (forked from the zygote, or spawned). Its output
+    goes to the job's log, not to `stderr` (the supervisor's relay)."""
     from model_worker.worker import die_with_parent, quiet_tensorflow
+
+    if stderr is not None:
+        stderr.close()
 
     # a trainer must not publish for a supervisor that is gone
     die_with_parent(spec.get("parent_pid"))

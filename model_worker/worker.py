@@ -102,6 +102,18 @@ def quiet_tensorflow(log_level: str) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", tf_log_level(log_level))
 
 
+def adopt_stderr(stderr: socket.socket | None) -> None:
+    """Make `stderr`, the supervisor's relay (control/childlog.py), this
+    process's fd 2, before TensorFlow is imported: TensorFlow's C++ lines that
+    no log level silences go to the supervisor's debug log from there. Children
+    forked later inherit it."""
+    if stderr is None:
+        return
+    sys.stderr.flush()
+    os.dup2(stderr.fileno(), 2)
+    stderr.close()
+
+
 def quiet_absl(log_level: str) -> None:
     """After the import: TensorFlow's Python-side logs (absl, `tensorflow`)."""
     debug = str(log_level).upper() == "DEBUG"
@@ -368,8 +380,11 @@ def _set_threads(options: dict[str, Any]) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(inter)
 
 
-def main(sock: socket.socket, options: dict[str, Any]) -> None:
-    """Process entry point (forked from the zygote, or spawned)."""
+def main(sock: socket.socket, options: dict[str, Any],
+         stderr: socket.socket | None = None) -> None:
+    """Process entry point (forked from the zygote, or spawned with `stderr`,
+    the supervisor's relay of its stderr)."""
+    adopt_stderr(stderr)
     logging.basicConfig(level=options.get("log_level", "INFO"),
                         format="%(asctime)s %(levelname)s [worker %(process)d] %(message)s")
     quiet_tensorflow(options.get("log_level", "INFO"))  # forked: the zygote did

@@ -221,9 +221,13 @@ def fork_child(sock: socket.socket, msg: dict[str, Any], fds: list[int], tf_leve
 
 # -- the zygote --------------------------------------------------------------------
 
-def main(sock: socket.socket, options: dict[str, Any]) -> None:
-    """Process entry point (spawned by the supervisor's WorkerPool)."""
-    from model_worker.worker import die_with_parent, quiet_tensorflow, tf_log_level
+def main(sock: socket.socket, options: dict[str, Any],
+         stderr: socket.socket | None = None) -> None:
+    """Process entry point (spawned by the supervisor's WorkerPool). `stderr`:
+    the supervisor's relay (control/childlog.py), fd 2 here and in every child."""
+    from model_worker.worker import adopt_stderr, die_with_parent, quiet_tensorflow, tf_log_level
+
+    adopt_stderr(stderr)
 
     _OWN_FDS[:] = [fd for fd in map(int, os.listdir("/proc/self/fd")) if fd > 2 and _is_open(fd)]
     level = options.get("log_level", "INFO")
