@@ -21,8 +21,14 @@ venv: $(STAMP)
 serve: $(STAMP)
 	$(PY) supervisor.py --config config.yaml
 
+# tests in a random order (pytest-randomly prints its seed: rerun one order with
+# -p randomly --randomly-seed=N), under coverage.py in every process of the
+# service (.coveragerc); then the total and the ten least-covered modules
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	rm -rf .coverage-data
+	$(PY) -m coverage run -m pytest -q tests
+	$(PY) -m coverage combine -q
+	$(PY) -m coverage report | awk 'NR <= 12 || /^TOTAL/'
 
 # Redis + nginx + three nodes on this machine (see README "Running several nodes")
 cluster: $(STAMP)
@@ -51,4 +57,4 @@ bench-accuracy: $(STAMP)
 	$(PY) bench/accuracy.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .coverage-data
