@@ -10,6 +10,9 @@ switch), so a refused write leaves the service as it was.
 
 `health()` is what /status and /metrics show: the last write error of each
 target (kept until a later write of that target succeeds) and the free space of the model store.
+Writers report from several threads (the durable-write thread, the state
+database's, the prediction log's sender, the cluster threads) while the IOLoop
+reads: the figures are changed and read under one lock.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import errno
 import logging
 import os
 import shutil
+import threading
 import time
 from typing import Any, Callable
 
@@ -47,6 +51,7 @@ class Storage:
     def __init__(self, root: str) -> None:
         self.root = root
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="durable-write")
+        self._lock = threading.Lock()  # guards the four figures below
         self.errors: dict[str, dict[str, Any]] = {}  # what -> its last failure, until it works
         self.last_ok: float | None = None
         self.writes = 0
@@ -73,21 +78,26 @@ class Storage:
         return out
 
     def failed(self, what: str, path: str, exc: OSError) -> None:
-        self.failures += 1
-        self.errors[what] = {"what": what, "path": path, "errno": exc.errno,
-                             "errno_name": errno.errorcode.get(exc.errno or 0),
-                             "message": str(exc), "at": time.time()}
+        entry = {"what": what, "path": path, "errno": exc.errno,
+                 "errno_name": errno.errorcode.get(exc.errno or 0),
+                 "message": str(exc), "at": time.time()}
+        with self._lock:
+            self.failures += 1
+            self.errors[what] = entry
         log.error("durable write failed: %s (%s): %s", what, path, exc)
 
     @property
     def last_error(self) -> dict[str, Any] | None:
         """The newest failure among the targets that have not written since."""
-        return max(self.errors.values(), key=lambda e: e["at"]) if self.errors else None
+        with self._lock:
+            errors = list(self.errors.values())
+        return max(errors, key=lambda e: e["at"]) if errors else None
 
     def succeeded(self, what: str) -> None:
-        self.writes += 1
-        self.last_ok = time.time()
-        gone = self.errors.pop(what, None)
+        with self._lock:
+            self.writes += 1
+            self.last_ok = time.time()
+            gone = self.errors.pop(what, None)
         if gone is not None:
             log.info("writes of %s work again (last error: %s)", what, gone["message"])
 
@@ -98,11 +108,13 @@ class Storage:
             return None
 
     def health(self) -> dict[str, Any]:
-        return {"ok": not self.errors, "last_error": self.last_error,
-                "failing": sorted(self.errors),
-                "errors": sorted(self.errors.values(), key=lambda e: e["at"]),
-                "last_ok_at": self.last_ok, "free_bytes": self.free_bytes(),
-                "writes": self.writes, "failures": self.failures}
+        with self._lock:  # one consistent view of the figures
+            errors = sorted(self.errors.values(), key=lambda e: e["at"])
+            last_ok, writes, failures = self.last_ok, self.writes, self.failures
+        return {"ok": not errors, "last_error": errors[-1] if errors else None,
+                "failing": sorted(e["what"] for e in errors), "errors": errors,
+                "last_ok_at": last_ok, "free_bytes": self.free_bytes(),
+                "writes": writes, "failures": failures}
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
