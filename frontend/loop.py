@@ -21,14 +21,14 @@ from frontend.base import ApiError
 
 HEADER = "X-Request-Id"
 ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
-_PREFIX = os.urandom(4).hex()  # ids unique across restarts and nodes
-_seq = 0
+_PREFIX = os.urandom(4).hex()  # this process's ids, apart from other restarts and nodes
 
 
 def new_id() -> str:
-    global _seq
-    _seq += 1
-    return f"{_PREFIX}{int(time.time() * 1000) % 10**10:010d}{_seq:x}"
+    """8 hex digits of this process, the time in ms (modulo 10**10) as 10
+    digits, then 96 random bits as 24 hex digits: unguessable, and the
+    prediction log finds the answer by the time (state/predlog_writer.py id_ms)."""
+    return f"{_PREFIX}{int(time.time() * 1000) % 10**10:010d}{os.urandom(12).hex()}"
 
 
 def check_id(value: Any, what: str = f"the {HEADER} header") -> str:

@@ -51,8 +51,8 @@ _BATCH = ("INSERT INTO batches (model, version, n, at_first, at, data) "
 _RID = "INSERT OR REPLACE INTO rids (request_id, batch) VALUES (?, ?)"
 
 # Finding a request by its id. The ids the service makes (frontend/loop.py
-# new_id: 8 hex digits, the time in ms modulo 10**10 as 10 digits, a hex
-# sequence) carry their time, and the answer is logged within moments of it:
+# new_id: 8 hex digits, the time in ms modulo 10**10 as 10 digits, 24 random
+# hex digits) carry their time, and the answer is logged within moments of it:
 # such a request is found among the few batches written around that time,
 # and needs no row of its own (a `rids` row costs the writer more than all
 # else it does for a single-text answer). Any other id, or an answer logged

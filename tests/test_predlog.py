@@ -254,6 +254,9 @@ def test_service_made_ids_are_found_by_their_time_without_a_row_of_their_own(tmp
     p = PredictionLog(path)
     try:
         ids = [new_id() for _ in range(300)]
+        # unguessable: 96 random bits (24 hex digits) after the time, new for each id
+        assert all(len(r) == 42 and int(r[18:], 16) >= 0 for r in ids)
+        assert len({r[18:] for r in ids}) == 300
         now = time.time()  # logged after the ids were made, as a request does
         for k, rid in enumerate(ids):
             rows = _rows(rid, [f"t{k}", f"u{k}"])
