@@ -33,7 +33,7 @@ from tornado import gen
 from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.locks import Event
 
-from state.config import Config, ConfigError, load_config
+from state.config import Config, ConfigError, load_config, scrub_secret_env
 from state.predlog import FILENAME as PREDLOG_DB, PredictionLog
 from state.statedb import FILENAME as STATE_DB, StateDB
 from state.storage import Storage
@@ -265,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError) as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    scrub_secret_env()  # read into config: no child process gets them
     logging.basicConfig(level=config["log_level"],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if config["cluster"]["redis_url"]:  # nodes share the store: it must be writable

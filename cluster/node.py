@@ -321,6 +321,11 @@ class ClusterTraining:
                 doc = await self.q.claim()
                 if doc is None:
                     break
+                try:
+                    mgr.check_claimed(doc)  # read from Redis: untrusted
+                except JobError as exc:
+                    await self._refuse(doc, str(exc))
+                    continue
                 log.info("job %s (%s) claimed by this node", doc["id"], doc["name"])
                 if doc.get("first_start_demo"):
                     self.node.sup._demo_training = True
@@ -331,6 +336,16 @@ class ClusterTraining:
             log.exception("cluster training tick failed")
         finally:
             self._ticking = False
+
+    async def _refuse(self, doc: Any, why: str) -> None:
+        """A claimed job document that does not pass the checks: failed in the
+        queue with the reason; nothing is run, written or deleted here."""
+        job_id = doc.get("id") if isinstance(doc, dict) else None
+        log.error("cluster job refused: %s", why)
+        if not isinstance(job_id, str):
+            return  # no key to answer under: its lease runs out and the reaper ends it
+        await self.q.save({"id": job_id, "state": "failed", "error": f"refused: {why}",
+                           "finished_at": time.time()}, "failed")
 
     async def new_id(self) -> str:
         try:

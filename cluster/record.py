@@ -52,6 +52,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, WatchError
 
+from state.config import redact_url
 from state.errors import ServiceError
 from state.store import normalize_record, write_json_atomic
 
@@ -114,7 +115,7 @@ class Cluster:
         if self.up is not False:
             self.down_since = time.time()
             log.error("cluster store %s unreachable (%s): serving on with what this node "
-                      "has; retrying with backoff", self.url, self.last_error)
+                      "has; retrying with backoff", redact_url(self.url), self.last_error)
         self.up = False
 
     def _mark_up(self) -> None:
@@ -394,7 +395,7 @@ class Cluster:
             self.key("once", what), self.node_id, nx=True)))
 
     def status(self) -> dict[str, Any]:
-        return {"node": self.node_id, "redis": self.url.split("@")[-1], "up": self.up,
+        return {"node": self.node_id, "redis": redact_url(self.url), "up": self.up,
                 "down_since": self.down_since, "last_error": self.last_error,
                 "revision": self.record["revision"] if self.record else 0,
                 "applied_revision": self.applied_revision}

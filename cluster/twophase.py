@@ -46,7 +46,9 @@ import time
 from typing import Any
 
 from cluster.record import Cluster, ClusterUnreachable
-from state.errors import Conflict, ServiceError, StoreError
+from control.slots import MAX_REPLICAS
+from state.errors import Conflict, InvalidName, ServiceError, StoreError
+from state.store import check_name
 
 log = logging.getLogger("textswap.cluster")
 
@@ -281,18 +283,23 @@ class TwoPhase:
             return
         if raw is None:
             return
-        req = json.loads(raw)
-        if req["by"] == self.c.node_id or time.time() >= req["deadline"]:
+        try:
+            req = json.loads(raw)
+            if req["by"] == self.c.node_id or time.time() >= float(req["deadline"]):
+                return
+        except (ValueError, TypeError, KeyError) as exc:
+            log.error("cluster apply %s: a malformed prepare request ignored: %s", pid, exc)
             return
         await self._answer(pid, req)
 
     async def _answer(self, pid: str, req: dict[str, Any], coordinator: bool = False
                       ) -> BaseException | None:
         """Prepare req here and answer in Redis; the error (None: ready)."""
-        name, version, replicas = req["name"], req["version"], req["replicas"]
+        name, version, replicas = req.get("name"), req.get("version"), req.get("replicas")
         t = time.monotonic()
         exc: BaseException | None = None
         try:
+            _check_request(name, version, replicas)  # read from Redis: untrusted
             how = await asyncio.wait_for(
                 self.prepare_local(name, version, replicas, pid=pid, coordinator=coordinator),
                 max(0.05, req["deadline"] - time.time()))
@@ -424,3 +431,14 @@ class TwoPhase:
                                                            f"published {name} {version}"))
         except ClusterUnreachable:
             pass
+
+
+def _check_request(name: Any, version: Any, replicas: Any) -> None:
+    """A prepare request's fields, checked as POST /apply checks them."""
+    check_name(name)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise InvalidName(f"version must be a whole number >= 1, not {str(version)[:40]!r}")
+    if not isinstance(replicas, int) or isinstance(replicas, bool) \
+            or not 1 <= replicas <= MAX_REPLICAS:
+        raise InvalidName(f"replicas must be a whole number from 1 to {MAX_REPLICAS}, "
+                          f"not {str(replicas)[:40]!r}")

@@ -20,6 +20,7 @@ import collections
 import itertools
 import logging
 import os
+import re
 import shutil
 import time
 from typing import Any
@@ -29,6 +30,7 @@ from tornado.ioloop import IOLoop
 from state import dataset
 from state.statedb import FILENAME as STATE_FILE, StateDB
 from model_worker.params import ParamError, multi_label_refusal, validate_params
+from state.errors import InvalidName
 from state.store import TMP, check_name
 from control.childlog import is_tensorflow_line
 from control.workerhandle import ChildProcess
@@ -39,6 +41,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "interrupted")
 FINISHED = ("succeeded", "failed", "cancelled", "interrupted")
 ACTIVE = ("queued", "running")
+# the ids this service makes (Job, cluster/jobs.py new_id): a time, a counter
+JOB_ID = re.compile(r"[0-9]{14}-[1-9][0-9]{0,17}")
 
 
 class JobError(Exception):
@@ -312,7 +316,7 @@ class JobManager:
         job_id = await self.cluster.new_id() if self.cluster is not None else None
         await self._check_space(name)
         job = Job(name, full, summary, apply, job_id=job_id)
-        job.dir = os.path.join(self.root, job.id)
+        job.dir = self.job_dir(job.id)
         try:
             os.makedirs(job.dir, exist_ok=True)
             await self.loop.run_in_executor(None, data.write_jsonl,
@@ -334,11 +338,47 @@ class JobManager:
         self._schedule()
         return job
 
+    def job_dir(self, job_id: Any) -> str:
+        """The job's folder under the jobs root; JobError for an id that is not
+        one this service makes, or a path that would leave the root (a job id
+        read from Redis is untrusted: its folder is deleted when it ends)."""
+        if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+            raise JobError(400, "invalid_job", f"not a job id: {str(job_id)[:80]!r}")
+        root = os.path.realpath(self.root)
+        path = os.path.realpath(os.path.join(root, job_id))
+        if path == root or os.path.commonpath([root, path]) != root:
+            raise JobError(400, "invalid_job", f"job id {job_id!r} leaves the jobs folder")
+        return path
+
+    def check_claimed(self, doc: Any) -> dict[str, Any]:
+        """A job document read from the Redis queue, checked as if it came
+        over HTTP: id, name, params (checked again, replicas capped), data
+        summary, apply. JobError(400) names the first bad field."""
+        if not isinstance(doc, dict):
+            raise JobError(400, "invalid_job", "a job document must be an object")
+        self.job_dir(doc.get("id"))
+        try:
+            check_name(doc.get("name"))
+            params = validate_params(doc.get("params"))
+        except (InvalidName, ParamError) as exc:
+            raise JobError(400, "invalid_job", f"job {doc['id']}: {exc}") from None
+        if not isinstance(doc.get("data"), dict):
+            raise JobError(400, "invalid_job", f"job {doc['id']}: data must be an object")
+        if not isinstance(doc.get("apply"), bool):
+            raise JobError(400, "invalid_job", f"job {doc['id']}: apply must be true or false")
+        created = doc.get("created_at")
+        if created is not None and not isinstance(created, (int, float)):
+            raise JobError(400, "invalid_job", f"job {doc['id']}: created_at must be a number")
+        return {**doc, "params": params}
+
     def run_claimed(self, doc: dict[str, Any]) -> Job:
-        """Cluster mode: run a job this node claimed from the Redis queue."""
+        """Cluster mode: run a job this node claimed from the Redis queue
+        (JobError, and nothing started or deleted, for a document that does
+        not pass check_claimed)."""
+        doc = self.check_claimed(doc)
         job = Job(doc["name"], doc["params"], doc["data"], doc["apply"], job_id=doc["id"])
         job.created = doc.get("created_at") or job.created
-        job.dir = os.path.join(self.root, job.id)
+        job.dir = self.job_dir(job.id)
         job.on_change = self._save
         self.jobs[job.id] = job
         self._start(job)

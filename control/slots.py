@@ -20,6 +20,9 @@ from typing import Any
 from tornado.locks import Condition, Lock
 
 from state.errors import NoModel, Overloaded
+
+# the most replicas one model may have (POST /apply; a cluster prepare request)
+MAX_REPLICAS = 64
 from control.rollouts import Candidate, Probation, VersionStats
 from control.workerhandle import State, WorkerHandle
 

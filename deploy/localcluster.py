@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import secrets
 import signal
 import socket
 import subprocess
@@ -70,22 +71,29 @@ class RedisServer:
 
     def __init__(self, workdir: str, port: int | None = None) -> None:
         self.dir = os.path.join(workdir, "redis")
-        os.makedirs(self.dir, exist_ok=True)
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
         self.port = port or free_port()
+        # a generated password, in a 0600 config file: never on a command line
+        self.password = secrets.token_urlsafe(24)
         self.proc: subprocess.Popen | None = None
         self.start()
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The URL with the password: for the nodes' environment
+        (TEXTSWAP_REDIS_URL), never for a command line or a log."""
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        conf = os.path.join(self.dir, "redis.conf")
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\nsave \"\"\n"
+                     "appendonly yes\nappendfsync always\ndaemonize no\n"
+                     f"requirepass {self.password}\n")
         log = open(os.path.join(self.dir, "redis.log"), "ab")
-        self.proc = subprocess.Popen(
-            [_which("redis-server") or "redis-server", "--port", str(self.port),
-             "--bind", "127.0.0.1", "--dir", self.dir, "--save", "", "--appendonly", "yes",
-             "--appendfsync", "always", "--daemonize", "no", "--protected-mode", "no"],
-            stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([_which("redis-server") or "redis-server", conf],
+                                     stdout=log, stderr=subprocess.STDOUT)
         log.close()
         wait_for(lambda: _accepts(self.port), 20, f"redis-server on port {self.port}")
 
@@ -173,12 +181,13 @@ def main(argv: list[str] | None = None) -> int:
             proc = subprocess.Popen(
                 [sys.executable, os.path.join(ROOT, "supervisor.py"), "--models-dir", models,
                  "--host", "127.0.0.1", "--port", str(port), "--manage-port", str(mport),
-                 "--redis-url", redis.url, "--node-id", f"node{i}"],
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                 "--node-id", f"node{i}"],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "TEXTSWAP_REDIS_URL": redis.url})  # not on a command line
             log.close()
             nodes.append((proc, port, mport))
         nginx = Nginx(args.dir, [port for _, port, _ in nodes], port=args.port)
-        print(f"redis     {redis.url}   (data in {redis.dir})")
+        print(f"redis     127.0.0.1:{redis.port}, password in {redis.dir}/redis.conf")
         print(f"nginx     http://127.0.0.1:{nginx.port}/predict  -> nodes' inference ports")
         for i, (proc, port, mport) in enumerate(nodes, 1):
             print(f"node{i}     inference :{port}  management http://127.0.0.1:{mport} "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from control.slots import MAX_REPLICAS
 from frontend.base import ApiError, JsonHandler, int_field, name_field, service_error
 from frontend.rollout_handlers import ROLLOUT_FIELDS, rollout_options
 from state.errors import InvalidName
@@ -112,7 +113,6 @@ class ReadyHandler(JsonHandler):
 
 
 # -- management port ---------------------------------------------------------------
-MAX_REPLICAS = 64
 
 
 class ApplyHandler(JsonHandler):

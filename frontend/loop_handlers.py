@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import hmac
-import os
 import sqlite3
 from typing import Any
 
@@ -43,7 +42,7 @@ MAX_REVIEW = 1000
 
 def feedback_token(config: Any) -> str | None:
     """feedback.token (or TEXTSWAP_FEEDBACK_TOKEN), else the management token, else none."""
-    token = os.environ.get("TEXTSWAP_FEEDBACK_TOKEN") or config["feedback"]["token"]
+    token = config["feedback"]["token"]  # TEXTSWAP_FEEDBACK_TOKEN read into it at start
     return token or config.token or None
 
 

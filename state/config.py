@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +103,11 @@ DEFAULTS: dict[str, Any] = {
     # Cluster mode (README "Running several nodes"): several nodes on one
     # shared model store follow one applied-model record in Redis.
     "cluster": {
-        "redis_url": "",        # e.g. redis://10.0.0.5:6379/0; empty: off (one node)
+        "redis_url": "",        # e.g. redis://10.0.0.5:6379/0; empty: off (one node).
+                                # With a password (redis://user:pw@host/0, rediss:// for
+                                # TLS) give it in TEXTSWAP_REDIS_URL or redis_url_file
+                                # instead: then it is on no command line or config file
+        "redis_url_file": "",   # a file whose first line is the URL (mode 0600)
         "node_id": "",          # empty: hostname:port (the inference port)
         "key_prefix": "textswap",  # Redis keys; one prefix per cluster
         "poll_interval": 1.0,   # heartbeat and record re-read, seconds
@@ -213,7 +218,7 @@ class Config:
 
     @property
     def token(self) -> str:
-        return os.environ.get("TEXTSWAP_MANAGEMENT_TOKEN") or self.raw["management"]["token"]
+        return self.raw["management"]["token"]
 
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
@@ -226,4 +231,58 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     merged = _merge(DEFAULTS, data)
     if overrides:
         merged = _merge(merged, overrides)
+    _resolve_redis_url(merged["cluster"])
+    # the tokens' environment variables win over the file
+    for env, (section, key) in _SECRET_ENV.items():
+        if env != "TEXTSWAP_REDIS_URL" and os.environ.get(env):
+            merged[section][key] = os.environ[env]
     return Config(merged)
+
+
+# the service's secrets that may come from the environment: read into the
+# config at start, then taken out of this process's environment
+# (scrub_secret_env), so that no child (worker, trainer, log writer) gets them
+_SECRET_ENV = {"TEXTSWAP_MANAGEMENT_TOKEN": ("management", "token"),
+               "TEXTSWAP_FEEDBACK_TOKEN": ("feedback", "token"),
+               "TEXTSWAP_REDIS_URL": ("cluster", "redis_url")}
+
+
+def scrub_secret_env() -> list[str]:
+    """Remove the secrets' variables from os.environ (after load_config);
+    the names removed."""
+    return [name for name in _SECRET_ENV if os.environ.pop(name, None) is not None]
+
+
+def _resolve_redis_url(cluster: dict[str, Any]) -> None:
+    """cluster.redis_url: as set (config, --redis-url), else the environment's
+    TEXTSWAP_REDIS_URL, else the first line of cluster.redis_url_file."""
+    if cluster["redis_url"]:
+        return
+    env = os.environ.get("TEXTSWAP_REDIS_URL", "").strip()
+    if env:
+        cluster["redis_url"] = env
+        return
+    path = cluster["redis_url_file"]
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                cluster["redis_url"] = (fh.readline() or "").strip()
+        except OSError as exc:
+            raise ConfigError(f"cluster.redis_url_file: cannot read {path}: "
+                              f"{exc.strerror or exc}") from None
+        if not cluster["redis_url"]:
+            raise ConfigError(f"cluster.redis_url_file: {path} holds no URL")
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password (if any) replaced by ***: what logs, errors
+    and /status may show."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.netloc.rsplit("@", 1)[1]
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    except ValueError:
+        return "<a URL that cannot be parsed>"

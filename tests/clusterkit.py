@@ -41,11 +41,12 @@ class Node:
     def start(self, wait: bool = True) -> "Node":
         cmd = [sys.executable, os.path.join(ROOT, "supervisor.py"), "--models-dir",
                self.models_dir, "--host", "127.0.0.1", "--port", str(self.port),
-               "--manage-port", str(self.mport), "--redis-url", self.redis_url,
-               "--node-id", self.node_id, *self.extra]
+               "--manage-port", str(self.mport), "--node-id", self.node_id, *self.extra]
         log = open(self.log_path, "ab")
+        # the URL holds Redis's password: in the environment, not on the command line
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                          "TEXTSWAP_REDIS_URL": self.redis_url})
         log.close()
         if wait:
             wait_for(lambda: self.get("/healthz")[0] == 200, 60, f"{self.node_id} /healthz")

@@ -487,3 +487,75 @@ def test_redis_outage_keeps_serving_refuses_changes_then_converges(cl):
     finally:
         load.stop()
     assert load.failed == []
+
+
+@needs_redis_and_nginx
+def test_a_hostile_job_from_redis_is_refused_and_deletes_nothing(cl):
+    """A job document in the Redis queue is untrusted: an id that is a path
+    (absolute, or out of the jobs folder) would have become the job's folder,
+    deleted when it ends. The node that claims it fails it, naming why."""
+    import redis as redis_lib
+
+    from state.store import TMP
+
+    victim = os.path.join(cl.work, "victim")
+    os.makedirs(victim, exist_ok=True)
+    with open(os.path.join(victim, "keep.txt"), "w") as fh:
+        fh.write("must survive")
+    jobs_root = os.path.join(cl.models, TMP, "jobs")
+    good = {"name": "hostile", "params": {"architecture": "bow", "epochs": 1},
+            "data": {"count": 0}, "apply": False}
+    hostile = {"abs": {**good, "id": victim},
+               "rel": {**good, "id": os.path.relpath(victim, jobs_root)},
+               "params": {**good, "id": "20260101000000-77",
+                            "params": {"architecture": "bow", "epochs": -5}}}
+    r = redis_lib.Redis.from_url(cl.redis.url, decode_responses=True)
+    for doc in hostile.values():
+        with r.pipeline(transaction=True) as pipe:
+            pipe.hset(f"textswap:job:{doc['id']}", mapping={"doc": json.dumps(doc),
+                                                           "state": "queued", "node": ""})
+            pipe.rpush("textswap:queue", doc["id"])
+            pipe.rpush("textswap:joblist", doc["id"])
+            pipe.publish("textswap:events", "jobs")
+            pipe.execute()
+
+    def refused():
+        states = [r.hget(f"textswap:job:{d['id']}", "state") for d in hostile.values()]
+        return all(s == "failed" for s in states) and states
+    wait_for(refused, 60, "the hostile jobs failed by the node that claimed them")
+    for doc in hostile.values():
+        saved = json.loads(r.hget(f"textswap:job:{doc['id']}", "doc"))
+        assert saved["state"] == "failed" and saved["error"].startswith("refused: "), saved
+    assert "not a job id" in json.loads(r.hget(f"textswap:job:{victim}", "doc"))["error"]
+    assert open(os.path.join(victim, "keep.txt")).read() == "must survive"
+    assert not os.path.exists(os.path.join(cl.models, "hostile"))  # nothing trained
+    r.close()
+
+
+@needs_redis_and_nginx
+def test_redis_needs_its_password_and_no_node_shows_it(cl):
+    """The test Redis (as `make cluster`'s) is bound to loopback with a
+    generated password (AUTH); the nodes got the URL in their environment: it
+    is on no command line, in no log, in no /status or /cluster body."""
+    import psutil
+    import redis as redis_lib
+
+    password = cl.redis.password
+    plain = redis_lib.Redis(host="127.0.0.1", port=cl.redis.port)
+    with pytest.raises(redis_lib.AuthenticationError):  # NOAUTH: the password is needed
+        plain.get("textswap:record")
+    plain.close()
+    for n in cl.nodes:
+        for p in [psutil.Process(n.proc.pid), *psutil.Process(n.proc.pid).children(True)]:
+            try:
+                assert password not in " ".join(p.cmdline())
+                if p.pid != n.proc.pid:
+                    assert password not in open(f"/proc/{p.pid}/environ", "rb").read().decode(
+                        errors="replace")
+            except (psutil.NoSuchProcess, FileNotFoundError):
+                continue
+        for path in ("/status", "/cluster"):
+            code, body = n.mget(path)
+            assert code == 200 and password not in json.dumps(body), path
+        assert _cluster(n)["this_node"]["redis"] == f"redis://:***@127.0.0.1:{cl.redis.port}/0"
+        assert password not in n.log()

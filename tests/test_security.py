@@ -54,3 +54,40 @@ def test_default_management_bind_is_loopback(tmp_path):
     from state.config import load_config
     assert load_config(None).raw["server"]["manage_host"] == "127.0.0.1"
     assert load_config("config.yaml").raw["server"]["manage_host"] == "127.0.0.1"
+
+
+def test_no_child_process_gets_the_services_secrets(store_copy, tmp_path):
+    """Tokens and the Redis URL given in the environment are read at start and
+    taken out of it: the zygote, workers and the prediction log's writer (and
+    whatever they start) never hold them; ps shows none."""
+    import psutil
+
+    from helpers import wait_for
+
+    secrets = {"TEXTSWAP_MANAGEMENT_TOKEN": TOKEN + "-m",
+               "TEXTSWAP_FEEDBACK_TOKEN": TOKEN + "-feedback"}
+    svc = Service(store_copy, args=["--config", _config(tmp_path)], env=secrets)
+    ok = {"Authorization": f"Bearer {secrets['TEXTSWAP_MANAGEMENT_TOKEN']}"}
+    try:
+        # the tokens work: they were read before they left the environment
+        assert svc.mpost("/apply", {"name": "sent"}, headers=ok, timeout=240)[0] == 200
+        assert svc.mget("/status")[0] == 401
+        code, _ = svc.predict({"text": "fine"})
+        assert code == 200
+        workers = {w["pid"] for w in svc.mget("/status", headers=ok)[1]["workers"]}
+        kids = wait_for(lambda: (lambda k: len(k) >= 3 and k)(svc.children()), 60,
+                        "the zygote, a worker and the log writer")
+        assert workers <= {k.pid for k in kids}
+        for p in [psutil.Process(svc.proc.pid), *kids]:
+            try:
+                environ = open(f"/proc/{p.pid}/environ", "rb").read().decode(errors="replace")
+                cmdline = " ".join(p.cmdline())
+            except (psutil.NoSuchProcess, FileNotFoundError):
+                continue
+            for name, value in secrets.items():
+                assert value not in cmdline, (p.pid, cmdline)
+                if p.pid != svc.proc.pid:  # the supervisor's own start-time copy is the kernel's
+                    assert name not in environ and value not in environ, (p.pid, name)
+    finally:
+        svc.stop()
+    assert not any(v in svc.log() for v in secrets.values())
