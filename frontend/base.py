@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import urllib.parse
 import logging
 from typing import Any
 
@@ -47,11 +48,19 @@ class ApiError(HTTPError):
 class JsonHandler(RequestHandler):
     """Base handler; ``initialize`` receives the supervisor and the config."""
 
-    def initialize(self, supervisor: Any, config: Any, token: str | None = None) -> None:
+    # the management port's routes and POST /feedback: only this service's own
+    # names in Host and Origin, and a body not declared JSON only with a valid
+    # Authorization header (see check_site); routes= kw "guard" or the class
+    guarded = False
+
+    def initialize(self, supervisor: Any, config: Any, token: str | None = None,
+                   guard: bool = False) -> None:
         self.sup = supervisor
         self.cfg = config
         self.limits = config["limits"]
         self.token = token
+        self.guard = guard or self.guarded
+        self.authorized = False  # a valid Authorization header came with it
         self._chunks: list[bytes] = []
         self._size = 0
         self._too_large: str | None = None
@@ -60,8 +69,11 @@ class JsonHandler(RequestHandler):
         self.set_header("Content-Type", "application/json; charset=utf-8")
 
     def prepare(self) -> None:
+        if self.guard:
+            check_site(self.request.headers, self.cfg)
         if self.token is not None:
             self._check_token()
+            self.authorized = True
         if self.request.method in ("POST", "PUT", "PATCH", "DELETE"):
             length = self.request.headers.get("Content-Length")
             cap = self.limits["max_body_bytes"]
@@ -107,7 +119,16 @@ class JsonHandler(RequestHandler):
     def json_body(self, required: bool = True) -> Any:
         if self._too_large:
             raise ApiError(413, "body_too_large", self._too_large)
-        return parse_json(self.body, self.request.headers.get("Content-Type"), required)
+        content_type = self.request.headers.get("Content-Type")
+        if self.guard and not self.authorized and not declared_json(content_type):
+            # a cross-site form or no-cors fetch sends exactly this, and can
+            # send no Authorization header: `curl -d` with -H "Authorization:
+            # Bearer ..." still works
+            raise ApiError(415, "unsupported_media_type",
+                           "this route takes a body not declared 'Content-Type: "
+                           "application/json' only with a valid 'Authorization: Bearer "
+                           "<token>' header")
+        return parse_json(self.body, content_type, required)
 
     def json_object(self, allowed: set[str], required: bool = True) -> dict[str, Any]:
         return check_object(self.json_body(required), allowed)
@@ -140,6 +161,49 @@ class JsonHandler(RequestHandler):
 
 
 FORM = "application/x-www-form-urlencoded"  # what curl -d sends by default
+_LOCAL = {"localhost", "127.0.0.1", "::1"}
+_ANY = {"", "0.0.0.0", "::"}
+
+
+def declared_json(content_type: str | None) -> bool:
+    media = (content_type or "").split(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def allowed_hosts(config: Any) -> set[str]:
+    """The names the service answers to on guarded routes: localhost, the
+    addresses it is bound to, and server.allowed_hosts (the public names a
+    proxy forwards, e.g. nginx's Host)."""
+    server = config["server"]
+    names = set(_LOCAL) | {str(h).lower() for h in server.get("allowed_hosts") or []}
+    names |= {str(server[k]).lower() for k in ("host", "manage_host")} - _ANY
+    return names
+
+
+def _hostname(value: str) -> str:
+    """host[:port] or [v6]:port -> the host, lower case."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:value.find("]")] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def check_site(headers: Any, config: Any) -> None:
+    """Host must be one of this service's names (a DNS-rebinding page sends
+    its own), and an Origin, when sent, too (a page of another site)."""
+    allowed = allowed_hosts(config)
+    host = headers.get("Host") or ""
+    if _hostname(host) not in allowed:
+        raise ApiError(403, "forbidden_host",
+                       f"Host {host[:100]!r} is not one of this service's names; add it to "
+                       "server.allowed_hosts if it is")
+    origin = headers.get("Origin")
+    if origin is not None:
+        parsed = urllib.parse.urlsplit(origin)
+        if origin == "null" or parsed.scheme not in ("http", "https") \
+                or _hostname(parsed.netloc) not in allowed:
+            raise ApiError(403, "forbidden_origin",
+                           f"requests from pages of {origin[:100]!r} are refused here")
 
 
 def parse_json(raw: bytes, content_type: str | None, required: bool = True) -> Any:

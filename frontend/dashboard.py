@@ -71,9 +71,10 @@ class AssetHandler(JsonHandler):
     """GET/HEAD of one dashboard file; ``/`` is index.html."""
 
     def initialize(self, supervisor: Any, config: Any, token: str | None = None,
-                   assets: dict[str, Asset] | None = None) -> None:
+                   guard: bool = False, assets: dict[str, Asset] | None = None) -> None:
         # the page and its assets carry no data: served without the token
-        super().initialize(supervisor, config, None)
+        # (but only under this service's own names: guard)
+        super().initialize(supervisor, config, None, guard)
         self.assets = assets or {}
 
     def _asset(self, rel: str | None) -> Asset:

@@ -127,6 +127,8 @@ _LABELS: dict = {}
 class FeedbackHandler(JsonHandler):
     """POST /feedback: true labels for logged predictions, or free examples."""
 
+    guarded = True  # on the public port too: labels train models
+
     def _check_token(self) -> None:
         got = self.request.headers.get("Authorization", "")
         scheme, _, value = got.partition(" ")

@@ -23,6 +23,10 @@ DEFAULTS: dict[str, Any] = {
         # answer POST /predict on a lean path beside Tornado's RequestHandler
         # (same checks and answers, far less CPU per request; see fastpath.py)
         "fast_predict": True,
+        # names clients (or a proxy's Host) use for this service besides
+        # localhost and the bound addresses: the management routes and
+        # POST /feedback refuse any other Host or Origin (DNS rebinding)
+        "allowed_hosts": [],
     },
     "models_dir": "./models",
     "management": {

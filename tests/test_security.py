@@ -91,3 +91,63 @@ def test_no_child_process_gets_the_services_secrets(store_copy, tmp_path):
     finally:
         svc.stop()
     assert not any(v in svc.log() for v in secrets.values())
+
+
+def test_no_cross_site_request_drives_the_management_api(tmp_path):
+    """A page of another site can send a form POST or a no-cors fetch (no
+    preflight, no Authorization header), and a DNS-rebinding page sends its
+    own Host: all refused. curl -d with the Bearer header keeps working."""
+    svc = Service(str(tmp_path / "models"), args=["--config", _config(tmp_path)],
+                  env={"TEXTSWAP_MANAGEMENT_TOKEN": TOKEN})
+    ok = {"Authorization": f"Bearer {TOKEN}"}
+    body = {"name": "x", "bogus": 1}  # parsed: a 400 names the unknown field
+    try:
+        for ctype in ("application/x-www-form-urlencoded", "text/plain", None):
+            headers = {"Content-Type": ctype or ""}  # "": none declared
+            code, got = svc.mpost("/apply", None, raw=json.dumps(body).encode(),
+                                  headers={**headers})
+            assert code == 401, (ctype, got)  # no token: refused before the body is read
+            code, got = svc.mpost("/apply", None, raw=json.dumps(body).encode(),
+                                  headers={**headers, **ok})
+            if ctype == "text/plain":  # never JSON, with a token or without
+                assert code == 415 and got["error"]["code"] == "unsupported_media_type", got
+            else:  # curl -d (a form), or none declared: JSON read with the token
+                assert code == 400 and got["error"]["code"] == "unknown_field", (ctype, got)
+        # a rebinding page: the right port under a foreign name
+        for host in ("evil.example", "evil.example:80", "127.0.0.1.evil.example"):
+            code, got = svc.mget("/status", headers={**ok, "Host": host})
+            assert code == 403 and got["error"]["code"] == "forbidden_host", (host, got)
+        code, got = svc.mget("/", headers={"Host": "evil.example"})  # the page too
+        assert code == 403
+        # another site's page, even with the right Host
+        for origin in ("http://evil.example", "null", "file://"):
+            code, got = svc.mpost("/apply", body, headers={**ok, "Origin": origin})
+            assert code == 403 and got["error"]["code"] == "forbidden_origin", (origin, got)
+        # this service's own page (same origin), and localhost names
+        for origin in (f"http://127.0.0.1:{svc.mport}", f"http://localhost:{svc.mport}"):
+            code, got = svc.mpost("/apply", body, headers={**ok, "Origin": origin})
+            assert code == 400 and got["error"]["code"] == "unknown_field", (origin, got)
+        assert svc.mget("/status", headers={**ok, "Host": f"localhost:{svc.mport}"})[0] == 200
+    finally:
+        svc.stop()
+
+
+def test_without_a_token_a_form_body_is_refused_and_json_is_answered(tmp_path):
+    svc = Service(str(tmp_path / "models"), args=["--config", _config(tmp_path)])
+    body = json.dumps({"name": "x", "bogus": 1}).encode()
+    try:
+        for ctype in ("application/x-www-form-urlencoded", "text/plain", ""):
+            code, got = svc.mpost("/apply", None, raw=body, headers={"Content-Type": ctype})
+            assert code == 415 and got["error"]["code"] == "unsupported_media_type", got
+        code, got = svc.mpost("/apply", None, raw=body,
+                              headers={"Content-Type": "application/json"})
+        assert code == 400 and got["error"]["code"] == "unknown_field", got
+        # POST /feedback on the public port, from another site's page
+        code, got = request(svc.port, "POST", "/feedback", None, raw=body,
+                            headers={"Content-Type": "text/plain"})
+        assert code == 415, got
+        code, got = request(svc.port, "POST", "/feedback", {"request_id": "x", "label": "a"},
+                            headers={"Origin": "http://evil.example"})
+        assert code == 403 and got["error"]["code"] == "forbidden_origin", got
+    finally:
+        svc.stop()
