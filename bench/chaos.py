@@ -110,7 +110,7 @@ def main() -> int:
                     continue
                 apply_times.append(time.monotonic() - t0)
                 to_serving.append(body["phases_s"]["queued"] + body["phases_s"]["spawn"]
-                                  + body["phases_s"]["load"] + body["phases_s"]["swap"])
+                                  + body["phases_s"]["swap"])
                 svc.wait_standby(180)  # what an operator's pace would give it
             n_ok, n_failed = len(load.ok), len(load.failed)
             mismatched = [r for r in load.ok if abs(r[3] - expected[r[1]]) > 1e-5]

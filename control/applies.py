@@ -288,9 +288,6 @@ class Applies:
             "source": source,
             "total_s": round(time.monotonic() - t_call, 4),
         }
-        # the old single-worker phase names, for existing clients
-        result["phases_s"].update({"drain": result["phases_s"]["drain_stop"], "stop": 0.0,
-                                   "load": 0.0})
         slot.last_apply = self.sup.last_apply = result
         self.events.emit("apply", name=name, version=version, source=source,
                          from_version=previous["version"] if previous else None,

@@ -338,21 +338,13 @@ def _hist(name: str, doc: str, labels: list[str], data: dict[Any, Hist]) -> Any:
     return fam
 
 
-# -- what the supervisor looks like (multi-model slots, or the single-model one) ---------
+# -- what the supervisor holds ---------------------------------------------------------------
 def _workers(sup: Any) -> list[Any]:
-    pool = getattr(sup, "pool", None)
-    if pool is not None and hasattr(pool, "workers"):
-        return list(pool.workers.values())
-    return list(getattr(sup, "workers", {}).values())
+    return list(sup.pool.workers.values())
 
 
 def _queued(sup: Any) -> dict[str, int]:
-    slots = getattr(sup, "slots", None)
-    if isinstance(slots, dict):
-        return {name: s.waiters for name, s in slots.items()}
-    serving = getattr(sup, "serving", None)
-    name = serving.model["name"] if serving is not None and serving.model else ""
-    return {name: getattr(sup, "_waiters", 0)}
+    return {name: s.waiters for name, s in sup.slots.items()}
 
 
 def build(sup: Any, config: Any) -> Metrics:

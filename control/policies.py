@@ -28,7 +28,6 @@ records the cause ("retrain after 200 labels") and the outcome.
 """
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -322,7 +321,3 @@ class Policies:
                               details=details)
         except Exception as exc:
             log.error("cannot record %s of %s: %s", kind, name, exc)
-
-
-async def wait(fut: Any) -> Any:
-    return await asyncio.wrap_future(fut)

@@ -60,23 +60,6 @@ def predict_request(data: dict[str, Any], lim: dict[str, Any]
     return texts, top_k, model
 
 
-async def predict(sup: Any, texts: list[str], top_k: int, name: str | None = None
-                  ) -> dict[str, Any]:
-    """The /predict answer: one prediction per text, in order."""
-    try:
-        model, labels, scores = await sup.predict(texts, name)
-    except Exception as exc:
-        raise service_error(exc) from None
-    k = min(top_k, len(labels))
-    order = range(len(labels))
-    predictions = []
-    for row in scores:
-        ranked = sorted(order, key=row.__getitem__, reverse=True)[:k]
-        top = [{"label": labels[i], "score": row[i]} for i in ranked]
-        predictions.append({"label": top[0]["label"], "score": top[0]["score"], "top": top})
-    return {"model": model, "predictions": predictions}
-
-
 class PredictHandler(JsonHandler):
     """POST /predict through Tornado's RequestHandler (see frontend/fastpath.py
     for the lean path that normally answers it)."""

@@ -15,9 +15,7 @@ the Open Inference Protocol (oip.py). Imports no TensorFlow.
 """
 from __future__ import annotations
 
-import inspect
 import math
-import time
 from typing import Any
 
 from frontend.base import ApiError, service_error
@@ -108,48 +106,6 @@ def policy_min_score(sup: Any, name: str) -> float | None:
 
 
 # -- calling the worker ----------------------------------------------------------------
-def _takes_options(sup: Any) -> bool:
-    try:
-        return "options" in inspect.signature(sup.predict).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-async def _predict_with_options(sup: Any, texts: list[str], name: str | None,
-                                options: dict[str, Any]) -> tuple[dict[str, Any], list[str], Any]:
-    """(model, labels, answer) where the worker is asked for more than scores.
-
-    Through the supervisor when its predict passes options on to the worker;
-    otherwise straight to a replica the slot routes to (no canary, shadow or
-    retry for these requests: an explanation is asked for by a person)."""
-    if _takes_options(sup):
-        return await sup.predict(texts, name, options=options)
-    from control.workerhandle import RequestFailed, RequestTimedOut, WorkerDied
-    from state.errors import ServiceError
-    from tornado.concurrent import Future
-
-    router = getattr(sup, "router", None)
-    slot_for = getattr(router, "slot_for", None) or getattr(sup, "_slot_for")
-    slot = slot_for(name)
-    deadline = sup.loop.time() + sup.wcfg["request_timeout"]
-    w = await slot.route(sup.wcfg["max_inflight"], deadline)
-    rid = next(w._ids)
-    fut: Future = Future()
-    w.send({"t": "predict", "id": rid, "texts": texts, **options})
-    w.pending[rid] = (fut, time.monotonic())
-    try:
-        out = await fut
-    except RequestFailed as exc:
-        if exc.code == "cannot_explain":
-            raise ApiError(422, "cannot_explain", str(exc)) from None
-        raise ServiceError(f"model failed on this request: {exc}", 500, exc.code) from None
-    except WorkerDied:
-        raise ServiceError("the model worker died on this request", 503, "worker_died") from None
-    except RequestTimedOut as exc:
-        raise ServiceError(str(exc), 504, "timeout") from None
-    return w.model, w.labels, out
-
-
 async def scores_for(sup: Any, texts: list[str], name: str | None, explain: int
                      ) -> tuple[dict[str, Any], list[str], list, list | None]:
     """(model, labels, score rows, explanations or None)."""
@@ -161,7 +117,8 @@ async def scores_for(sup: Any, texts: list[str], name: str | None, explain: int
         info = model_info(sup, serving)
         if not info["explainable"]:
             raise ApiError(422, "cannot_explain", info["why"])
-    model, labels, out = await _predict_with_options(sup, texts, name, {"x": explain})
+    # through the router like any request (it answers 422 cannot_explain itself)
+    model, labels, out = await sup.predict(texts, name, options={"x": explain})
     if isinstance(out, dict):
         return model, labels, out["scores"], out.get("explain")
     return model, labels, out, None

@@ -66,7 +66,7 @@ def test_apply_then_predict(svc):
     assert code == 200, body
     assert body["current"] == {"name": "sent", "version": 1} and body["previous"] is None
     assert body["worker"]["pid"] == standby_pid  # the warm standby took the model
-    assert set(body["phases_s"]) >= {"spawn", "load", "swap", "drain", "stop"}
+    assert set(body["phases_s"]) >= {"spawn", "swap", "drain_stop"}
     assert svc.get("/readyz")[0] == 200
 
     code, body = svc.predict({"text": "非常好用"})

@@ -96,13 +96,10 @@ def _stats(st: Any) -> str:
 
 
 def _phases(phases: Any) -> str:
-    """An apply's phase timings; the old single-worker names (drain, stop,
-    load) repeat drain_stop and zeros for older clients: left out."""
+    """An apply's phase timings."""
     if not isinstance(phases, dict):
         return ""
-    skip = {"drain", "stop", "load"} if "drain_stop" in phases else set()
-    return ", ".join(f"{k} {secs(v)}" for k, v in phases.items()
-                     if k not in skip and isinstance(v, (int, float)))
+    return ", ".join(f"{k} {secs(v)}" for k, v in phases.items() if isinstance(v, (int, float)))
 
 
 def gate(info: Any) -> None:
