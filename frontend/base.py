@@ -37,11 +37,13 @@ def log_level(status: int, path: str = "") -> int:
 
 class ApiError(HTTPError):
     def __init__(self, status: int, code: str, message: str,
-                 details: dict[str, Any] | None = None) -> None:
+                 details: dict[str, Any] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(status, reason=httputil.responses.get(status, "Error"))
         self.code = code
         self.message = message
         self.details = details or {}
+        self.headers = headers or {}  # sent with the error (e.g. Retry-After)
 
 
 @stream_request_body
@@ -147,6 +149,8 @@ class JsonHandler(RequestHandler):
         details: dict[str, Any] = {}
         if isinstance(exc, ApiError):
             code, message, details = exc.code, exc.message, exc.details
+            for name, value in exc.headers.items():
+                self.set_header(name, value)
         elif isinstance(exc, HTTPError):
             code = _REASONS.get(status_code, "error")
             message = exc.log_message or httputil.responses.get(status_code, "error")

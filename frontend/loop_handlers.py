@@ -19,8 +19,11 @@ holds the IOLoop or the default executor; an answered feedback is committed.
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import hmac
+import math
 import sqlite3
+import time
 from typing import Any
 
 from tornado.ioloop import IOLoop
@@ -44,6 +47,45 @@ def feedback_token(config: Any) -> str | None:
     """feedback.token (or TEXTSWAP_FEEDBACK_TOKEN), else the management token, else none."""
     token = config["feedback"]["token"]  # TEXTSWAP_FEEDBACK_TOKEN read into it at start
     return token or config.token or None
+
+
+class RateLimit:
+    """Token buckets, one per caller: `rate` requests a second on average,
+    bursts of up to `burst`. POST /feedback's callers are told apart by the
+    key they send (by its hash; the client's address when none is needed),
+    so one caller cannot flood the log with labels that retraining uses."""
+
+    def __init__(self, rate: float, burst: float, max_callers: int = 10_000) -> None:
+        self.rate, self.burst, self.max_callers = rate, max(burst, 1.0), max_callers
+        self._buckets: dict[str, tuple[float, float]] = {}  # caller -> (tokens, at)
+
+    def take(self, caller: str, now: float | None = None) -> float:
+        """0.0 when the request may go on, else the seconds until it may."""
+        if self.rate <= 0:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        tokens, at = self._buckets.get(caller, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        if tokens < 1.0:
+            self._buckets[caller] = (tokens, now)
+            return (1.0 - tokens) / self.rate
+        if caller not in self._buckets and len(self._buckets) >= self.max_callers:
+            # forget the fullest buckets: they are the callers that waited longest
+            for old in sorted(self._buckets, key=lambda c: self._buckets[c][1])[:1000]:
+                del self._buckets[old]
+        self._buckets[caller] = (tokens - 1.0, now)
+        return 0.0
+
+
+_LIMITS: dict[int, RateLimit] = {}  # one per config (the service has one)
+
+
+def feedback_limit(config: Any) -> RateLimit:
+    limit = _LIMITS.get(id(config))
+    if limit is None:
+        fb = config["feedback"]
+        limit = _LIMITS[id(config)] = RateLimit(fb["rate_per_s"], fb["burst"])
+    return limit
 
 
 async def _run(fn: Any, *args: Any, what: str = "the prediction log", path: str = "") -> Any:
@@ -139,7 +181,21 @@ class FeedbackHandler(JsonHandler):
                                                 "<token>' (feedback.token, else the "
                                                 "management token)")
 
+    def _caller(self) -> str:
+        auth = self.request.headers.get("Authorization", "")
+        if self.authorized and auth:  # the key, not the address: one key, one budget
+            return "key:" + hashlib.sha256(auth.encode()).hexdigest()[:16]
+        return "addr:" + (self.request.remote_ip or "")
+
     async def post(self) -> None:
+        wait = feedback_limit(self.cfg).take(self._caller())
+        if wait:
+            raise ApiError(429, "rate_limited",
+                           f"too many feedback requests from this caller (feedback.rate_per_s: "
+                           f"{self.cfg['feedback']['rate_per_s']:g}, burst "
+                           f"{self.cfg['feedback']['burst']:g}); retry after {wait:.1f}s",
+                           {"retry_after_s": round(wait, 3)},
+                           headers={"Retry-After": str(max(1, math.ceil(wait)))})
         data = self.json_object(FEEDBACK_FIELDS)
         plog = getattr(self.sup, "predlog", None)
         if plog is None or not plog.enabled:

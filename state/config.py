@@ -164,6 +164,11 @@ DEFAULTS: dict[str, Any] = {
         # neither: no token (TEXTSWAP_FEEDBACK_TOKEN overrides it)
         "token": "",
         "max_items": 1024,   # labels in one POST /feedback
+        # per caller (its key; its address when no key is needed): requests a
+        # second on average, in bursts of up to `burst`; beyond: 429 with
+        # Retry-After. 0: no limit
+        "rate_per_s": 20.0,
+        "burst": 200.0,
     },
     # per-model retrain policies, e.g. {news: {retrain_after_labels: 200, apply: gate}};
     # PUT /models/<name>/policy overrides them (control/policies.py)

@@ -2,6 +2,7 @@
 No model is needed, so these services run without workers (standby off)."""
 from __future__ import annotations
 
+import http.client
 import json
 
 from helpers import request
@@ -149,5 +150,45 @@ def test_without_a_token_a_form_body_is_refused_and_json_is_answered(tmp_path):
         code, got = request(svc.port, "POST", "/feedback", {"request_id": "x", "label": "a"},
                             headers={"Origin": "http://evil.example"})
         assert code == 403 and got["error"]["code"] == "forbidden_origin", got
+    finally:
+        svc.stop()
+
+
+def test_feedback_rate_limit_buckets():
+    """The per-caller buckets, on a given clock."""
+    from frontend.loop_handlers import RateLimit
+
+    limit = RateLimit(rate=2.0, burst=3)
+    assert [limit.take("a", now=10.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert limit.take("a", now=10.0) == 0.5  # one token comes back in 0.5 s
+    assert limit.take("b", now=10.0) == 0.0  # another caller has its own budget
+    assert limit.take("a", now=10.5) == 0.0
+    assert limit.take("a", now=10.5) == 0.5
+    assert limit.take("a", now=100.0) == 0.0  # refilled, to the burst at most
+    assert [limit.take("a", now=100.0) for _ in range(3)] == [0.0, 0.0, 0.5]
+    assert RateLimit(rate=0, burst=1).take("a") == 0.0  # off
+
+
+def test_feedback_over_its_rate_is_429_with_retry_after(tmp_path):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("worker:\n  standby: false\ntraining:\n  demo_on_empty_store: false\n"
+                   "feedback:\n  token: " + TOKEN + "-fb\n  rate_per_s: 0.2\n  burst: 3\n")
+    svc = Service(str(tmp_path / "models"), args=["--config", str(cfg)])
+    key = {"Authorization": f"Bearer {TOKEN}-fb"}
+    body = {"request_id": "never-logged", "label": "a"}
+    try:
+        codes = [request(svc.port, "POST", "/feedback", body, headers=key)[0] for _ in range(3)]
+        assert codes == [404] * 3  # within the burst: answered (that id was never logged)
+        conn = http.client.HTTPConnection("127.0.0.1", svc.port, timeout=30)
+        conn.request("POST", "/feedback", body=json.dumps(body),
+                     headers={**key, "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        got = json.loads(resp.read())
+        conn.close()
+        assert resp.status == 429 and got["error"]["code"] == "rate_limited", got
+        assert 1 <= int(resp.getheader("Retry-After")) <= 5
+        assert 0 < got["error"]["retry_after_s"] <= 5
+        # a request without the key is refused before it counts against anyone
+        assert request(svc.port, "POST", "/feedback", body)[0] == 401
     finally:
         svc.stop()
