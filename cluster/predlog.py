@@ -133,7 +133,7 @@ for i = 0, n - 1 do
   else
     id = redis.call('XADD', KEYS[1], 'MAXLEN', maxlen, '*', 'd', blob)
   end
-  redis.call('SET', KEYS[3 + i], ARGV[2] .. '\\n' .. id, 'EX', ttl)
+  redis.call('SET', KEYS[3 + i], ARGV[2] .. '\\n' .. id, 'EX', ttl, 'NX')  -- the first answer stays
   redis.call('HINCRBY', KEYS[2], 'v:' .. ver, cnt)
   redis.call('HSET', KEYS[2], 'last:' .. ver, id)
 end

@@ -587,24 +587,28 @@ class PredictionLog:
             cur.close()
 
     def get(self, request_id: str, index: int | None = None) -> list[dict[str, Any]]:
-        found = self._get(request_id, index, self._batches(
-            "SELECT b.model, b.version, b.data FROM rids r JOIN batches b ON b.id = r.batch "
-            "WHERE r.request_id = ?", (request_id,)))
+        """The answer first logged under this id (a client that sends its id
+        again is answered and logged, but never replaces that answer)."""
+        sql = ("SELECT b.id FROM rids r JOIN batches b ON b.id = r.batch "
+               "WHERE r.request_id = ?")
+        args: tuple = (request_id,)
         ms = id_ms(request_id)
-        if not found and ms is not None:  # a service-made id: by its time
+        if ms is not None:  # a service-made id: by its time too (it has no rids row)
             now_ms = int(time.time() * 1000)
             t = (now_ms - (now_ms - ms) % ID_MOD) / 1000.0
-            found = self._get(request_id, index, self._batches(
-                "SELECT model, version, data FROM batches WHERE at_first BETWEEN ? AND ? "
-                "AND at >= ? ORDER BY id", (t - MAX_SPAN_S - 1.0, t + ID_WINDOW_MS / 1000 + 1.0,
-                                            t - 1.0)))
-        return found
+            sql += (" UNION SELECT id FROM batches WHERE at_first BETWEEN ? AND ? "
+                    "AND at >= ?")
+            args += (t - MAX_SPAN_S - 1.0, t + ID_WINDOW_MS / 1000 + 1.0, t - 1.0)
+        return self._get(request_id, index, self._batches(
+            f"SELECT model, version, data FROM batches WHERE id IN ({sql}) ORDER BY id", args))
 
     @staticmethod
     def _get(request_id: str, index: int | None, batches: Iterator[tuple[str, Any, list]]
              ) -> list[dict[str, Any]]:
-        found: dict[int, dict[str, Any]] = {}
+        """The texts of the first logged request with this id (batches in the
+        order they were written)."""
         for model, version, ents in batches:
+            found: dict[int, dict[str, Any]] = {}
             for e in ents:
                 if e[1] != request_id:
                     continue
@@ -612,7 +616,11 @@ class PredictionLog:
                 for i, (t, p) in enumerate(zip(texts, preds)):
                     if index is None or e[2] + i == index:
                         found[e[2] + i] = _pred(model, version, e, t, p, i)
-        return [found[i] for i in sorted(found)]
+                if found or index is not None:
+                    break  # the first entry of this id is its answer
+            if found or any(e[1] == request_id for e in ents):
+                return [found[i] for i in sorted(found)]
+        return []
 
     def recent(self, model: str, version: Any = None, limit: int = 1000) -> list[dict[str, Any]]:
         """The newest `limit` predictions, newest first."""

@@ -48,7 +48,8 @@ NICE = 19        # the lowest CPU priority: serving first, the log writes in idl
 TRIM_SLACK = 0.05  # a model's texts may exceed max_rows by this share before a trim
 _BATCH = ("INSERT INTO batches (model, version, n, at_first, at, data) "
           "VALUES (?, ?, ?, ?, ?, ?)")
-_RID = "INSERT OR REPLACE INTO rids (request_id, batch) VALUES (?, ?)"
+# a client's id sent again (a retry) never replaces the answer logged first
+_RID = "INSERT OR IGNORE INTO rids (request_id, batch) VALUES (?, ?)"
 
 # Finding a request by its id. The ids the service makes (frontend/loop.py
 # new_id: 8 hex digits, the time in ms modulo 10**10 as 10 digits, 24 random

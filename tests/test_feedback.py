@@ -325,3 +325,27 @@ def test_a_restart_loses_nothing_logged_or_fed_back(svc, tmp_path):
         assert code == 200 and fb["predicted"] == before["predictions"][1]["label"]
     finally:
         again.stop()
+
+
+def test_a_reused_client_id_never_replaces_the_logged_answer(svc):
+    """A client that sends its X-Request-Id again (a retry, or someone who
+    learnt the id) is answered, but the answer feedback refers to stays the
+    one logged first: its text, its prediction."""
+    rid = "reused-" + os.urandom(6).hex()
+    code, first, _ = predict(svc, {"texts": ["非常好用", "很好"]}, {"X-Request-Id": rid})
+    assert code == 200
+    wait_for(lambda: len(log_of(svc).get(rid)) == 2, 30, "the first answer logged")
+    before = mget(svc, "/status")[1]["prediction_log"]["logged"]
+    code, again, headers = predict(svc, {"texts": ["太差了", "讨厌", "很差"]},
+                                   {"X-Request-Id": rid})
+    assert code == 200 and headers["X-Request-Id"] == rid
+    wait_for(lambda: mget(svc, "/status")[1]["prediction_log"]["logged"] >= before + 3, 30,
+             "the second answer written")
+    rows = log_of(svc).get(rid)
+    assert [r["text"] for r in rows] == ["非常好用", "很好"]
+    assert [r["label"] for r in rows] == [p["label"] for p in first["predictions"]]
+    # feedback lands on the first answer's texts; an index only the second had is 404
+    code, fb = feedback(svc, {"request_id": rid, "index": 1, "label": "pos"})
+    assert code == 200 and fb["stored"] == 1, fb
+    code, fb = feedback(svc, {"request_id": rid, "index": 2, "label": "neg"})
+    assert code == 404, fb
