@@ -43,7 +43,7 @@ A trimmed answer, or one whose id key expired, is not found (404 on
 feedback), as a trimmed row in SQLite. The stats hash grows with versions
 only; feedback and examples are kept (as in SQLite), bounded by what people
 label. A request id given twice (a client's own X-Request-Id) finds the
-newer answer.
+first answer (its id key is set only if absent).
 
 Differences from SQLite, on purpose: ``counts`` reports the texts logged per
 version since the log began (a counter), not the rows still held; ``review``
@@ -78,7 +78,7 @@ import queue
 import random
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import msgpack
 import redis
@@ -139,6 +139,28 @@ for i = 0, n - 1 do
 end
 redis.call('HSET', KEYS[2], 'avg', tostring(avg))
 return {maxlen, ttl}
+"""
+
+
+# Erasure: XDEL only flags a stream entry as deleted, and its bytes stay in
+# the stream's node (and so in an RDB or a rewritten AOF) until the whole node
+# goes. So the stream is rebuilt without the erased entries, atomically (no
+# XADD of another node lands in between), keeping every other entry's id.
+# KEYS: the stream. ARGV: the ids to drop. Returns how many were dropped.
+_LUA_REBUILD = """
+local drop = {}
+for i = 1, #ARGV do drop[ARGV[i]] = true end
+local keep = {}
+local dropped = 0
+for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do
+  if drop[e[1]] then dropped = dropped + 1 else table.insert(keep, e) end
+end
+if dropped == 0 then return 0 end
+redis.call('DEL', KEYS[1])
+for _, e in ipairs(keep) do
+  redis.call('XADD', KEYS[1], e[1], unpack(e[2]))
+end
+return dropped
 """
 
 
@@ -220,6 +242,7 @@ class RedisPredictionLog:
         self.url = f"redis://{where}/{kw.get('db', 0)}"  # no password in messages
         self.path = f"{self.url} {prefix}:plog:*"
         self._add = self.redis.register_script(_LUA_ADD)
+        self._rebuild = self.redis.register_script(_LUA_REBUILD)
         self._pq: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._logged = 0
@@ -506,6 +529,82 @@ class RedisPredictionLog:
             self.redis.close()
         except Exception:  # pragma: no cover - closing a broken pool
             pass
+
+    # -- erasure (executor threads) ---------------------------------------------------------
+    def _models(self) -> list[str]:
+        """The models with a stream, feedback or examples here."""
+        head = f"{self.prefix}:plog:".encode()
+        names: set[str] = set()
+        for key in self._call(lambda: list(self.redis.scan_iter(match=head + b"*", count=1000))):
+            rest = key[len(head):].decode(errors="replace")
+            names.add(rest.split(":", 1)[0])  # a model name holds no ':'
+        return sorted(names)
+
+    def erase(self, request_id: str, timeout: float = 60.0) -> dict[str, int]:
+        """Erase one request's texts everywhere this log holds them: its stream
+        entries (every one under this id; the queued ones are written first),
+        its id key, the feedback on it, and the free examples with those texts
+        of the same model. Redis rewrites its append-only file afterwards, when
+        it keeps one, so that the erased texts leave the disk too."""
+        self.flush(timeout)
+        n = fb = ex = 0
+        for model in self._models():
+            texts: set[str] = set()
+            stream = self._k_stream(model)
+            gone: list[bytes] = []
+            for eid, d in self._scan(stream):
+                if d[2] == request_id:
+                    gone.append(eid)
+                    texts.update(d[4])
+                    n += len(d[4])
+            if gone:
+                self._call(self._rebuild, keys=[stream], args=gone)
+            mine = [f for f in self._call(self.redis.hkeys, self._k_fb(model))
+                    if f.decode(errors="replace").rpartition(":")[0] == request_id]
+            if mine:
+                for v in self._call(self.redis.hmget, self._k_fb(model), mine):
+                    if v is not None:
+                        texts.add(msgpack.unpackb(v, raw=False)[4])
+                fb += self._call(self.redis.hdel, self._k_fb(model), *mine)
+            if texts:
+                ex += self._call(self.redis.hdel, self._k_ex(model),
+                                 *(t.encode() for t in texts))
+        self._call(self.redis.delete, self._k_rid(request_id))
+        self._rewrite_aof()
+        return {"predictions": n, "feedback": fb, "examples": ex}
+
+    def purge(self, model: str, timeout: float = 60.0) -> dict[str, int]:
+        """Erase a model's whole log: its stream, feedback and free examples."""
+        self.flush(timeout)
+        n = sum(len(d[4]) for _eid, d in self._scan(self._k_stream(model)))
+        fb = self._call(self.redis.hlen, self._k_fb(model))
+        ex = self._call(self.redis.hlen, self._k_ex(model))
+        self._call(self.redis.delete, self._k_stream(model), self._k_stats(model),
+                   self._k_fb(model), self._k_ex(model))
+        self._rewrite_aof()
+        return {"predictions": n, "feedback": fb, "examples": ex}
+
+    def _scan(self, stream: str) -> Iterator[tuple[bytes, list[Any]]]:
+        """(entry id, decoded entry) of a whole stream, oldest first, in pages."""
+        start: bytes | str = "-"
+        while True:
+            page = self._call(self.redis.xrange, stream, start, "+", count=1000)
+            for eid, fields in page:
+                blob = fields.get(b"d")
+                if blob is not None:
+                    yield eid, msgpack.unpackb(blob, raw=False)
+            if len(page) < 1000:
+                return
+            start = b"(" + page[-1][0]
+
+    def _rewrite_aof(self) -> None:
+        try:
+            got = self.redis.config_get("appendonly")  # str keys, whatever the client decodes
+            if {str(k): (v.decode() if isinstance(v, bytes) else str(v))
+                    for k, v in got.items()}.get("appendonly") == "yes":
+                self.redis.bgrewriteaof()
+        except redis.ResponseError as exc:  # CONFIG refused (an ACL user), or one running
+            log.warning("prediction log: no append-only file rewrite after an erasure: %s", exc)
 
     # -- reads (executor threads) ------------------------------------------------------------
     def _entry_rows(self, model: str, entries: list) -> list[dict[str, Any]]:

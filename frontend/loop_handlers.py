@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import hmac
+import logging
 import math
 import sqlite3
 import time
@@ -36,6 +37,7 @@ from state.errors import InvalidName, NotFound
 from state.statedb import as_oserror
 from state.storage import storage_error
 
+log = logging.getLogger("textswap.loop")
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="loop")
 FEEDBACK_FIELDS = {"request_id", "index", "label", "labels", "model", "examples"}
 MAX_LABEL_CHARS = 200
@@ -518,11 +520,70 @@ class PolicyHandler(JsonHandler):
         self.send_json({**self.sup.policies.describe(name), "removed": removed})
 
 
+class _Erasure(JsonHandler):
+    """Erasure of logged texts; the answer says what was removed, and the
+    history records the erasure (not the texts)."""
+
+    def _log(self) -> Any:
+        plog = getattr(self.sup, "predlog", None)
+        if plog is None:
+            raise ApiError(409, "log_off", "the service keeps no prediction log")
+        return plog
+
+    def _record(self, model: str | None, answer: dict[str, Any]) -> None:
+        state = getattr(self.sup, "state", None)
+        if state is None:
+            return
+        try:
+            state.add_history(model, "erase", source="api", details=answer)
+        except Exception as exc:  # the erasure is done; its record is what failed
+            log.error("cannot record an erasure in the history: %s", exc)
+
+
+class RequestErasureHandler(_Erasure):
+    """DELETE /predictions/<request_id>: one request's texts erased from the
+    log (what is still queued for its writer too), from the feedback on it and
+    from the model's free examples with those texts."""
+
+    async def delete(self, request_id: str) -> None:
+        plog = self._log()
+        rid = check_id(request_id, "the request id")
+        removed = await _run(plog.erase, rid, what="the prediction log",
+                             path=getattr(plog, "path", ""))
+        answer = {"request_id": rid, "removed": removed}
+        self._record(None, answer)
+        self.send_json(answer)
+
+
+class ModelErasureHandler(_Erasure):
+    """DELETE /models/<name>/predictions: a model's whole log, feedback and
+    free examples."""
+
+    async def delete(self, name: str) -> None:
+        plog = self._log()
+        model = name_of(name)
+        removed = await _run(plog.purge, model, what="the prediction log",
+                             path=getattr(plog, "path", ""))
+        answer = {"model": model, "removed": removed}
+        self._record(model, answer)
+        self.send_json(answer)
+
+
+def name_of(value: Any) -> str:
+    from state.store import check_name
+    try:
+        return check_name(value)
+    except InvalidName as exc:
+        raise ApiError(400, "invalid_name", str(exc)) from None
+
+
 def inference_routes(kw: dict[str, Any], config: Any) -> list:
     return [(r"/feedback", FeedbackHandler, {**kw, "token": feedback_token(config)})]
 
 
 def management_routes(kw: dict[str, Any]) -> list:
     return [(r"/models/([^/]+)/review", ReviewHandler, kw),
-            (r"/models/([^/]+)/policy", PolicyHandler, kw)]
+            (r"/models/([^/]+)/policy", PolicyHandler, kw),
+            (r"/predictions/([^/]+)", RequestErasureHandler, kw),
+            (r"/models/([^/]+)/predictions", ModelErasureHandler, kw)]
 

@@ -893,6 +893,12 @@ def loop_management_paths(name_param: S) -> S:
                                      "label": {"type": "string", "nullable": True},
                                      "top": {"type": "array", "items": ANY_OBJECT}}}
     no_model = _err("no such model in the store")
+    counts = {"type": "object", "required": ["predictions", "feedback", "examples"],
+              "properties": {k: {"type": "integer", "minimum": 0}
+                             for k in ("predictions", "feedback", "examples")}}
+    erased: S = {"type": "object", "required": ["removed"],
+                 "properties": {"request_id": REQUEST_ID, "model": {"type": "string"},
+                                "removed": counts}}
     return {
         "/models/{name}/review": {
             "parameters": [name_param],
@@ -927,6 +933,27 @@ def loop_management_paths(name_param: S) -> S:
             "delete": {"summary": "Remove the stored policy (config's, if any, applies again).",
                        "responses": {"200": _json(described, "removed"), "404": no_model,
                                      "507": _err("the store cannot be written")}}},
+        "/predictions/{request_id}": {
+            "parameters": [{"name": "request_id", "in": "path", "required": True,
+                            "schema": REQUEST_ID}],
+            "delete": {"summary": "Erase one request's texts: its logged answers (queued "
+                                  "ones too), the feedback on them, the model's free "
+                                  "examples with those texts.",
+                       "responses": {"200": _json(erased, "what was removed (zeros: "
+                                                          "nothing held that id)"),
+                                     "400": _err("not a request id"),
+                                     "409": _err("the service keeps no prediction log"),
+                                     "503": _err("the log's store cannot be reached"),
+                                     "507": _err("the log cannot be written")}}},
+        "/models/{name}/predictions": {
+            "parameters": [name_param],
+            "delete": {"summary": "Erase a model's whole prediction log, feedback and free "
+                                  "examples.",
+                       "responses": {"200": _json(erased, "what was removed"),
+                                     "400": _err("not a model name"),
+                                     "409": _err("the service keeps no prediction log"),
+                                     "503": _err("the log's store cannot be reached"),
+                                     "507": _err("the log cannot be written")}}},
     }
 
 

@@ -98,7 +98,7 @@ _SCHEMA = [
     "CREATE INDEX IF NOT EXISTS batches_version ON batches (model, version, id)",
     "CREATE INDEX IF NOT EXISTS batches_at ON batches (at_first)",
     # where a request's answer is, for the requests not found by their id's time
-    # (predlog_writer.found_by_time; a request id used again: the newest answer)
+    # (predlog_writer.found_by_time; a request id used again: the first answer)
     """CREATE TABLE IF NOT EXISTS rids (
            request_id TEXT PRIMARY KEY,
            batch INTEGER NOT NULL
@@ -574,6 +574,91 @@ class PredictionLog:
         for f in futures:
             if not f.done():
                 f.set_result(None)
+
+    # -- erasure (executor threads) ---------------------------------------------------------
+    def erase(self, request_id: str, timeout: float = 60.0) -> dict[str, int]:
+        """Erase one request's texts everywhere the log holds them: its logged
+        answers (every entry under this id, the queued ones too: flushed
+        first), the feedback on them, and the free examples with those texts
+        of the same model. Erased means unreadable: deleted with SQLite's
+        secure_delete (the freed bytes are zeroed) and the WAL checkpointed and
+        truncated. Returns what was removed."""
+        rid = request_id.encode()
+        return self._erase(timeout, lambda conn: self._erase_request(conn, request_id, rid))
+
+    def purge(self, model: str, timeout: float = 60.0) -> dict[str, int]:
+        """Erase a model's whole log: its answers, feedback and free examples."""
+        def run(conn: sqlite3.Connection) -> dict[str, int]:
+            ids = [r[0] for r in conn.execute("SELECT id FROM batches WHERE model = ?",
+                                              (model,))]
+            n = conn.execute("SELECT COALESCE(SUM(n), 0) FROM batches WHERE model = ?",
+                             (model,)).fetchone()[0]
+            for i in range(0, len(ids), 500):
+                part = ids[i:i + 500]
+                marks = ",".join("?" * len(part))
+                conn.execute(f"DELETE FROM rids WHERE batch IN ({marks})", part)
+                conn.execute(f"DELETE FROM batches WHERE id IN ({marks})", part)
+            fb = conn.execute("DELETE FROM feedback WHERE model = ?", (model,)).rowcount
+            ex = conn.execute("DELETE FROM examples WHERE model = ?", (model,)).rowcount
+            return {"predictions": int(n), "feedback": fb, "examples": ex}
+        return self._erase(timeout, run)
+
+    def _erase(self, timeout: float, body: Any) -> dict[str, int]:
+        self.flush(timeout)  # what is queued for the writer is in the file now
+        conn = self._connect()
+        try:
+            conn.execute("PRAGMA secure_delete=ON")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                removed = body(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            # the old pages' images left the WAL: copied back, then the file cut
+            deadline = time.monotonic() + timeout
+            while conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] and \
+                    time.monotonic() < deadline:
+                time.sleep(0.05)  # a reader's snapshot holds the WAL a moment
+        finally:
+            conn.close()
+        return removed
+
+    @staticmethod
+    def _erase_request(conn: sqlite3.Connection, request_id: str, rid: bytes
+                       ) -> dict[str, int]:
+        texts: dict[str, set[str]] = {}  # model -> the texts erased
+        n = 0
+        # every batch whose bytes hold the id (then decoded: only exact matches go)
+        for bid, model, data in conn.execute(
+                "SELECT id, model, data FROM batches WHERE instr(data, ?) > 0",
+                (rid,)).fetchall():
+            ents = msgpack.unpackb(data, raw=False)
+            keep = [e for e in ents if e[1] != request_id]
+            if len(keep) == len(ents):
+                continue
+            for e in ents:
+                if e[1] == request_id:
+                    texts.setdefault(model, set()).update(_unpack(e)[0])
+                    n += e[3]
+            if keep:
+                conn.execute("UPDATE batches SET n = ?, at_first = ?, at = ?, data = ? "
+                             "WHERE id = ?", (sum(e[3] for e in keep),
+                                              min(e[0] for e in keep), max(e[0] for e in keep),
+                                              msgpack.packb(keep, use_bin_type=True), bid))
+            else:
+                conn.execute("DELETE FROM batches WHERE id = ?", (bid,))
+        conn.execute("DELETE FROM rids WHERE request_id = ?", (request_id,))
+        for model, text in conn.execute("SELECT model, text FROM feedback WHERE request_id = ?",
+                                        (request_id,)).fetchall():
+            texts.setdefault(model, set()).add(text)
+        fb = conn.execute("DELETE FROM feedback WHERE request_id = ?", (request_id,)).rowcount
+        ex = 0
+        for model, erased in texts.items():
+            ex += sum(conn.execute("DELETE FROM examples WHERE model = ? AND text = ?",
+                                   (model, t)).rowcount for t in erased)
+        return {"predictions": n, "feedback": fb, "examples": ex}
 
     # -- reads (executor threads) ------------------------------------------------------------
     def _batches(self, sql: str, args: tuple = ()) -> Iterator[tuple[str, Any, list]]:

@@ -349,3 +349,50 @@ def test_a_reused_client_id_never_replaces_the_logged_answer(svc):
     assert code == 200 and fb["stored"] == 1, fb
     code, fb = feedback(svc, {"request_id": rid, "index": 2, "label": "neg"})
     assert code == 404, fb
+
+
+def _store_holds(svc: Service, needle: str) -> list[str]:
+    """The files of the model store whose bytes hold `needle` (the log, its WAL)."""
+    found = []
+    for dirpath, _dirs, files in os.walk(svc.models_dir):
+        for fn in files:
+            with open(os.path.join(dirpath, fn), "rb") as fh:
+                if needle.encode() in fh.read():
+                    found.append(os.path.join(dirpath, fn))
+    return found
+
+
+def test_delete_a_request_erases_its_texts_from_every_file(svc):
+    secret = "擦除" + os.urandom(4).hex()
+    code, body, headers = predict(svc, {"texts": [secret, "很好"]})
+    rid = headers["X-Request-Id"]
+    code, fb = feedback(svc, {"request_id": rid, "index": 0, "label": "neg"})
+    assert code == 200 and fb["stored"] == 1, fb
+    assert _store_holds(svc, secret), "the text is in the log before"
+    mgmt = {"Authorization": "Bearer mgmt"}
+    code, got = request(svc.mport, "DELETE", f"/predictions/{rid}", headers=mgmt)
+    assert code == 200 and got == {"request_id": rid, "removed": {
+        "predictions": 2, "feedback": 1, "examples": 0}}, got
+    assert log_of(svc).get(rid) == []
+    assert _store_holds(svc, secret) == []  # the database and its WAL: zeroed, truncated
+    code, fb = feedback(svc, {"request_id": rid, "index": 0, "label": "neg"})
+    assert code == 404, fb  # nothing left to label
+    code, hist = mget(svc, "/history?limit=5")
+    assert any(h["kind"] == "erase" and h["details"]["request_id"] == rid
+               for h in hist["history"]), hist
+    code, got = request(svc.mport, "DELETE", "/predictions/bad%20id", headers=mgmt)
+    assert code == 400 and got["error"]["code"] == "invalid_request_id", got
+    code, got = request(svc.mport, "DELETE", f"/predictions/{rid}")
+    assert code == 401  # the management key
+
+
+def test_delete_a_models_predictions_purges_its_log(svc):
+    code, body, headers = predict(svc, {"texts": ["清空 一", "清空 二"], "model": "sent"})
+    assert code == 200
+    mgmt = {"Authorization": "Bearer mgmt"}
+    code, got = request(svc.mport, "DELETE", "/models/sent/predictions", headers=mgmt)
+    assert code == 200 and got["model"] == "sent" and got["removed"]["predictions"] >= 2, got
+    assert log_of(svc).recent("sent") == []
+    assert _store_holds(svc, "清空 一") == []
+    code, got = request(svc.mport, "DELETE", "/models/..bad/predictions", headers=mgmt)
+    assert code == 400, got

@@ -1,0 +1,113 @@
+"""The prediction log's contract, run against both backends: SQLite with its
+writer process (state/predlog.py) and Redis streams (cluster/predlog.py).
+
+Erasure (one request's texts, a model's whole log), and a request id used
+twice keeping its first answer. Real SQLite, a real writer process, a real
+redis-server (with AOF on, as tests/clusterkit.py runs it)."""
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import time
+
+import pytest
+
+from clusterkit import RedisServer
+from helpers import wait_for
+
+_prefixes = itertools.count()
+PREDS = [{"label": "pos", "score": 0.8,
+          "top": [{"label": "pos", "score": 0.8}, {"label": "neg", "score": 0.2}]}]
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    if not shutil.which("redis-server"):
+        pytest.skip("redis-server is not installed (.ci/run installs it)")
+    server = RedisServer(str(tmp_path_factory.mktemp("contract-redis")))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def backend(request, tmp_path):
+    """(the log, the folder whose files must not hold an erased text)."""
+    if request.param == "sqlite":
+        from state.predlog import PredictionLog
+        p = PredictionLog(str(tmp_path / "p.db"))
+        where = str(tmp_path)
+    else:
+        from cluster.predlog import RedisPredictionLog
+        server = request.getfixturevalue("redis_server")
+        p = RedisPredictionLog(server.url, prefix=f"c{next(_prefixes)}")
+        where = server.dir
+    yield request.param, p, where
+    p.close()
+
+
+def _answer(plog, rid: str, texts: list[str], model: str = "m") -> None:
+    plog.add_answer(time.time(), rid, model, 1, texts, PREDS * len(texts))
+
+
+def _files_hold(folder: str, needle: str) -> list[str]:
+    found = []
+    for dirpath, _dirs, files in os.walk(folder):
+        for fn in files:
+            with open(os.path.join(dirpath, fn), "rb") as fh:
+                if needle.encode() in fh.read():
+                    found.append(fn)
+    return found
+
+
+def test_a_request_id_used_twice_keeps_its_first_answer(backend):
+    _, plog, _ = backend
+    _answer(plog, "client-1", ["first text"])
+    plog.flush(30)
+    _answer(plog, "client-1", ["second text", "and more"])
+    plog.flush(30)
+    assert [r["text"] for r in plog.get("client-1")] == ["first text"]
+
+
+def test_erase_removes_a_requests_texts_everywhere(backend):
+    name, plog, where = backend
+    secret = f"erase-me-{os.urandom(4).hex()}"
+    _answer(plog, "r-keep", ["kept text"])
+    _answer(plog, "r-gone", [secret, f"{secret} two"])
+    plog.flush(30)
+    _answer(plog, "r-gone", [f"{secret} replayed"])  # the same id again: its entry too
+    plog.add_feedback("r-gone", 0, "neg", model="m", version=1, text=secret).result(30)
+    plog.add_feedback("r-keep", 0, "pos", model="m", version=1, text="kept text").result(30)
+    plog.add_examples("m", [(secret, "neg"), ("another example", "pos")]).result(30)
+    _answer(plog, "r-gone", [f"{secret} queued"])  # queued, not yet written: erased too
+    removed = plog.erase("r-gone")
+    assert removed == {"predictions": 4, "feedback": 1, "examples": 1}, removed
+    assert plog.get("r-gone") == []
+    assert [r["text"] for r in plog.get("r-keep")] == ["kept text"]
+    assert [f["text"] for f in plog.fed_back("m")] == ["kept text"]
+    assert plog.feedback_examples("m") and secret not in {t for t, _ in plog.feedback_examples("m")}
+    assert all(secret not in r["text"] for r in plog.recent("m"))
+    plog.flush(30)
+    assert plog.erase("r-gone") == {"predictions": 0, "feedback": 0, "examples": 0}
+    # erased means unreadable: no file of the store holds the text's bytes
+    if name == "redis":  # the AOF is rewritten after an erasure
+        wait_for(lambda: not _rewriting(plog), 60, "Redis's AOF rewrite")
+    assert _files_hold(where, secret) == []
+
+
+def _rewriting(plog) -> bool:
+    info = plog.redis.info("persistence")
+    return bool(info.get("aof_rewrite_in_progress") or info.get("aof_rewrite_scheduled"))
+
+
+def test_purge_removes_one_models_log(backend):
+    _, plog, _ = backend
+    _answer(plog, "a-1", ["a text", "a text 2"], model="a")
+    _answer(plog, "b-1", ["b text"], model="b")
+    plog.flush(30)
+    plog.add_feedback("a-1", 1, "pos", model="a", version=1, text="a text 2").result(30)
+    plog.add_examples("a", [("free a", "pos")]).result(30)
+    assert plog.purge("a") == {"predictions": 2, "feedback": 1, "examples": 1}
+    assert plog.get("a-1") == [] and plog.recent("a") == [] and plog.fed_back("a") == []
+    assert plog.feedback_examples("a") == []
+    assert [r["text"] for r in plog.get("b-1")] == ["b text"]
