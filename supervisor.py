@@ -266,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     scrub_secret_env()  # read into config: no child process gets them
+    # the store, the logs' databases, the records: this user's alone (files
+    # 0600, folders 0700), in this process and every child it starts
+    os.umask(0o077)
     logging.basicConfig(level=config["log_level"],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if config["cluster"]["redis_url"]:  # nodes share the store: it must be writable
@@ -307,6 +310,14 @@ def main(argv: list[str] | None = None) -> int:
         s = config["server"]
         log.info("inference API on http://%s:%d, management API on http://%s:%d",
                  s["host"], s["port"], s["manage_host"], s["manage_port"])
+        p = config["predictions"]
+        if p["log"]:
+            log.info("predicted texts are logged (%s of requests, up to %d texts a model) for "
+                     "feedback, review and drift; predictions.log: false turns it off, "
+                     "DELETE /predictions/<request_id> erases one request's texts",
+                     f"{p['sample']:.0%}", p["max_rows"])
+        else:
+            log.info("the prediction log is off (predictions.log: false): no text is kept")
 
     # Long-lived startup objects out of the collector's way, and fewer young
     # collections: the request path allocates many short-lived objects.

@@ -61,7 +61,7 @@ def _limit_resources(spec: dict[str, Any]) -> None:
 
 def _redirect_output(path: str) -> None:
     """Send this process's stdout/stderr (TensorFlow's too) to the job log."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

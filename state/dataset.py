@@ -115,8 +115,12 @@ def _rows_csv(text: str, delimiter: str, separator: str = DEFAULT_SEPARATOR) -> 
     reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
     names = {f.strip() for f in reader.fieldnames or [] if f}
     if "text" not in names or len({"label", "labels"} & names) != 1:
+        # the header's own words are not echoed: the file may not be data at all
         raise DataError(f"CSV header must name the columns 'text' and 'label' (or 'labels', "
-                        f"several labels per text split on {separator!r}); got {reader.fieldnames}")
+                        f"several labels per text split on {separator!r}); its first line has "
+                        f"{len(reader.fieldnames or [])} column(s), "
+                        f"{'with' if 'text' in names else 'without'} 'text', "
+                        f"{'with' if {'label', 'labels'} & names else 'without'} 'label(s)'")
     multi = "labels" in names
     try:
         rows = [(n + 2, {k.strip() if k else k: v for k, v in row.items()})

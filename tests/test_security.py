@@ -192,3 +192,22 @@ def test_feedback_over_its_rate_is_429_with_retry_after(tmp_path):
         assert request(svc.port, "POST", "/feedback", body)[0] == 401
     finally:
         svc.stop()
+
+
+def test_store_files_are_the_users_alone_and_the_log_says_texts_are_kept(store_copy, tmp_path):
+    """Files the service creates are 0600 and its folders 0700 (umask 077 in
+    the supervisor and every child); the start log says texts are logged."""
+    import os
+    import stat
+
+    svc = Service(store_copy, args=["--config", _config(tmp_path)])
+    try:
+        assert svc.mpost("/apply", {"name": "sent"}, timeout=240)[0] == 200
+        assert svc.predict({"text": "fine"})[0] == 200
+        made = [os.path.join(store_copy, f) for f in (".applied.json", ".predictions.db", ".state.db")]
+        for path in made:
+            assert os.path.exists(path), path
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, (path, oct(os.stat(path).st_mode))
+    finally:
+        svc.stop()
+    assert "predicted texts are logged" in svc.log() and "predictions.log: false" in svc.log()
