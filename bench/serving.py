@@ -51,7 +51,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 DATA = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
-DATA_REL = "data/demo/sentiment_zh.jsonl"  # as /train sees it (service cwd is ROOT)
+# the bench's data, read by /train from a data root the bench configures
+DATA_REL = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
 CACHE = os.path.join(ROOT, "bench", ".cache", "serving-models")
 RESULTS = os.path.join(ROOT, "bench", "results")
 MODEL = "demo"
@@ -375,7 +376,8 @@ def write_config(path: str, models_dir: str, standby: bool, metrics: bool = True
         "worker": {"standby": standby},
         "metrics": {"enabled": metrics},
         # both training jobs at once: setup takes one training time, not two
-        "training": {"max_concurrent": 2, "demo_on_empty_store": True},
+        "training": {"max_concurrent": 2, "demo_on_empty_store": True,
+                     "data_roots": [os.path.join(ROOT, "data")]},
         "watcher": {"enabled": False},
         "log_level": "WARNING",
     }

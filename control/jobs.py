@@ -193,7 +193,10 @@ class JobManager:
 
     @property
     def data_roots(self) -> list[str]:
-        return [os.getcwd(), os.path.join(self.sup.store.root, "data"), *self.cfg["data_roots"]]
+        """Where /train may read files: the store's data/ folder (a relative
+        path is read from there) and training.data_roots; never the working
+        directory (it holds the service's own files)."""
+        return [os.path.join(self.sup.store.root, "data"), *self.cfg["data_roots"]]
 
     # -- persistence -------------------------------------------------------------------
     def _recover(self) -> None:
@@ -282,7 +285,8 @@ class JobManager:
             full = validate_params(params or {})
         except ParamError as exc:
             raise JobError(400, "invalid_params", f"params.{exc.field}: {exc.message}") from None
-        roots = ["/"] if trusted_path else self.data_roots
+        # trusted: the bundled demo, or a policy's retrain of what was read before
+        roots = [*self.data_roots, "/"] if trusted_path else self.data_roots
         try:  # reading a big file must not stall serving: off the loop
             data = await self.loop.run_in_executor(None, dataset.load, data_spec, roots)
         except dataset.DataError as exc:

@@ -70,7 +70,8 @@ class Dataset:
 
 
 def resolve_path(path: Any, roots: list[str]) -> str:
-    """The real path of a data file, only if it lies under one of the roots."""
+    """The real path of a data file, only if it lies under one of the roots;
+    a relative path is read from the first root."""
     if not isinstance(path, str) or not path.strip():
         raise DataError("'data.path' must be a non-empty string")
     if "\x00" in path:
@@ -81,7 +82,7 @@ def resolve_path(path: Any, roots: list[str]) -> str:
         except UnicodeEncodeError:  # a lone surrogate (a JSON "\ud800" escape)
             raise DataError("'data.path' contains an unpaired surrogate, which is not "
                             "valid Unicode") from None
-    real = os.path.realpath(path)
+    real = os.path.realpath(os.path.join(roots[0], path) if roots else path)
     for root in roots:
         root_real = os.path.realpath(root)
         if real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep):

@@ -158,3 +158,22 @@ def test_queue_cancel_and_crash(svc):
     staging = os.path.join(svc.models_dir, ".tmp")
     assert not [e for e in os.listdir(staging) if e.startswith("stage-")]
     assert svc.serving() == serving_before  # serving untouched
+
+
+def test_data_paths_are_read_from_the_store_data_folder_never_the_working_directory(svc):
+    """A relative data.path is read from models/data/; the service's working
+    directory (its config, an .env file) is not a data root."""
+    data_dir = os.path.join(svc.models_dir, "data")
+    os.makedirs(data_dir, exist_ok=True)
+    with open(os.path.join(data_dir, "rel.jsonl"), "w", encoding="utf-8") as fh:
+        for r in _demo_rows(40):
+            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+    code, body = svc.mpost("/train", {"name": "relpath", "data": {"path": "rel.jsonl"},
+                                      "params": {"architecture": "bow", "epochs": 1}})
+    assert code == 202, body
+    assert _wait_job(svc, body["job"]["id"])["state"] == "succeeded"
+    cwd_file = os.path.join(ROOT, "config.yaml")  # the service runs in ROOT
+    for path, why in (("config.yaml", "does not exist"), (cwd_file, "outside"),
+                      ("../../config.yaml", "outside")):
+        code, body = svc.mpost("/train", {"name": "x", "data": {"path": path}})
+        assert code == 400 and why in body["error"]["message"], (path, body)
