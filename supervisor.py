@@ -132,6 +132,20 @@ class Supervisor:
         if self.cluster is not None:
             self.jobs.cluster = self.cluster.training
         self._sweeper = PeriodicCallback(self.healer.sweep, 1000)
+        # the age limit of logged texts (predictions.max_age_days): once a minute
+        self._expirer = PeriodicCallback(self._expire_predictions, 60_000)
+
+    async def _expire_predictions(self) -> None:
+        pcfg = self.cfg["predictions"]
+        try:
+            removed = await self.loop.run_in_executor(
+                None, self.predlog.expire, dict(pcfg["max_age_days_by_model"]),
+                pcfg["max_age_days"])
+        except Exception as exc:  # a failing disk or Redis: the next minute tries again
+            log.error("prediction log: the age limit could not be applied: %s", exc)
+            return
+        if any(removed.values()):
+            log.info("prediction log: erased past the age limit: %s", removed)
 
     @property
     def ready(self) -> bool:
@@ -162,6 +176,8 @@ class Supervisor:
                                          self.applies.on_record_change)
             self.watcher.start(record)
         self._sweeper.start()
+        self._expirer.start()
+        self.loop.spawn_callback(self._expire_predictions)  # and once now
         if record and record["models"]:
             for name, entry in record["models"].items():
                 self.loop.spawn_callback(
@@ -197,6 +213,7 @@ class Supervisor:
         self.pool.stopping = True
         log.info("shutting down")
         self._sweeper.stop()
+        self._expirer.stop()
         if self.watcher:
             self.watcher.stop()
         await self.jobs.shutdown()

@@ -584,6 +584,38 @@ class RedisPredictionLog:
         self._rewrite_aof()
         return {"predictions": n, "feedback": fb, "examples": ex}
 
+    def expire(self, ages: dict[str, float], default: float = 0.0,
+               now: float | None = None) -> dict[str, int]:
+        """Erase what is older than its model's age limit (days; `ages` per
+        model over `default`; 0: none): stream entries (the stream rebuilt
+        without them, as erase does), feedback and free examples."""
+        now = time.time() if now is None else now
+        removed = {"predictions": 0, "feedback": 0, "examples": 0}
+        if not default and not any(v and v > 0 for v in ages.values()):
+            return removed
+        changed = False
+        for model in self._models():
+            days = ages.get(model, default)
+            if not days or days <= 0:
+                continue
+            cut = now - float(days) * 86400.0
+            stream = self._k_stream(model)
+            old = [(eid, d) for eid, d in self._scan(stream) if float(d[1]) < cut]
+            if old:
+                self._call(self._rebuild, keys=[stream], args=[eid for eid, _ in old])
+                removed["predictions"] += sum(len(d[4]) for _, d in old)
+            for key, at_pos, what in ((self._k_fb(model), 7, "feedback"),
+                                      (self._k_ex(model), 2, "examples")):
+                got = self._call(self.redis.hgetall, key)
+                gone = [f for f, v in got.items()
+                        if float(msgpack.unpackb(v, raw=False)[at_pos]) < cut]
+                if gone:
+                    removed[what] += self._call(self.redis.hdel, key, *gone)
+            changed = changed or any(removed.values())
+        if changed:
+            self._rewrite_aof()
+        return removed
+
     def _scan(self, stream: str) -> Iterator[tuple[bytes, list[Any]]]:
         """(entry id, decoded entry) of a whole stream, oldest first, in pages."""
         start: bytes | str = "-"

@@ -158,6 +158,10 @@ DEFAULTS: dict[str, Any] = {
         "log": True,         # keep what /predict answered (texts too) in models_dir/.predictions.db
         "sample": 1.0,       # share of requests logged (a request is logged whole or not at all)
         "max_rows": 100000,  # per model; the oldest go first
+        # the age limit of logged texts, feedback and free examples, in days
+        # (checked every minute, erased as DELETE /predictions erases); 0: none
+        "max_age_days": 0.0,
+        "max_age_days_by_model": {},  # {model name: days}, over max_age_days
     },
     "feedback": {
         # Bearer token for POST /feedback; empty: the management token, if set;
@@ -177,7 +181,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 # mappings whose keys are the user's (model names), checked where they are used
-_FREE_MAPPINGS = {"policies"}
+_FREE_MAPPINGS = {"policies", "predictions.max_age_days_by_model"}
 
 
 class ConfigError(ValueError):
@@ -240,6 +244,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     merged = _merge(DEFAULTS, data)
     if overrides:
         merged = _merge(merged, overrides)
+    _check_ages(merged["predictions"])
     _resolve_redis_url(merged["cluster"])
     # the tokens' environment variables win over the file
     for env, (section, key) in _SECRET_ENV.items():
@@ -260,6 +265,15 @@ def scrub_secret_env() -> list[str]:
     """Remove the secrets' variables from os.environ (after load_config);
     the names removed."""
     return [name for name in _SECRET_ENV if os.environ.pop(name, None) is not None]
+
+
+def _check_ages(p: dict[str, Any]) -> None:
+    if p["max_age_days"] < 0:
+        raise ConfigError("setting 'predictions.max_age_days' must be >= 0 (0: no limit)")
+    for model, days in p["max_age_days_by_model"].items():
+        if isinstance(days, bool) or not isinstance(days, (int, float)) or days < 0:
+            raise ConfigError(f"setting 'predictions.max_age_days_by_model.{model}' must be "
+                              f"a number of days >= 0, got {days!r}")
 
 
 def _resolve_redis_url(cluster: dict[str, Any]) -> None:

@@ -603,8 +603,46 @@ class PredictionLog:
             return {"predictions": int(n), "feedback": fb, "examples": ex}
         return self._erase(timeout, run)
 
-    def _erase(self, timeout: float, body: Any) -> dict[str, int]:
-        self.flush(timeout)  # what is queued for the writer is in the file now
+    def expire(self, ages: dict[str, float], default: float = 0.0,
+               now: float | None = None) -> dict[str, int]:
+        """Erase what is older than its model's age limit (days; `ages` per
+        model over `default`; 0: none): answers, feedback and free examples,
+        as erase() erases. Returns what was removed."""
+        now = time.time() if now is None else now
+
+        def limit(model: str) -> float:
+            days = ages.get(model, default)
+            return now - float(days) * 86400.0 if days and days > 0 else 0.0
+
+        def run(conn: sqlite3.Connection) -> dict[str, int]:
+            removed = {"predictions": 0, "feedback": 0, "examples": 0}
+            models = {r[0] for r in conn.execute(
+                "SELECT DISTINCT model FROM batches UNION SELECT DISTINCT model FROM feedback "
+                "UNION SELECT DISTINCT model FROM examples")}
+            for model in sorted(models):
+                cut = limit(model)
+                if not cut:
+                    continue
+                old = conn.execute("SELECT id, n FROM batches WHERE model = ? AND at < ?",
+                                   (model, cut)).fetchall()
+                for i in range(0, len(old), 500):
+                    part = [r[0] for r in old[i:i + 500]]
+                    marks = ",".join("?" * len(part))
+                    conn.execute(f"DELETE FROM rids WHERE batch IN ({marks})", part)
+                    conn.execute(f"DELETE FROM batches WHERE id IN ({marks})", part)
+                removed["predictions"] += sum(r[1] for r in old)
+                removed["feedback"] += conn.execute(
+                    "DELETE FROM feedback WHERE model = ? AND at < ?", (model, cut)).rowcount
+                removed["examples"] += conn.execute(
+                    "DELETE FROM examples WHERE model = ? AND at < ?", (model, cut)).rowcount
+            return removed
+        if not default and not any(v and v > 0 for v in ages.values()):
+            return {"predictions": 0, "feedback": 0, "examples": 0}
+        return self._erase(60.0, run, flush=False)
+
+    def _erase(self, timeout: float, body: Any, flush: bool = True) -> dict[str, int]:
+        if flush:
+            self.flush(timeout)  # what is queued for the writer is in the file now
         conn = self._connect()
         try:
             conn.execute("PRAGMA secure_delete=ON")

@@ -111,3 +111,28 @@ def test_purge_removes_one_models_log(backend):
     assert plog.get("a-1") == [] and plog.recent("a") == [] and plog.fed_back("a") == []
     assert plog.feedback_examples("a") == []
     assert [r["text"] for r in plog.get("b-1")] == ["b text"]
+
+
+def test_the_age_limit_erases_what_is_older(backend):
+    """expire(): answers, feedback and free examples older than their model's
+    limit go (a model's own limit over the default); the rest stays."""
+    _, plog, _ = backend
+    now = time.time()
+    old, fresh = now - 3 * 86400, now - 3600
+    plog.add_answer(old, "old-a", "a", 1, ["old a"], PREDS)
+    plog.add_answer(fresh, "new-a", "a", 1, ["new a"], PREDS)
+    plog.add_answer(old, "old-b", "b", 1, ["old b"], PREDS)
+    plog.flush(30)
+    plog.add_feedback("old-a", 0, "pos", model="a", version=1, text="old a", at=old).result(30)
+    plog.add_feedback("new-a", 0, "pos", model="a", version=1, text="new a", at=fresh).result(30)
+    plog.add_examples("a", [("an old example", "neg")], at=old).result(30)
+    plog.add_examples("a", [("a new example", "pos")], at=fresh).result(30)
+    assert plog.expire({}, 0.0, now=now) == {"predictions": 0, "feedback": 0, "examples": 0}
+    # a: 2 days (its own); b: 5 days (the default): only a's old texts go
+    removed = plog.expire({"a": 2.0}, 5.0, now=now)
+    assert removed == {"predictions": 1, "feedback": 1, "examples": 1}, removed
+    assert plog.get("old-a") == [] and [r["text"] for r in plog.get("new-a")] == ["new a"]
+    assert [f["text"] for f in plog.fed_back("a")] == ["new a"]
+    assert sorted(t for t, _ in plog.feedback_examples("a")) == ["a new example", "new a"]
+    assert [r["text"] for r in plog.get("old-b")] == ["old b"]
+    assert plog.expire({}, 1.0, now=now)["predictions"] == 1  # b's turn, by the default

@@ -211,3 +211,34 @@ def test_store_files_are_the_users_alone_and_the_log_says_texts_are_kept(store_c
     finally:
         svc.stop()
     assert "predicted texts are logged" in svc.log() and "predictions.log: false" in svc.log()
+
+
+def test_logged_texts_past_the_age_limit_are_erased(store_copy, tmp_path):
+    """predictions.max_age_days: what the log holds from before the limit is
+    erased when the service starts (and every minute after)."""
+    import os
+    import time
+
+    from helpers import wait_for
+    from state.predlog import FILENAME, PredictionLog
+
+    now = time.time()
+    plog = PredictionLog(os.path.join(store_copy, FILENAME))
+    preds = [{"label": "pos", "score": 0.9, "top": [{"label": "pos", "score": 0.9}]}]
+    plog.add_answer(now - 10 * 86400, "ten-days-old", "sent", 1, ["old text"], preds)
+    plog.add_answer(now - 60, "a-minute-old", "sent", 1, ["new text"], preds)
+    plog.close()
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("worker:\n  standby: false\ntraining:\n  demo_on_empty_store: false\n"
+                   "predictions:\n  max_age_days: 7\n")
+    svc = Service(store_copy, args=["--config", str(cfg)])
+    try:
+        wait_for(lambda: "erased past the age limit" in svc.log(), 60, "the age limit applied")
+    finally:
+        svc.stop()
+    plog = PredictionLog(os.path.join(store_copy, FILENAME))
+    try:
+        assert plog.get("ten-days-old") == []
+        assert [r["text"] for r in plog.get("a-minute-old")] == ["new text"]
+    finally:
+        plog.close()
