@@ -35,6 +35,7 @@ from tornado.locks import Event
 
 from state.config import Config, ConfigError, load_config, scrub_secret_env
 from state.predlog import FILENAME as PREDLOG_DB, PredictionLog
+from state.predlog_api import PredictionLogBackend
 from state.statedb import FILENAME as STATE_DB, StateDB
 from state.storage import Storage
 from state.store import ModelStore, StoreError
@@ -116,7 +117,7 @@ class Supervisor:
             state_path = node_state_path(self.store.root, self.cluster.node_id)
         self.state = StateDB(state_path)  # jobs, history
         pcfg = config["predictions"]  # the learning loop (docs/loop.md)
-        self.predlog: Any
+        self.predlog: PredictionLogBackend  # chosen here, once (state/predlog_api.py)
         if self.cluster is None:
             self.predlog = PredictionLog(os.path.join(self.store.root, PREDLOG_DB),
                                          enabled=pcfg["log"], max_rows=pcfg["max_rows"])

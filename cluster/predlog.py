@@ -265,6 +265,10 @@ class RedisPredictionLog:
         """Texts not written: Redis down, the queue full, unpackable."""
         return self._lost
 
+    def stats(self) -> dict[str, int]:
+        """For /status: texts logged by this node, dropped, and queued here."""
+        return {"logged": self._logged, "dropped": self._lost, "queued": self._pq.qsize()}
+
     # -- keys ------------------------------------------------------------------------------
     def _k_stream(self, model: str) -> str:
         return f"{self.prefix}:plog:{model}"

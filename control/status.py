@@ -60,9 +60,7 @@ class StatusView:
         plog = getattr(self.sup, "predlog", None)
         if plog is None or not getattr(plog, "enabled", False):
             return None
-        stats = getattr(plog, "stats", None)
-        return stats() if stats is not None else {"logged": plog.logged,
-                                                   "dropped": plog.dropped}
+        return plog.stats()
 
     def status(self) -> dict[str, Any]:
         me = psutil.Process()

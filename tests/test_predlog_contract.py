@@ -136,3 +136,26 @@ def test_the_age_limit_erases_what_is_older(backend):
     assert sorted(t for t, _ in plog.feedback_examples("a")) == ["a new example", "new a"]
     assert [r["text"] for r in plog.get("old-b")] == ["old b"]
     assert plog.expire({}, 1.0, now=now)["predictions"] == 1  # b's turn, by the default
+
+
+def test_both_backends_have_the_whole_contract():
+    """Each backend defines every member of the Protocol, with its signature."""
+    import inspect
+
+    from cluster.predlog import RedisPredictionLog
+    from state.predlog import PredictionLog
+    from state.predlog_api import PredictionLogBackend
+
+    members = {n for n in dir(PredictionLogBackend) if not n.startswith("_")}
+    members |= set(PredictionLogBackend.__annotations__)
+    assert {"add_answer", "erase", "purge", "expire", "get", "review"} <= members
+    for cls in (PredictionLog, RedisPredictionLog):
+        for name in sorted(members):
+            want = getattr(PredictionLogBackend, name, None)
+            if name in PredictionLogBackend.__annotations__:
+                continue  # attributes, set in __init__
+            got = getattr(cls, name, None)
+            assert got is not None, (cls.__name__, name)
+            if inspect.isfunction(want):
+                assert inspect.signature(got).parameters.keys() == \
+                    inspect.signature(want).parameters.keys(), (cls.__name__, name)
