@@ -283,6 +283,7 @@ def test_documents_are_served_and_match_the_routes(svc):
         "/abort", "/rollouts/{name}", "/history", "/cluster", "/metrics", "/train",
         "/train/{id}", "/healthz", "/openapi.json",
         "/models/{name}/review", "/models/{name}/policy", "/models/{name}/quality",  # the loop
+        "/predictions/{request_id}", "/models/{name}/predictions",  # erasure
         "/feedback", "/try"}  # the dashboard's panels (frontend/dashboard_routes.py)
     assert doc["security"] == [{"bearer": []}]
     assert doc["paths"]["/apply"]["post"]["responses"]["401"]
