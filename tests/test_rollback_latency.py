@@ -28,7 +28,8 @@ def svc(tiny_store, tmp_path_factory):
     # the defaults for the ratio (3x) and the slack (20 ms); fewer requests to judge
     cfg.write_text("rollout:\n  probation_s: 300\n  min_requests: 20\n"
                    "worker:\n  standby_pool: 1\n")
-    s = Service(root, args=["--config", str(cfg)], env={"TEXTSWAP_TEST_FAULT": "predict:slow:lat@2"})
+    s = Service(root, args=["--config", str(cfg)],
+                env={"TEXTSWAP_TEST_FAULT": "predict:slow:lat@2"})
     yield s
     s.stop()
 
