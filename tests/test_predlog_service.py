@@ -177,6 +177,14 @@ def test_log_off_keeps_nothing_and_feedback_answers_409(off):
     code, body = request(off.port, "POST", "/feedback",
                          {"model": "sent", "examples": [{"text": "好", "label": "pos"}]})
     assert code == 409 and body["error"]["code"] == "log_off", body
+    # the dashboard's twin on the management port: the same handler
+    code, body = off.mpost("/feedback", {"request_id": got["request_id"],
+                                         "labels": ["pos", "neg"]})
+    assert code == 409 and body["error"]["code"] == "log_off", body
+    # the Open Inference Protocol's infer is answered and not logged either
+    req = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["喜欢"]}]}
+    code, body = request(off.port, "POST", "/v2/models/sent/infer", req)
+    assert code == 200 and body["outputs"], body
     assert off.status()["prediction_log"] is None
     assert _writers(off) == []  # no writer process ever started
     conn = sqlite3.connect(os.path.join(off.models_dir, PREDLOG))
