@@ -132,7 +132,8 @@ def fault(point: str, model: str = "", sock: socket.socket | None = None) -> boo
     The crash-loop, hang and garbage-frame tests need a model that kills or
     hangs its process; a real Keras model loaded in safe mode cannot, so the
     tests set ``TEXTSWAP_TEST_FAULT=point:action:model[:once_file]`` (point:
-    load|predict; action: crash|hang|garbage|error; model: a name, or
+    load|predict; action: crash|hang|garbage|error|slow (1 s more per
+    call: the latency rollback test); model: a name, or
     name@version for one version; with once_file, it fires once; several
     specs are separated by commas). True when an "error" fault fires: the
     caller then fails the request as a model error would.
@@ -155,6 +156,8 @@ def fault(point: str, model: str = "", sock: socket.socket | None = None) -> boo
 def _do_fault(action: str, sock: socket.socket | None) -> None:
     if action == "crash":
         os._exit(70)
+    if action == "slow":
+        time.sleep(1.0)
     if action == "hang":
         while True:
             time.sleep(3600)

@@ -220,6 +220,7 @@ class _Writer:
         self.proc = proc
         self.acks: dict[int, concurrent.futures.Future] = {}
         self.logged = self.dropped = 0  # as the process last reported
+        self.sent = 0  # texts written to its pipe
         self.error: Any = None
         self.reader: threading.Thread | None = None
 
@@ -386,6 +387,7 @@ class PredictionLog:
             w.proc.stdin.write(b"".join(it[1] if it[0] == "b" else
                                         msgpack.packb([["f", it[1]]]) for it in items))
             w.proc.stdin.flush()
+            w.sent += texts
         except (OSError, ValueError) as exc:
             log.error("prediction log: %d texts not sent to the writer: %s", texts, exc)
             self._lost += texts
@@ -451,7 +453,14 @@ class PredictionLog:
         if w.reader is not None:
             w.reader.join(30)
         self._retired[0] += w.logged
-        self._retired[1] += w.dropped
+        # texts it was sent and never reported committed or dropped: in flight
+        # when it died (its last reports come before its EOF, so a clean stop
+        # leaves none)
+        lost = w.sent - w.logged - w.dropped
+        if lost > 0:
+            log.error("prediction log: the writer ended (exit %s) with %d texts not "
+                      "committed: dropped", w.proc.returncode, lost)
+        self._retired[1] += w.dropped + max(0, lost)
         if self._writer is w:
             self._writer = None
 

@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=1 << 30)
     last_report = 0.0
+    reported = (0, 0)  # the counts last reported
     eof = False
     while not eof:
         try:
@@ -308,8 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         if not ready:
             if stopping or os.getppid() != parent:  # asked to stop, or orphaned
                 break
-            if writer.probe():
+            # an idle second: report the error state if it changed, and the
+            # counts of writes made since the last report (without this, the
+            # last writes of a burst stayed unreported until the next one)
+            if writer.probe() or (writer.logged, writer.dropped) != reported:
                 last_report = time.monotonic()
+                reported = (writer.logged, writer.dropped)
                 if not report(out, writer, []):
                     break
             continue
@@ -330,8 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         if acks and not items:
             changed = writer.probe() or changed
         now = time.monotonic()
-        if acks or changed or now - last_report >= 1.0:
+        if acks or changed or eof or now - last_report >= 1.0:
             last_report = now
+            reported = (writer.logged, writer.dropped)
             if not report(out, writer, acks):
                 break  # the supervisor is gone: what was read is committed
         if stopping:

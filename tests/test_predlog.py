@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from helpers import wait_for
 from state.dataset import DataError, Dataset, merge_feedback
 from state.predlog import PredictionLog
 
@@ -298,3 +299,16 @@ def test_score_rows_read_back_as_top_lists_and_are_cut_by_the_trim(tmp_path):
         assert [r["text"] for r in p.review("m", 5)] == ["c", "e", "d"]
     finally:
         p.close()
+
+
+def test_the_counts_reach_a_write_that_follows_a_report(plog):
+    """`logged` reaches every committed text without more writes: the writer
+    process reported a write only with acknowledgements, an error change, or
+    a second after its last report, so a write ~0.5 s after a flush's
+    acknowledgement stayed uncounted until the next write came."""
+    plog.add(_rows("r1", ["a"]))
+    plog.flush(10)  # acknowledged: a report
+    assert plog.logged == 1
+    plog.add(_rows("r2", ["b", "c"]))  # written ~0.5 s later, no acknowledgement
+    wait_for(lambda: plog.logged == 3, 10, "the second write counted")
+    assert plog.dropped == 0
