@@ -47,6 +47,11 @@ DEFAULT_PARAMS: dict[str, Any] = {
     # serves as fast as bow; character views read every character and cost
     # about 4x that on Latin text (README "Serving cost of auto").
     "views": ["word", "char", "punct"],
+    # auto only: also try the pretrained view (the mean WordLlama word vector of a
+    # text, model_worker/pretrained.py), alone and beside the n-gram views;
+    # cross-validation decides. false: never tried (its vectors derive from
+    # Llama 2, under the Llama 2 Community License: see NOTICE).
+    "pretrained": True,
     # "auto" looks at the training texts: CJK-dominant -> "char" (every CJK
     # character is a token, Latin words stay whole), otherwise "word".
     "tokenize": "auto",
@@ -130,7 +135,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "l2": (0.0, 1.0, False),
     "time_budget_s": (1.0, 3600.0, False),
 }
-_BOOL_FIELDS = ("normalize", "sublinear_tf", "refit", "include_networks", "cost_aware")
+_BOOL_FIELDS = ("normalize", "sublinear_tf", "refit", "include_networks", "cost_aware", "pretrained")
 _CHOICES: dict[str, tuple[str, ...]] = {
     "architecture": ARCHITECTURES,
     "tokenize": TOKENIZE_MODES,
