@@ -8,7 +8,10 @@ where x_vj is n-gram j's value after TermWeighting ((1 + log tf) * idf, unit
 L2 row) and K_v the SparseLinear kernel (already divided by the member's
 temperature, NB-SVM's ratios folded in). So each n-gram's contribution is
 x_vj * K_v[j, c], exactly, and the contributions plus the bias are the
-logit. An ensemble of M members averages the members' probabilities; its
+logit. The pretrained view (a dense mean word vector p, kernel block K_p)
+adds p . K_p[:, c] to the logit: it is reported as one term, "[pretrained]",
+view "pretrained", value |p|, weight its contribution per unit of |p|. An
+ensemble of M members averages the members' probabilities; its
 explanation averages their contributions, biases and logits with the same
 weights (1/M each), so the sum property holds for the averaged logit.
 
@@ -61,8 +64,14 @@ class Explainer:
         for lay in linear:
             view = lay.name.removeprefix("logits_")
             self.views.append(view)
-            self.vocab.append(_vocabulary(model.get_layer(f"vectorizer_{view}")))
-            bags.append(model.get_layer(f"weighting_{view}").output)
+            vec = model.get_layer(f"vectorizer_{view}")
+            if isinstance(vec, layers.PretrainedEmbedding):
+                # the pretrained view: a dense vector, reported as one term
+                self.vocab.append(["[pretrained]"])
+                bags.append(vec.output)
+            else:
+                self.vocab.append(_vocabulary(vec))
+                bags.append(model.get_layer(f"weighting_{view}").output)
             self.kernels.append(np.concatenate([k.numpy() for k in lay.kernels], axis=1))
         bias = next(lay.bias.numpy() for lay in linear if lay.bias is not None)
         self.n_labels = int(model.output.shape[-1])
@@ -91,6 +100,14 @@ class Explainer:
         # per-text work is then only the k entries shown (batches stay cheap)
         parts: list[tuple[np.ndarray, ...]] = []
         for v, bag in enumerate(bags):
+            if not hasattr(bag, "indices"):  # the pretrained view's dense vector: one term,
+                # value = its norm, weight = its contribution per unit of norm
+                dense = bag.numpy().astype(np.float64)
+                con = np.einsum("nd,dn->n", dense, self.kernels[v][:, best].astype(np.float64))
+                norm = np.linalg.norm(dense, axis=1)
+                parts.append((np.arange(n), np.full(n, v), np.zeros(n, np.int64), norm,
+                              np.where(norm > 0, con / np.maximum(norm, 1e-12), 0.0), con))
+                continue
             idx = bag.indices.numpy()
             rows, cols = idx[:, 0], idx[:, 1]
             vals = bag.values.numpy().astype(np.float64)

@@ -40,7 +40,6 @@ import importlib.util
 import os
 from dataclasses import dataclass, field
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -112,7 +111,10 @@ def frequent_words(n: int = FREQUENT_WORDS) -> tuple[str, ...]:
 def subword_sums(words: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(sum of subword vectors (n, DIM) float32, subword count (n,)) of each word,
     tokenized as the package tokenizes a text holding it (no special tokens)."""
-    enc = tokenizer().encode_batch(words, add_special_tokens=False)
+    tok = tokenizer()
+    tok.no_padding()  # a word's own pieces only, whoever configured the shared tokenizer
+    tok.no_truncation()
+    enc = tok.encode_batch(words, add_special_tokens=False)
     counts = np.array([len(e.ids) for e in enc], dtype=np.int64)
     ids = np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in enc]) if len(enc) else np.zeros(0, np.int64)
     table = codebook()
@@ -152,68 +154,7 @@ def build_table(texts: list[str], n_frequent: int = FREQUENT_WORDS) -> WordTable
 # The layer
 # --------------------------------------------------------------------------
 
-@keras.saving.register_keras_serializable(package="textswap")
-class PretrainedEmbedding(keras.layers.Layer):
-    """Raw (or already word-standardized) texts -> the scaled mean subword vector.
-
-    words (StringLookup; index 0: unknown) -> two Embeddings: the sum of each
-    word's subword vectors (float16) and its subword count; summed over the
-    text's words and divided: the mean subword vector of its known words;
-    then scaled to L2 norm `scale` (0: left as it is). A text with no known
-    word gets zeros.
-    """
-
-    def __init__(self, vocabulary_size: int = 0, dim: int = DIM, standardize: str | None = "word",
-                 scale: float = SCALE, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.vocabulary_size, self.dim = int(vocabulary_size), int(dim)
-        self.standardize, self.scale = standardize, float(scale)
-        self.lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="words")
-        self.vector_sums = keras.layers.Embedding(self.vocabulary_size + 1, self.dim, dtype="float16",
-                                                  trainable=False, name="vector_sums")
-        self.subword_counts = keras.layers.Embedding(self.vocabulary_size + 1, 1, dtype="float16",
-                                                     trainable=False, name="subword_counts")
-
-    def build(self, input_shape=None) -> None:
-        self.vector_sums.build((None,))
-        self.subword_counts.build((None,))
-        self.built = True
-
-    def set_table(self, table: WordTable) -> None:
-        if len(table.words) != self.vocabulary_size:
-            raise ValueError(f"table has {len(table.words)} words, layer expects {self.vocabulary_size}")
-        if not self.built:
-            self.build()
-        self.lookup.set_vocabulary(list(table.words))
-        sums = np.zeros((self.vocabulary_size + 1, self.dim), dtype=np.float16)
-        sums[1:] = table.sums
-        counts = np.zeros((self.vocabulary_size + 1, 1), dtype=np.float16)
-        counts[1:, 0] = table.counts
-        self.vector_sums.embeddings.assign(sums)
-        self.subword_counts.embeddings.assign(counts)
-
-    def call(self, texts):
-        texts = tf.convert_to_tensor(texts, tf.string)
-        if self.standardize:
-            texts = layers._STANDARDIZERS[self.standardize](texts)
-        words = tf.strings.split(texts)
-        ids = self.lookup(words.flat_values)
-        rows = words.value_rowids()
-        n = tf.shape(texts, out_type=tf.int64)[0]
-        sums = tf.math.unsorted_segment_sum(tf.cast(self.vector_sums(ids), "float32"), rows, n)
-        counts = tf.math.unsorted_segment_sum(tf.cast(self.subword_counts(ids), "float32"), rows, n)
-        mean = sums / tf.maximum(counts, 1.0)
-        if self.scale:
-            mean = mean * (self.scale * tf.math.rsqrt(
-                tf.maximum(tf.reduce_sum(tf.square(mean), axis=-1, keepdims=True), 1e-12)))
-        return mean
-
-    def compute_output_spec(self, texts):
-        return keras.KerasTensor((texts.shape[0], self.dim), dtype="float32")
-
-    def get_config(self) -> dict:
-        return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "dim": self.dim,
-                "standardize": self.standardize, "scale": self.scale}
+PretrainedEmbedding = layers.PretrainedEmbedding  # lives in layers: serving workers load it
 
 
 # --------------------------------------------------------------------------
