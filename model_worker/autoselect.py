@@ -46,7 +46,7 @@ from sklearn.model_selection import KFold, StratifiedKFold
 from threadpoolctl import threadpool_limits
 
 from model_worker import autofeatures, calibration, learners, serving
-from model_worker.params import default_folds
+from model_worker.params import default_folds, pretrained_allowed
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,8 @@ class Search:
         """Adds the pretrained view when allowed; returns the report's note."""
         if not params.get("pretrained", True):
             return {"used": False, "why": "pretrained is false"}
+        if not pretrained_allowed(params):
+            return {"used": False, "why": "views name other views only"}
         if tokenize != "word":
             return {"used": False, "why": "CJK text (tokenize 'char'): LLaMA-2's vocabulary splits it into bytes"}
         from model_worker import pretrained  # the package's files: trainer processes only
@@ -328,15 +330,18 @@ class Search:
         else:
             counts = np.bincount(self.y, minlength=self.n_labels)
             balanced = bool(counts.max() / max(1, counts.min()) >= _SKEW_FOR_BALANCED)
-        screen = [Candidate((v,), *_SCREEN, balanced) for v in _SINGLE_VIEWS if v in self.view_defs]
+        screen = [Candidate((v,), *_SCREEN, balanced) for v in _SINGLE_VIEWS
+                  if v in self.view_defs and v != "pretrained"]
+        pre = [Candidate(("pretrained",), *_SCREEN, balanced)] if "pretrained" in self.view_defs else []
         networks = [Candidate((), "bow"), Candidate((), "cnn")] if include_networks else []
         char_views = [v for v in ("char", "punct") if v in self.view_defs]
         union = int("word" in self.view_defs and bool(char_views))
-        with_pretrained = int(bool(union) and "pretrained" in self.view_defs)
+        ngram_views = [v for v in self.view_defs if v != "pretrained"]
+        with_pretrained = int(bool(ngram_views) and "pretrained" in self.view_defs)
         # view sets that go on to the learners: at most two of the screened
         # singles (one character view of the two) and the union
         view_sets = min(2, len(screen) - int(len(char_views) == 2) + union)
-        total = len(screen) + union + with_pretrained + view_sets * len(_LEARNERS) + int(balanced) + len(networks)
+        total = len(screen) + len(pre) + union + with_pretrained + view_sets * len(_LEARNERS) + int(balanced) + len(networks)
         index = 0
         for cand in screen:
             index += 1
@@ -351,9 +356,13 @@ class Search:
         if union:
             index += 1
             self.run(Candidate(("word", chars), *_SCREEN, balanced), index, total)
-        if with_pretrained:
+        for cand in pre:  # after the n-gram screen, so that it races against the best of it
             index += 1
-            self.run(Candidate(("word", chars, "pretrained"), *_SCREEN, balanced), index, total)
+            self.run(cand, index, total)
+        if with_pretrained:  # beside the n-grams: the union, else the one n-gram view left
+            index += 1
+            base = ("word", chars) if union else (chars or ngram_views[0],)
+            self.run(Candidate((*base, "pretrained"), *_SCREEN, balanced), index, total)
         ranked = sorted({s.candidate.views: s.score for s in self.scored if dropped not in s.candidate.views}.items(),
                         key=lambda kv: -kv[1])
         top = [views for views, _ in ranked[:2]]
