@@ -9,9 +9,10 @@ L2 row) and K_v the SparseLinear kernel (already divided by the member's
 temperature, NB-SVM's ratios folded in). So each n-gram's contribution is
 x_vj * K_v[j, c], exactly, and the contributions plus the bias are the
 logit. The pretrained view (a dense mean word vector p, kernel block K_p)
-adds p . K_p[:, c] to the logit: it is reported as one term, "[pretrained]",
-view "pretrained", value |p|, weight its contribution per unit of |p|. An
-ensemble of M members averages the members' probabilities; its
+adds p . K_p[:, c] to the logit; p is a scaled sum of the known words'
+subword-vector sums, so that part splits exactly by word: each word is
+reported with view "pretrained", value = its share of p, weight = its
+vector sum . K_p[:, c] (see Explainer._pretrained_terms). An ensemble of M members averages the members' probabilities; its
 explanation averages their contributions, biases and logits with the same
 weights (1/M each), so the sum property holds for the averaged logit.
 
@@ -59,6 +60,7 @@ class Explainer:
         self.views: list[str] = []
         self.vocab: list[list[str]] = []
         self.kernels: list[np.ndarray] = []
+        self.dense: dict[int, Any] = {}  # bag index -> the PretrainedEmbedding layer
         bags = []
         n_units = linear[0].units
         for lay in linear:
@@ -66,9 +68,10 @@ class Explainer:
             self.views.append(view)
             vec = model.get_layer(f"vectorizer_{view}")
             if isinstance(vec, layers.PretrainedEmbedding):
-                # the pretrained view: a dense vector, reported as one term
-                self.vocab.append(["[pretrained]"])
-                bags.append(vec.output)
+                # the pretrained view: its input texts; split into words in __call__
+                self.vocab.append(vec.lookup.get_vocabulary())
+                self.dense[len(bags)] = vec
+                bags.append(vec.input)
             else:
                 self.vocab.append(_vocabulary(vec))
                 bags.append(model.get_layer(f"weighting_{view}").output)
@@ -100,13 +103,8 @@ class Explainer:
         # per-text work is then only the k entries shown (batches stay cheap)
         parts: list[tuple[np.ndarray, ...]] = []
         for v, bag in enumerate(bags):
-            if not hasattr(bag, "indices"):  # the pretrained view's dense vector: one term,
-                # value = its norm, weight = its contribution per unit of norm
-                dense = bag.numpy().astype(np.float64)
-                con = np.einsum("nd,dn->n", dense, self.kernels[v][:, best].astype(np.float64))
-                norm = np.linalg.norm(dense, axis=1)
-                parts.append((np.arange(n), np.full(n, v), np.zeros(n, np.int64), norm,
-                              np.where(norm > 0, con / np.maximum(norm, 1e-12), 0.0), con))
+            if v in self.dense:
+                parts.append(self._pretrained_terms(v, bag, best, n))
                 continue
             idx = bag.indices.numpy()
             rows, cols = idx[:, 0], idx[:, 1]
@@ -138,6 +136,39 @@ class Explainer:
                 "others": round(float(totals[i] - con[a:b].sum()), 6),
             })
         return probs, explained
+
+
+    def _pretrained_terms(self, v: int, texts: Any, best: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+        """The pretrained view's part, word by word, exactly: its vector is
+        f * sum_w s_w (s_w: the sum of word w's subword vectors, f = 1 / the
+        text's known subwords, times scale / the mean's norm when scaled), so
+        its logit p . K[:, c] is sum_w (f * occurrences of w) * (s_w . K[:, c]):
+        value f * occurrences, weight s_w . K[:, c]. Unknown words add nothing."""
+        lay = self.dense[v]
+        texts = tf.convert_to_tensor(texts, tf.string)
+        if lay.standardize:
+            texts = layers._STANDARDIZERS[lay.standardize](texts)
+        words = tf.strings.split(texts)
+        ids = lay.lookup(words.flat_values).numpy().astype(np.int64)
+        rows = words.value_rowids().numpy().astype(np.int64)
+        sums = np.asarray(lay.vector_sums.embeddings.numpy(), dtype=np.float64)
+        counts = np.asarray(lay.subword_counts.embeddings.numpy(), dtype=np.float64)[:, 0]
+        known = np.bincount(rows, weights=counts[ids], minlength=n)
+        total = np.zeros((n, sums.shape[1]))
+        np.add.at(total, rows, sums[ids])
+        mean = total / np.maximum(known, 1.0)[:, None]
+        f = 1.0 / np.maximum(known, 1.0)
+        if lay.scale:
+            f = f * lay.scale / np.maximum(np.linalg.norm(mean, axis=1), 1e-12)
+        keep = ids > 0
+        rows, ids = rows[keep], ids[keep]
+        # one entry per (text, word): occurrences summed
+        cell, occ = np.unique(rows * len(sums) + ids, return_counts=True)
+        rows, ids = cell // len(sums), cell % len(sums)
+        kernel = self.kernels[v].astype(np.float64)
+        weights = np.einsum("ed,de->e", sums[ids], kernel[:, best[rows]]) if len(ids) else np.zeros(0)
+        vals = f[rows] * occ
+        return rows, np.full(len(rows), v), ids, vals, weights, vals * weights
 
 
 def explainer_for(model: Any) -> Explainer:

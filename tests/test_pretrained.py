@@ -217,7 +217,10 @@ def test_view_in_the_served_graph(tmp_path):
         for row in why:  # listed + others + bias = logit, the pretrained part one term
             total = sum(f["contribution"] for f in row["features"]) + row["others"] + row["bias"]
             assert abs(total - row["logit"]) < 1e-3, row
+        for row, text in zip(why, probe):  # the view's terms are the text's own words
+            assert all(f["ngram"] in text for f in row["features"] if f["view"] == "pretrained")
         assert any(f["view"] == "pretrained" for row in why for f in row["features"])
+        assert not [f for f in why[2]["features"] if f["view"] == "pretrained"]  # "zqxjv": unknown
         model.save(tmp_path / "m.keras")
         again = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
         assert np.allclose(textmodel.make_predict_fn(again)(probe), textmodel.make_predict_fn(model)(probe),
