@@ -494,14 +494,16 @@ def cost_aware(search: Search, members: list[Scored], temps: list[float]
     se = float(np.std(folds, ddof=1) / np.sqrt(len(folds))) if len(folds) > 1 else 0.0
     cache: dict = {}
     views = tuple(sorted({v for m in members for v in m.candidate.views}))
-    note: dict = {"rule": "one standard error", "paired": True, "se": round(se, 4),
+    # se and the most accurate score unrounded (10 digits): a finalist can sit
+    # right at best - se, and the report must say the same as the rule
+    note: dict = {"rule": "one standard error", "paired": True, "se": round(se, 10),
                   "margin": _COST_MARGIN,
                   "batch": _SPEED_BATCH}
     if members[0].candidate.learner in ("bow", "cnn"):
         return members, temps, {**note, "applied": False, "why": "a network is the most accurate"}
     top_speed = serving_speed(search, views, len(members), cache)
     key = f"cv_{search.metric}"
-    most = {"name": " + ".join(m.candidate.name for m in members), key: round(best, 4),
+    most = {"name": " + ".join(m.candidate.name for m in members), key: round(best, 10),
             "texts_per_s": round(top_speed)}
     finalists = [s for s in search.scored if s.candidate.learner not in ("bow", "cnn")
                  and s.score >= best - se and _tied(folds, s.fold_scores)]

@@ -11,8 +11,8 @@ x_vj * K_v[j, c], exactly, and the contributions plus the bias are the
 logit. The pretrained view (a dense mean word vector p, kernel block K_p)
 adds p . K_p[:, c] to the logit; p is a scaled sum of the known words'
 subword-vector sums, so that part splits exactly by word: each word is
-reported with view "pretrained", value = its share of p, weight = its
-vector sum . K_p[:, c] (see Explainer._pretrained_terms). An ensemble of M members averages the members' probabilities; its
+reported with view "pretrained", value = its occurrences, weight = one
+occurrence's contribution (see Explainer._pretrained_terms). An ensemble of M members averages the members' probabilities; its
 explanation averages their contributions, biases and logits with the same
 weights (1/M each), so the sum property holds for the averaged logit.
 
@@ -142,8 +142,9 @@ class Explainer:
         """The pretrained view's part, word by word, exactly: its vector is
         f * sum_w s_w (s_w: the sum of word w's subword vectors, f = 1 / the
         text's known subwords, times scale / the mean's norm when scaled), so
-        its logit p . K[:, c] is sum_w (f * occurrences of w) * (s_w . K[:, c]):
-        value f * occurrences, weight s_w . K[:, c]. Unknown words add nothing."""
+        its logit p . K[:, c] is sum_w occurrences of w * f * (s_w . K[:, c]):
+        value = occurrences, weight = f * s_w . K[:, c] (one occurrence's
+        contribution). Unknown words add nothing."""
         lay = self.dense[v]
         texts = tf.convert_to_tensor(texts, tf.string)
         if lay.standardize:
@@ -166,8 +167,8 @@ class Explainer:
         cell, occ = np.unique(rows * len(sums) + ids, return_counts=True)
         rows, ids = cell // len(sums), cell % len(sums)
         kernel = self.kernels[v].astype(np.float64)
-        weights = np.einsum("ed,de->e", sums[ids], kernel[:, best[rows]]) if len(ids) else np.zeros(0)
-        vals = f[rows] * occ
+        weights = f[rows] * (np.einsum("ed,de->e", sums[ids], kernel[:, best[rows]]) if len(ids) else np.zeros(0))
+        vals = occ.astype(np.float64)
         return rows, np.full(len(rows), v), ids, vals, weights, vals * weights
 
 
