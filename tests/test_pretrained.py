@@ -235,3 +235,33 @@ def test_cjk_text_never_gets_the_view():
     res = textmodel.train_model(texts, labels, {"time_budget_s": 20, "folds": 2})
     assert res.report["pretrained"]["used"] is False
     assert "CJK" in res.report["pretrained"]["why"]
+
+
+def test_multilabel_gets_the_view(tmp_path):
+    """Multi-label auto searches the same views; forced onto the view, its
+    sigmoid graph reproduces the fitted one-vs-rest model and reloads."""
+    import time
+
+    import keras
+
+    from model_worker import autoselect, textmodel
+    from model_worker.params import validate_params
+
+    texts, labels = _topics()
+    sets = [[x] + (["news"] if t.startswith("news") else []) for t, x in zip(texts, labels)]
+    res = textmodel.train_model(texts, sets, {"time_budget_s": 30, "folds": 2})
+    assert res.report["pretrained"]["used"]
+    names = [c["name"] for c in res.report["candidates"]] + [c["name"] for c in res.report["pruned"]]
+    assert any("pretrained" in n for n in names), names
+    label_names = sorted({x for s in sets for x in s})
+    y = np.zeros((len(texts), len(label_names)), dtype=np.int8)
+    for i, s in enumerate(sets):
+        y[i, [label_names.index(x) for x in s]] = 1
+    search = autoselect.Search(texts, y, len(label_names), validate_params({"time_budget_s": 30, "folds": 2}),
+                               "word", time.monotonic(), None, None)
+    model = autoselect.final_multilabel_model(search, autoselect.Candidate(("word", "pretrained"), "svm", 1.0),
+                                              np.ones(len(label_names)), np.zeros(len(label_names)))
+    model.save(tmp_path / "m.keras")
+    again = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+    probe = ["news about the tennis final", "zqxjv"]
+    assert np.allclose(textmodel.make_predict_fn(again)(probe), textmodel.make_predict_fn(model)(probe), atol=1e-5)
