@@ -4,6 +4,9 @@
     .venv/bin/python bench/accuracy.py --sets manpages_en,debian_zh --only baselines
     .venv/bin/python bench/accuracy.py --quick            # small slices, short budgets
     .venv/bin/python bench/accuracy.py --speed            # serving call paths of one model
+    .venv/bin/python bench/accuracy.py --curve            # learning curve: auto with/without the
+                                                          # pretrained view, tfidf-svc, fastText at
+                                                          # 100/300/1,000/all texts, English sets
 
 Sets: bench/datasets.py (six, built from Debian packages and shared/; bench/DATASETS.md);
 --holdout runs three more that were never used to choose auto's grid (HOLDOUT_SETS).
