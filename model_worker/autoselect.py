@@ -76,6 +76,9 @@ _SINGLE_VIEWS = ("word", "char", "punct", "pretrained")
 _PUNCT_MARGIN = 0.005
 # The pretrained view is screened alone below this many texts only (see search).
 _PRETRAINED_ALONE_BELOW = 5000
+# ... and beside the n-grams it goes on to the learners only when it screens
+# better than the same n-grams without it by more than this.
+_PRETRAINED_MARGIN = 0.005
 # Relative cost of a learner against the linear SVM on the same features
 # (measured), used to predict whether a candidate still fits the budget.
 _COST_FACTOR = {"svm": 1.0, "nbsvm": 2.0, "lr": 3.0}
@@ -369,8 +372,15 @@ class Search:
             index += 1
             base = ("word", chars) if union else (chars or ngram_views[0],)
             self.run(Candidate((*base, "pretrained"), *_SCREEN, balanced), index, total)
-        ranked = sorted({s.candidate.views: s.score for s in self.scored if dropped not in s.candidate.views}.items(),
-                        key=lambda kv: -kv[1])
+        screened = {s.candidate.views: s.score for s in self.scored if dropped not in s.candidate.views}
+        # the pretrained view goes on beside n-grams only when it beats the same
+        # n-grams without it by _PRETRAINED_MARGIN: its dense fits cost budget
+        # (on wordnet_en's 15.9k texts a +0.00x gap crowded out the learners)
+        for views in [v for v in screened if "pretrained" in v and len(v) > 1]:
+            twin = tuple(x for x in views if x != "pretrained")
+            if twin in screened and screened[views] <= screened[twin] + _PRETRAINED_MARGIN:
+                del screened[views]
+        ranked = sorted(screened.items(), key=lambda kv: -kv[1])
         top = [views for views, _ in ranked[:2]]
         # learner by learner across both view sets: cheap learners first, so
         # that a binding budget cuts the costly ones (lr) rather than a view
