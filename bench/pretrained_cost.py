@@ -6,7 +6,9 @@ Builds `auto`'s served graph from the set's first --n training texts for the
 same learner (svm C=1) on word + char with and without the pretrained view
 (autoselect.final_model, as the trainer does), saves both as .keras, then for each one starts a fresh interpreter that does what a
 serving worker does (imports model_worker.textmodel, loads the model in
-safe mode, predicts) and reports its PSS after warm-up, texts/s at batch 1
+safe mode, predicts) and reports its PSS and USS after warm-up (USS, the process's own pages,
+is the steadier of the two on a machine where other TensorFlow processes
+share the libraries' pages), texts/s at batch 1
 and at batch 256 (make_predict_fn, one thread), and the artifact's size.
 """
 from __future__ import annotations
@@ -43,9 +45,10 @@ def rate(batch, seconds=2.0):
     return done / (time.perf_counter() - t0)
 r1, r256 = rate(1), rate(256)
 r1, r256 = max(r1, rate(1)), max(r256, rate(256))
-pss = psutil.Process().memory_full_info().pss
+info = psutil.Process().memory_full_info()
+pss = info.pss
 bad = [p for p in ("tokenizers", "safetensors", "wordfreq", "wordllama") if p in sys.modules]
-print(json.dumps({"pss_mb": round(pss / 2**20, 1), "pss_model_mb": round((pss - before) / 2**20, 1),
+print(json.dumps({"pss_mb": round(pss / 2**20, 1), "uss_mb": round(info.uss / 2**20, 1), "pss_model_mb": round((pss - before) / 2**20, 1),
                   "texts_per_s_1": round(r1), "texts_per_s_256": round(r256), "imported": bad}))
 """
 
