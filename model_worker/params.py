@@ -46,7 +46,15 @@ DEFAULT_PARAMS: dict[str, Any] = {
     # auto only: the views the search may use (see AUTO_VIEWS). ["word"]
     # serves as fast as bow; character views read every character and cost
     # about 4x that on Latin text (README "Serving cost of auto").
+    # "pretrained": the mean WordLlama word vector (model_worker/pretrained.py),
+    # tried alone and beside the n-gram views on word-tokenized text; it joins
+    # the views when they are left at this default, and otherwise only when
+    # listed (`views: ["word"]` stays the one cheap view).
     "views": ["word", "char", "punct"],
+    # auto only: false: the pretrained view is never tried, whatever `views`
+    # says (its vectors derive from Llama 2, under the Llama 2 Community
+    # License: see NOTICE and docs/models.md).
+    "pretrained": True,
     # "auto" looks at the training texts: CJK-dominant -> "char" (every CJK
     # character is a token, Latin words stay whole), otherwise "word".
     "tokenize": "auto",
@@ -91,7 +99,8 @@ DEFAULT_PARAMS: dict[str, Any] = {
 ARCHITECTURES = ("auto", "bow", "cnn")
 # word: word 1-2-grams; char: character n-grams inside words; punct: the
 # same with punctuation and symbols kept (model_worker.autofeatures).
-AUTO_VIEWS = ("word", "char", "punct")
+# pretrained: the mean pretrained word vector of the text (model_worker.pretrained).
+AUTO_VIEWS = ("word", "char", "punct", "pretrained")
 TOKENIZE_MODES = ("auto", "char", "word")
 OUTPUT_MODES = ("tf_idf", "multi_hot", "count")
 
@@ -130,7 +139,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "l2": (0.0, 1.0, False),
     "time_budget_s": (1.0, 3600.0, False),
 }
-_BOOL_FIELDS = ("normalize", "sublinear_tf", "refit", "include_networks", "cost_aware")
+_BOOL_FIELDS = ("normalize", "sublinear_tf", "refit", "include_networks", "cost_aware", "pretrained")
 _CHOICES: dict[str, tuple[str, ...]] = {
     "architecture": ARCHITECTURES,
     "tokenize": TOKENIZE_MODES,
@@ -196,6 +205,12 @@ def _check_views(value: Any) -> list[str]:
     if len(set(value)) != len(value):
         raise ParamError("views", "lists a view twice")
     return [v for v in AUTO_VIEWS if v in value]
+
+
+def pretrained_allowed(params: dict) -> bool:
+    """Whether auto may try the pretrained view under these (validated) params."""
+    return bool(params.get("pretrained", True)) and (
+        "pretrained" in params["views"] or params["views"] == DEFAULT_PARAMS["views"])
 
 
 def validate_params(user: dict | None) -> dict:

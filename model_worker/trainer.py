@@ -124,6 +124,12 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
         b = textmodel.make_predict_fn(again)(probe)
         if not np.allclose(a, b, atol=1e-5):
             raise RuntimeError("saved model does not reproduce the trained model's outputs")
+        # a model holding a pretrained word table carries the Llama 2 notice (NOTICE)
+        from model_worker.layers import PretrainedEmbedding
+
+        if any(isinstance(lay, PretrainedEmbedding) for lay in result.model.layers):
+            shutil.copyfile(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "NOTICE"),
+                            os.path.join(staged, "NOTICE"))
         # the portable copy: a SavedModel that needs no project code to load
         t_export = time.monotonic()
         textmodel.export_saved_model(result.model, os.path.join(staged, textmodel.SAVED_MODEL_DIR),

@@ -1,0 +1,200 @@
+"""The pretrained view of `auto`: the mean WordLlama subword vector of a text, in the graph.
+
+WordLlama (PyPI `wordllama`, the wheel's default model `l2_supercat_256`)
+embeds a text as the mean of its LLaMA-2 subword vectors (32,000 tokens x 256
+dimensions). Its tokenizer is a Hugging Face BPE file that no TensorFlow op
+runs, so the served graph does not tokenize into subwords. Instead, at
+training time, every word the model may meet is tokenized once, with the
+real tokenizer, into a word table:
+
+    word -> (sum of its subword vectors, its subword count)
+
+It covers every word of the training texts plus the most frequent English
+words (wordfreq's list, FREQUENT_WORDS of them). In the graph a
+`keras.layers.StringLookup` maps each word of a text to its row, and two
+`keras.layers.Embedding`s hold the sums (float16, as the package ships them)
+and the counts. Their sums over a text, divided, are exactly the mean subword
+vector the package computes for the same words (the package tokenizes the
+whole text; LLaMA's pieces never span a word boundary, so the only
+differences are what the word standardizer drops: punctuation, case).
+
+Unknown words (not in the table: words first met in serving that are not
+frequent English words) get nothing: sum 0, count 0, so the mean is over the
+known words, and a text with none gets the zero vector (the linear part and
+the bias decide alone). bench/accuracy.py --curve reports how many test words
+are unknown.
+
+The mean is scaled to L2 norm SCALE (the n-gram views' bags are unit-norm
+TF-IDF rows), so that one regularisation strength suits both when the search
+combines them.
+
+Imported by trainer processes (the table needs the package's files) and, for
+the registered layer, by anything that loads a saved model; loading and
+serving need only TensorFlow and Keras: the table lives in the model.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import tensorflow as tf
+
+from model_worker import layers
+
+# The package's default model: files inside the wheel, loaded by path (its
+# WordLlama.load() looks for the tokenizer in the wrong folder and then tries
+# to download it; nothing here touches the network).
+WEIGHTS_FILE = "weights/l2_supercat_256.safetensors"
+TOKENIZER_FILE = "tokenizers/l2_supercat_tokenizer_config.json"
+DIM = 256
+# Frequent English words added to the training texts' own words: words a
+# served text may use that no training text did. 30k float16 rows of 256
+# cost 15 MB in the worker.
+FREQUENT_WORDS = 30_000
+# L2 norm of the served vector: the n-gram bags have norm 1 each.
+SCALE = 0.5
+ORIGIN = ("WordLlama l2_supercat_256 (PyPI wordllama, MIT); derived from the token embeddings of "
+          "Llama-2-70b: Llama 2 is licensed under the LLAMA 2 Community License, Copyright (c) "
+          "Meta Platforms, Inc. All Rights Reserved.")
+
+
+def package_dir() -> str | None:
+    """Where the `wordllama` package is installed (found, not imported), or None."""
+    spec = importlib.util.find_spec("wordllama")
+    if spec is None or not spec.origin:
+        return None
+    return os.path.dirname(spec.origin)
+
+
+def available() -> bool:
+    d = package_dir()
+    return d is not None and os.path.exists(os.path.join(d, WEIGHTS_FILE)) \
+        and os.path.exists(os.path.join(d, TOKENIZER_FILE))
+
+
+@functools.lru_cache(maxsize=1)
+def codebook() -> np.ndarray:
+    """(32000, 256) float16 subword vectors."""
+    from safetensors.numpy import load_file
+
+    return load_file(os.path.join(package_dir(), WEIGHTS_FILE))["embedding.weight"]
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer():
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(os.path.join(package_dir(), TOKENIZER_FILE))
+
+
+def words_of(texts: list[str]) -> list[str]:
+    """The words of `texts` as the graph splits them (standardize_word, whitespace)."""
+    out: set[str] = set()
+    for i in range(0, len(texts), 2048):
+        split = tf.strings.split(layers.standardize_word(tf.constant(texts[i:i + 2048], tf.string)))
+        out.update(w.decode("utf-8") for w in np.unique(split.flat_values.numpy()))
+    return sorted(out)
+
+
+@functools.lru_cache(maxsize=4)
+def frequent_words(n: int = FREQUENT_WORDS) -> tuple[str, ...]:
+    """The n most frequent English words (wordfreq), split as the graph splits."""
+    from wordfreq import top_n_list
+
+    return tuple(words_of(top_n_list("en", n)))
+
+
+def subword_sums(words: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(sum of subword vectors (n, DIM) float32, subword count (n,)) of each word,
+    tokenized as the package tokenizes a text holding it (no special tokens)."""
+    tok = tokenizer()
+    tok.no_padding()  # a word's own pieces only, whoever configured the shared tokenizer
+    tok.no_truncation()
+    enc = tok.encode_batch(words, add_special_tokens=False)
+    counts = np.array([len(e.ids) for e in enc], dtype=np.int64)
+    ids = np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in enc]) if len(enc) else np.zeros(0, np.int64)
+    table = codebook()
+    ids = np.clip(ids, 0, len(table) - 1)  # as the package does
+    vectors = table[ids].astype(np.float32)
+    sums = np.zeros((len(words), table.shape[1]), dtype=np.float32)
+    rows = np.repeat(np.arange(len(words)), counts)
+    np.add.at(sums, rows, vectors)
+    return sums, counts
+
+
+@dataclass(eq=False)
+class WordTable:
+    words: list[str]
+    sums: np.ndarray     # (n, DIM) float16
+    counts: np.ndarray   # (n,) subwords per word
+    from_training: int = 0
+    frequent: int = 0
+
+    def describe(self) -> dict:
+        return {"words": len(self.words), "from_training": self.from_training,
+                "frequent_words": self.frequent, "dim": int(self.sums.shape[1]),
+                "bytes": int(self.sums.nbytes + self.counts.astype(np.float16).nbytes),
+                "origin": ORIGIN}
+
+
+def build_table(texts: list[str], n_frequent: int = FREQUENT_WORDS) -> WordTable:
+    """Every word of `texts` plus the n_frequent most frequent English words."""
+    own = words_of(texts)
+    frequent = frequent_words(n_frequent) if n_frequent else ()
+    words = sorted(set(own) | set(frequent))
+    sums, counts = subword_sums(words)
+    return WordTable(words, sums.astype(np.float16), counts, from_training=len(own), frequent=len(frequent))
+
+
+# --------------------------------------------------------------------------
+# The layer
+# --------------------------------------------------------------------------
+
+PretrainedEmbedding = layers.PretrainedEmbedding  # lives in layers: serving workers load it
+
+
+# --------------------------------------------------------------------------
+# The view, for autoselect / autofeatures
+# --------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class PretrainedView:
+    """The view as the search sees it: a dense (n, DIM) block, no IDF."""
+
+    table: WordTable
+    name: str = "pretrained"
+    standardize: str = "word"
+    dense: bool = field(default=True)
+    scale: float = SCALE
+
+    def vocabulary(self) -> list[str]:
+        return [f"pretrained[{i}]" for i in range(self.table.sums.shape[1])]
+
+    def layer(self, standardized: bool = False) -> PretrainedEmbedding:
+        lay = PretrainedEmbedding(len(self.table.words), self.table.sums.shape[1],
+                                  None if standardized else self.standardize, self.scale,
+                                  name=f"vectorizer_{self.name}")
+        lay.set_table(self.table)
+        return lay
+
+    def features(self, texts: list[str], batch: int = 1024) -> np.ndarray:
+        """What the served layer outputs for `texts` (the same ops)."""
+        lay = self.layer()
+        fn = tf.function(lambda t: lay(t), input_signature=[tf.TensorSpec([None], tf.string)])
+        out = [fn(tf.constant(texts[i:i + batch], tf.string)).numpy() for i in range(0, len(texts), batch)]
+        return np.concatenate(out) if out else np.zeros((0, self.table.sums.shape[1]), np.float32)
+
+    def unknown_share(self, texts: list[str]) -> float:
+        """Share of the words of `texts` (running words) that the table lacks."""
+        known = set(self.table.words)
+        total = unknown = 0
+        for i in range(0, len(texts), 2048):
+            split = tf.strings.split(layers.standardize_word(tf.constant(texts[i:i + 2048], tf.string)))
+            for w in split.flat_values.numpy():
+                total += 1
+                unknown += w.decode("utf-8") not in known
+        return unknown / max(1, total)

@@ -1,0 +1,267 @@
+"""auto's pretrained view (model_worker/pretrained.py, layers.PretrainedEmbedding).
+
+- the word table and the graph's mean against the package's own embedding
+  (its tokenizer and codebook, WordLlamaInference.embed);
+- the layer inside a model saved as .keras and reloaded in safe mode in a
+  fresh interpreter that imports only what a serving worker imports (and
+  not tokenizers, safetensors, wordfreq nor wordllama), and in the
+  portable SavedModel;
+- auto tries the view on English, never with `pretrained: false`, never on
+  CJK text;
+- nothing touches the network: every test here runs with sockets blocked.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pretrained = pytest.importorskip("model_worker.pretrained")
+if not pretrained.available():
+    pytest.skip("the wordllama package is not installed", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Any attempt to open an internet socket fails the test."""
+    real = socket.socket
+
+    class Guarded(real):
+        def connect(self, address):
+            if self.family in (socket.AF_INET, socket.AF_INET6):
+                raise AssertionError(f"network access attempted: {address}")
+            return super().connect(address)
+
+        def connect_ex(self, address):
+            if self.family in (socket.AF_INET, socket.AF_INET6):
+                raise AssertionError(f"network access attempted: {address}")
+            return super().connect_ex(address)
+
+    def no_dns(*args, **kwargs):
+        raise AssertionError(f"DNS lookup attempted: {args[:1]}")
+
+    monkeypatch.setattr(socket, "socket", Guarded)
+    monkeypatch.setattr(socket, "create_connection", no_dns)
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    yield
+
+
+ENGLISH = [
+    "the striker scored twice in the second half",
+    "a new smartphone chip promises longer battery life",
+    "grilled salmon with lemon and fresh herbs",
+    "stock markets fell sharply after the announcement",
+    "the compiler crashed while building the kernel",
+    "she planted tomatoes and beans in the garden",
+    "unhappiness is often a matter of perspective",
+    "open source databases need careful backups",
+]
+
+RAW = [
+    "The striker scored twice, in the second half!",
+    "A new smartphone chip promises longer battery life.",
+    "Grilled salmon: lemon and fresh herbs.",
+]
+
+
+def _package_means(texts: list[str]) -> np.ndarray:
+    """What WordLlama computes (WordLlamaInference.embed, no normalisation),
+    with the package's own class on the wheel's files, loaded by path."""
+    from wordllama.inference import WordLlamaInference
+
+    from tokenizers import Tokenizer
+
+    # its own tokenizer: WordLlamaInference turns padding on in the one it is given
+    tok = Tokenizer.from_file(os.path.join(pretrained.package_dir(), pretrained.TOKENIZER_FILE))
+    model = WordLlamaInference(pretrained.codebook(), tok)
+    return model.embed(texts, norm=False)
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def test_table_matches_the_package():
+    table = pretrained.build_table(ENGLISH, n_frequent=2000)
+    assert set(pretrained.words_of(ENGLISH)) <= set(table.words)
+    assert table.sums.dtype == np.float16 and table.sums.shape == (len(table.words), pretrained.DIM)
+    # one word: the sum of its subwords' vectors and how many there are
+    i = table.words.index("unhappiness")
+    ids = pretrained.tokenizer().encode("unhappiness", add_special_tokens=False).ids
+    assert table.counts[i] == len(ids) > 1
+    ref = pretrained.codebook()[ids].astype(np.float32).sum(0)
+    assert np.allclose(table.sums[i].astype(np.float32), ref, atol=0.02 * np.abs(ref).max())
+    # the graph's mean over a text's words = the package's mean over its subwords
+    view = pretrained.PretrainedView(table, scale=0.0)
+    got = view.features(ENGLISH)
+    want = _package_means(ENGLISH)
+    assert np.allclose(got, want, atol=2e-2), np.abs(got - want).max()
+    assert _cos(got, want).min() > 0.9999
+
+
+def test_raw_texts_close_to_the_package():
+    """Case and punctuation are what the word standardizer drops: close, not
+    equal (a word in capitals is far: LLaMA splits it into many pieces)."""
+    table = pretrained.build_table(RAW, n_frequent=2000)
+    got = pretrained.PretrainedView(table, scale=0.0).features(RAW)
+    assert _cos(got, _package_means(RAW)).min() > 0.95
+
+
+def test_unknown_words_are_left_out():
+    table = pretrained.build_table(["the cat sat on the mat"], n_frequent=0)
+    view = pretrained.PretrainedView(table, scale=0.0)
+    known, mixed, unknown = view.features(["the cat", "the cat zqxjv blorfle", "zqxjv blorfle"])
+    assert np.allclose(known, mixed)           # unknown words add nothing
+    assert not unknown.any()                   # no known word: zeros
+    scaled = pretrained.PretrainedView(table).features(["the cat", "zqxjv"])
+    assert np.isclose(np.linalg.norm(scaled[0]), pretrained.SCALE, atol=1e-4)
+    assert not scaled[1].any()
+
+
+def test_saved_model_reloads_in_a_serving_process(tmp_path):
+    import keras
+    import tensorflow as tf
+
+    from model_worker import textmodel
+
+    table = pretrained.build_table(ENGLISH, n_frequent=500)
+    view = pretrained.PretrainedView(table)
+    text = keras.Input(shape=(), dtype="string", name="text")
+    out = keras.layers.Dense(3, activation="softmax", name="probs")(view.layer()(text))
+    model = keras.Model(text, out)
+    probe = ENGLISH + RAW + ["", "zqxjv"]
+    expected = model(tf.constant(probe)).numpy()
+    model.save(tmp_path / "model.keras")
+    textmodel.export_saved_model(model, str(tmp_path / "saved_model"), probe, expected)
+    np.save(tmp_path / "expected.npy", expected)
+    # a fresh interpreter, as a serving worker: textmodel only, safe mode; and
+    # the SavedModel in plain TensorFlow; neither imports the trainer's packages
+    code = f"""
+import sys, json, numpy as np
+import keras, tensorflow as tf
+from model_worker import textmodel
+probe = {probe!r}
+m = keras.saving.load_model({str(tmp_path / "model.keras")!r}, safe_mode=True)
+want = np.load({str(tmp_path / "expected.npy")!r})
+a = np.abs(textmodel.make_predict_fn(m)(probe) - want).max()
+sm = tf.saved_model.load({str(tmp_path / "saved_model")!r})
+b = np.abs(sm.serve(tf.constant(probe)).numpy() - want).max()
+bad = [p for p in ("tokenizers", "safetensors", "wordfreq", "wordllama", "model_worker.pretrained") if p in sys.modules]
+print(json.dumps({{"keras": float(a), "saved_model": float(b), "imported": bad}}))
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240)
+    assert res.returncode == 0, res.stderr[-2000:]
+    import json
+
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["keras"] < 1e-5 and got["saved_model"] < 1e-5, got
+    assert got["imported"] == [], got
+
+
+def _topics() -> tuple[list[str], list[str]]:
+    from test_autoselect import english
+
+    return english()
+
+
+def test_auto_tries_the_view_and_the_switch_turns_it_off():
+    from model_worker import textmodel
+
+    texts, labels = _topics()
+    on = textmodel.train_model(texts, labels, {"time_budget_s": 30, "folds": 2})
+    names = [c["name"] for c in on.report["candidates"]] + [c["name"] for c in on.report["pruned"]]
+    assert any("pretrained" in n for n in names), names
+    assert on.report["pretrained"]["used"] and on.report["pretrained"]["words"] > 1000
+    probs = textmodel.make_predict_fn(on.model)(["a tennis final", "spicy noodle soup"])
+    assert probs.shape == (2, 3)
+    off = textmodel.train_model(texts, labels, {"time_budget_s": 30, "folds": 2, "pretrained": False})
+    names = [c["name"] for c in off.report["candidates"]] + [c["name"] for c in off.report["pruned"]]
+    assert not any("pretrained" in n for n in names), names
+    assert off.report["pretrained"] == {"used": False, "why": "pretrained is false"}
+    assert not any(isinstance(lay, pretrained.PretrainedEmbedding) for lay in off.model.layers)
+
+
+def test_view_in_the_served_graph(tmp_path):
+    """Forced onto the view (alone, and beside words): the served graph
+    reproduces the fitted linear model (final_model checks it on training
+    rows), explains itself, and saves and reloads in safe mode."""
+    import time
+
+    import keras
+
+    from model_worker import autoselect, explain, textmodel
+    from model_worker.params import validate_params
+
+    texts, labels = _topics()
+    names = sorted(set(labels))
+    y = np.array([names.index(x) for x in labels])
+    params = validate_params({"time_budget_s": 30, "folds": 2})
+    search = autoselect.Search(texts, y, len(names), params, "word", time.monotonic(), None, None)
+    assert "pretrained" in search.view_defs
+    probe = ["a tennis final", "spicy noodle soup", "zqxjv"]
+    for views in (("pretrained",), ("word", "pretrained")):
+        cand = autoselect.Candidate(views, "svm", 1.0)
+        model = autoselect.final_model(search, [cand], [1.0])
+        assert any(isinstance(lay, pretrained.PretrainedEmbedding) for lay in model.layers)
+        probs, why = explain.explainer_for(model)(probe, 3)
+        assert np.allclose(probs, textmodel.make_predict_fn(model)(probe), atol=1e-5)
+        for row in why:  # listed + others + bias = logit, the pretrained part one term
+            total = sum(f["contribution"] for f in row["features"]) + row["others"] + row["bias"]
+            assert abs(total - row["logit"]) < 1e-3, row
+        for row, text in zip(why, probe):  # the view's terms are the text's own words
+            assert all(f["ngram"] in text for f in row["features"] if f["view"] == "pretrained")
+        assert any(f["view"] == "pretrained" for row in why for f in row["features"])
+        assert not [f for f in why[2]["features"] if f["view"] == "pretrained"]  # "zqxjv": unknown
+        model.save(tmp_path / "m.keras")
+        again = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+        assert np.allclose(textmodel.make_predict_fn(again)(probe), textmodel.make_predict_fn(model)(probe),
+                           atol=1e-5)
+
+
+def test_cjk_text_never_gets_the_view():
+    from model_worker import textmodel
+    from test_autoselect import chinese
+
+    texts, labels = chinese(60)
+    res = textmodel.train_model(texts, labels, {"time_budget_s": 20, "folds": 2})
+    assert res.report["pretrained"]["used"] is False
+    assert "CJK" in res.report["pretrained"]["why"]
+
+
+def test_multilabel_gets_the_view(tmp_path):
+    """Multi-label auto searches the same views; forced onto the view, its
+    sigmoid graph reproduces the fitted one-vs-rest model and reloads."""
+    import time
+
+    import keras
+
+    from model_worker import autoselect, textmodel
+    from model_worker.params import validate_params
+
+    texts, labels = _topics()
+    sets = [[x] + (["news"] if t.startswith("news") else []) for t, x in zip(texts, labels)]
+    res = textmodel.train_model(texts, sets, {"time_budget_s": 30, "folds": 2})
+    assert res.report["pretrained"]["used"]
+    names = [c["name"] for c in res.report["candidates"]] + [c["name"] for c in res.report["pruned"]]
+    assert any("pretrained" in n for n in names), names
+    label_names = sorted({x for s in sets for x in s})
+    y = np.zeros((len(texts), len(label_names)), dtype=np.int8)
+    for i, s in enumerate(sets):
+        y[i, [label_names.index(x) for x in s]] = 1
+    search = autoselect.Search(texts, y, len(label_names), validate_params({"time_budget_s": 30, "folds": 2}),
+                               "word", time.monotonic(), None, None)
+    model = autoselect.final_multilabel_model(search, autoselect.Candidate(("word", "pretrained"), "svm", 1.0),
+                                              np.ones(len(label_names)), np.zeros(len(label_names)))
+    model.save(tmp_path / "m.keras")
+    again = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+    probe = ["news about the tennis final", "zqxjv"]
+    assert np.allclose(textmodel.make_predict_fn(again)(probe), textmodel.make_predict_fn(model)(probe), atol=1e-5)
