@@ -285,6 +285,14 @@ class JobManager:
             full = validate_params(params or {})
         except ParamError as exc:
             raise JobError(400, "invalid_params", f"params.{exc.field}: {exc.message}") from None
+        if not self.cfg["pretrained"]:
+            # training.pretrained: false: for a service that cannot take the
+            # Llama 2 licence of the pretrained vectors, no job may use them
+            if params and params.get("pretrained") is True:
+                raise JobError(400, "invalid_params", "params.pretrained: the pretrained view "
+                                                      "is off on this service "
+                                                      "(training.pretrained: false)")
+            full["pretrained"] = False
         # trusted: the bundled demo, or a policy's retrain of what was read before
         roots = [*self.data_roots, "/"] if trusted_path else self.data_roots
         try:  # reading a big file must not stall serving: off the loop
@@ -364,6 +372,8 @@ class JobManager:
         try:
             check_name(doc.get("name"))
             params = validate_params(doc.get("params"))
+            if not self.cfg["pretrained"]:  # this node's own licence switch
+                params["pretrained"] = False
         except (InvalidName, ParamError) as exc:
             raise JobError(400, "invalid_job", f"job {doc['id']}: {exc}") from None
         if not isinstance(doc.get("data"), dict):

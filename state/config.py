@@ -141,6 +141,9 @@ DEFAULTS: dict[str, Any] = {
         "refresh_s": 30.0,     # /metrics figures recomputed this often (0: only on GET /quality)
     },
     "training": {
+        # auto's pretrained view (WordLlama vectors derived from Llama 2: see
+        # docs/models.md for the licence); false: never used by any job
+        "pretrained": True,
         "max_concurrent": 1,
         "nice": 10,
         # trainers run under SCHED_IDLE (Linux): they get only CPU that serving
