@@ -39,6 +39,7 @@ class Applies:
         self.store, self.pool, self.events = sup.store, sup.pool, sup.events
         self._commit_lock = Lock()
         self.dirty = False  # the last record write failed: the sweep tries again
+        self._commits = 0  # commits running or waiting for the lock
 
     def on_record_change(self, record: dict[str, Any]) -> None:
         """The record was edited from outside: converge on it, name by name.
@@ -319,6 +320,14 @@ class Applies:
         switches. Not strict (the service's own moves: fallback, automatic
         rollback, a FAILED default): switch anyway, serving comes first, and
         the sweep writes the record again until a write succeeds."""
+        self._commits += 1
+        try:
+            await self._commit(changed, entry, default=default, switch=switch, strict=strict)
+        finally:
+            self._commits -= 1
+
+    async def _commit(self, changed: str | None, entry: Any = KEEP, *, default: Any = KEEP,
+                      switch: Callable[[], None] | None = None, strict: bool = True) -> None:
         async with self._commit_lock:
             models = {n: {"version": s.version, "replicas": s.wanted, "explicit": s.explicit}
                       for n, s in sorted(self.sup.slots.items()) if s.version is not None}
@@ -364,7 +373,7 @@ class Applies:
 
     def retry_dirty(self) -> None:
         """From the sweep: a record that failed to write is written again."""
-        if self.dirty and not self._commit_lock.locked():
+        if self.dirty and not self._commits:  # none running or waiting: it would write
             self.dirty = False  # set again by the commit if it fails again
             self.save_later()
 

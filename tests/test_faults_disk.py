@@ -309,3 +309,48 @@ def test_feedback_under_a_failing_disk_is_refused_then_stored(svc):
     svc.restart()
     code, got = svc.svc.mget("/models/sent/review?limit=500")
     assert code == 200 and not any(i["request_id"] == "disk-fb-1" for i in got["items"]), got
+
+
+def test_a_record_the_service_could_not_write_is_written_once_the_disk_works(disk, tmp_path):
+    """The service's own switch (an automatic rollback) goes ahead while the
+    record cannot be written; the sweep writes it once fsync works again, and
+    keeps killing hung workers meanwhile. (The sweep once called a method the
+    commit lock does not have: it raised every second while a write was due,
+    so the record stayed stale and the rest of the sweep never ran.)"""
+
+    class Faulty(Disk):
+        def start(self) -> Service:
+            self.n += 1
+            cfg = os.path.join(self.d["base"], "config-faulty.yaml")
+            with open(cfg, "w") as fh:
+                fh.write("worker:\n  standby_pool: 0\nrollout:\n  probation_s: 600\n"
+                         "  min_requests: 10\n")
+            return Service(self.d["store"], prefix=[FIU_RUN, "-x", "-f", self.ctl],
+                           log_path=os.path.join(self.d["base"], f"faulty-{self.n}.log"),
+                           args=["--config", cfg],
+                           env={"TEXTSWAP_PRELOAD_SUPERVISOR_ONLY": "1",
+                                # version 2 of sent fails every prediction
+                                "TEXTSWAP_TEST_FAULT": "predict:error:sent@2"})
+
+    d = Faulty(disk)
+    try:
+        assert d.svc.mpost("/apply", {"name": "sent", "version": 1})[0] == 200
+        assert d.svc.mpost("/apply", {"name": "sent", "version": 2})[0] == 200
+        assert d.record()["models"]["sent"]["version"] == 2
+        d.fiu("enable name=posix/io/sync/fsync,failinfo=5")
+        try:
+            def rolled_back() -> bool:
+                code, got = d.svc.predict({"text": "很好", "model": "sent"})
+                return code == 200 and got["model"]["version"] == 1
+            wait_for(rolled_back, 120, "the automatic rollback to v1", interval=0.05)
+            assert d.record()["models"]["sent"]["version"] == 2  # the write failed
+            storage = d.svc.status()["storage"]
+            assert storage["record_dirty"] is True
+            assert storage["last_error"]["what"] == "the applied-model record"
+        finally:
+            d.fiu("disable name=posix/io/sync/fsync")
+        wait_for(lambda: d.record()["models"]["sent"]["version"] == 1, 60,
+                 "the sweep writing the record again")
+        assert "AttributeError" not in d.svc.log()
+    finally:
+        d.svc.stop()
