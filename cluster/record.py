@@ -101,7 +101,7 @@ class Cluster:
         self._describe: Callable[[], dict[str, Any]] | None = None
         self._on_jobs: Callable[[], Any] | None = None
         self._on_message: Callable[[str], Any] | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = False
         self._wake = asyncio.Event()
 

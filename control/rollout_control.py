@@ -227,7 +227,7 @@ class RolloutControl:
                            + "; ".join(reasons), code="quality_gate", details={"gate": info})
         return info
 
-    async def score_on(self, w: WorkerHandle, texts: list[str]) -> list:
+    async def score_on(self, w: WorkerHandle, texts: list[str]) -> list[Any]:
         step = self.wcfg["max_batch"]
         parts = await gen.multi([w.predict(texts[i:i + step]) for i in range(0, len(texts), step)])
         return [row for part in parts for row in part]

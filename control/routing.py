@@ -66,7 +66,7 @@ class Router:
 
     async def predict(self, texts: list[str], model: str | None = None,
                       options: dict[str, Any] | None = None
-                      ) -> tuple[dict[str, Any], list[str], list]:
+                      ) -> tuple[dict[str, Any], list[str], list[Any]]:
         """(model, labels, scores) for texts; retried once on a sibling or a
         replacement if the worker dies with the request in flight.
 

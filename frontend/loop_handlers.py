@@ -135,7 +135,7 @@ def _label_set(value: Any, where: str) -> list[str]:
     return sorted(out)
 
 
-def _meta_of(sup: Any, name: str, version: Any, cache: dict) -> dict[str, Any]:
+def _meta_of(sup: Any, name: str, version: Any, cache: dict[str, Any]) -> dict[str, Any]:
     """What feedback needs of a version of a model (its meta.json): the labels it
     knows, multi_label, thresholds, min_labels; blocking. Latest when version is
     None."""
@@ -160,12 +160,12 @@ def _meta_of(sup: Any, name: str, version: Any, cache: dict) -> dict[str, Any]:
     return cache[key]
 
 
-def _labels_of(sup: Any, name: str, version: Any, cache: dict) -> set[str]:
+def _labels_of(sup: Any, name: str, version: Any, cache: dict[str, Any]) -> set[str]:
     """The labels a version of a model knows (from its meta.json); blocking."""
     return _meta_of(sup, name, version, cache)["labels"]
 
 
-_LABELS: dict = {}
+_LABELS: dict[str, Any] = {}
 
 
 class FeedbackHandler(JsonHandler):
@@ -577,11 +577,11 @@ def name_of(value: Any) -> str:
         raise ApiError(400, "invalid_name", str(exc)) from None
 
 
-def inference_routes(kw: dict[str, Any], config: Any) -> list:
+def inference_routes(kw: dict[str, Any], config: Any) -> list[Any]:
     return [(r"/feedback", FeedbackHandler, {**kw, "token": feedback_token(config)})]
 
 
-def management_routes(kw: dict[str, Any]) -> list:
+def management_routes(kw: dict[str, Any]) -> list[Any]:
     return [(r"/models/([^/]+)/review", ReviewHandler, kw),
             (r"/models/([^/]+)/policy", PolicyHandler, kw),
             (r"/predictions/([^/]+)", RequestErasureHandler, kw),

@@ -107,7 +107,7 @@ def policy_min_score(sup: Any, name: str) -> float | None:
 
 # -- calling the worker ----------------------------------------------------------------
 async def scores_for(sup: Any, texts: list[str], name: str | None, explain: int
-                     ) -> tuple[dict[str, Any], list[str], list, list | None]:
+                     ) -> tuple[dict[str, Any], list[str], list[Any], list | None]:
     """(model, labels, score rows, explanations or None)."""
     if not explain:
         model, labels, scores = await sup.predict(texts, name)

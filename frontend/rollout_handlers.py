@@ -165,7 +165,7 @@ class HistoryHandler(JsonHandler):
         self.send_json({"history": rows})
 
 
-def routes(kw: dict[str, Any]) -> list:
+def routes(kw: dict[str, Any]) -> list[Any]:
     return [
         (r"/rollback", RollbackHandler, kw),
         (r"/promote", PromoteHandler, kw),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import keras
 import numpy as np
@@ -35,7 +35,7 @@ class View:
 
     name: str
     standardize: str            # key of layers._STANDARDIZERS
-    split: Callable | str       # "whitespace" or a registered split function
+    split: Callable[..., Any] | str       # "whitespace" or a registered split function
     ngrams: tuple[int, ...] | None
 
     def tokens(self, texts: tf.Tensor) -> tf.RaggedTensor:

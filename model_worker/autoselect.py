@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -97,7 +97,7 @@ class Candidate:
             return self.learner
         return f"{'+'.join(self.views)}/{self.learner} C={self.c:g}{' balanced' if self.balanced else ''}"
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"name": self.name, "views": list(self.views), "learner": self.learner, "C": self.c,
                 "balanced": self.balanced}
 
@@ -121,9 +121,9 @@ class BudgetExceeded(Exception):
 class Search:
     """Cross-validated search over candidates within a wall-clock deadline."""
 
-    def __init__(self, texts: list[str], y: np.ndarray, n_labels: int, params: dict, tokenize: str,
-                 started: float, on_candidate: Callable[[dict], None] | None,
-                 network_cv: Callable | None) -> None:
+    def __init__(self, texts: list[str], y: np.ndarray, n_labels: int, params: dict[str, Any], tokenize: str,
+                 started: float, on_candidate: Callable[[dict[str, Any]], None] | None,
+                 network_cv: Callable[..., Any] | None) -> None:
         self.texts, self.y, self.n_labels, self.params = texts, y, n_labels, params
         self.seed = params["seed"]
         self.deadline = started + params["time_budget_s"]
@@ -147,8 +147,8 @@ class Search:
         self._weighted: dict[tuple[str, int], sp.csr_matrix] = {}
         self._split_cache: dict[tuple[tuple[str, ...], int], tuple[sp.csr_matrix, sp.csr_matrix]] = {}
         self.scored: list[Scored] = []
-        self.skipped: list[dict] = []
-        self.pruned: list[dict] = []
+        self.skipped: list[dict[str, Any]] = []
+        self.pruned: list[dict[str, Any]] = []
         self.budget_bound = False
         self._per_fold_svm_s: dict[tuple[str, ...], float] = {}
 
@@ -350,7 +350,7 @@ def fold_f1(search: Search, probs: np.ndarray) -> list[float]:
                            labels=range(search.n_labels), zero_division=0)) for _, test in search.folds]
 
 
-def choose(search: Search) -> tuple[list[Scored], list[float], dict]:
+def choose(search: Search) -> tuple[list[Scored], list[float], dict[str, Any]]:
     """The member(s) to serve with their temperatures, and the ensemble note.
 
     Two members are averaged (after each one's own temperature) when that
@@ -359,7 +359,7 @@ def choose(search: Search) -> tuple[list[Scored], list[float], dict]:
     ranked = sorted(search.scored, key=lambda s: -s.score)
     best = ranked[0]
     temps = [calibration.fit_temperature(best.oof, search.y)]
-    note: dict = {"tried": False}
+    note: dict[str, Any] = {"tried": False}
     # the runner-up must differ in views or learner family, else it adds little
     other = next((s for s in ranked[1:] if s.candidate.learner not in ("bow", "cnn")
                   and best.candidate.learner not in ("bow", "cnn")
@@ -399,7 +399,7 @@ _SPEED_SECONDS = 0.4
 
 
 def serving_speed(search: Search, views: tuple[str, ...], n_members: int = 1,
-                  cache: dict | None = None) -> float:
+                  cache: dict[str, Any] | None = None) -> float:
     """Texts/s at batch 256 of the final graph for these views and members, on
     training texts. The weights do not change the work, so the graph is
     built with zero kernels: no refit is needed to time it."""
@@ -438,7 +438,7 @@ def _tied(best_folds: list[float], folds: list[float]) -> bool:
 
 
 def cost_aware(search: Search, members: list[Scored], temps: list[float]
-               ) -> tuple[list[Scored], list[float], dict]:
+               ) -> tuple[list[Scored], list[float], dict[str, Any]]:
     """The one-standard-error rule: among the linear candidates whose CV
     macro-F1 is within one standard error (of the mean over folds) of the most
     accurate choice, and tied with it fold by fold (_tied), the cheapest to
@@ -447,9 +447,9 @@ def cost_aware(search: Search, members: list[Scored], temps: list[float]
     folds = fold_f1(search, oof_probs(members, temps)[1]) if len(members) > 1 else members[0].fold_scores
     best = float(np.mean(folds))
     se = float(np.std(folds, ddof=1) / np.sqrt(len(folds))) if len(folds) > 1 else 0.0
-    cache: dict = {}
+    cache: dict[str, Any] = {}
     views = tuple(sorted({v for m in members for v in m.candidate.views}))
-    note: dict = {"rule": "one standard error", "paired": True, "se": round(se, 4),
+    note: dict[str, Any] = {"rule": "one standard error", "paired": True, "se": round(se, 4),
                   "margin": _COST_MARGIN,
                   "batch": _SPEED_BATCH}
     if members[0].candidate.learner in ("bow", "cnn"):
@@ -511,10 +511,10 @@ def wilson_low(p: float, n: float) -> float:
 
 
 def learning_curve(search: Search, members: list[Scored], temps: list[float]
-                   ) -> tuple[list[np.ndarray] | None, dict]:
+                   ) -> tuple[list[np.ndarray] | None, dict[str, Any]]:
     """Out-of-fold decisions of the chosen members fitted on _CURVE_SHARE of each
     fold's training rows (None, with why, when not done)."""
-    note: dict = {"method": "learning curve", "share": _CURVE_SHARE, "applied": False}
+    note: dict[str, Any] = {"method": "learning curve", "share": _CURVE_SHARE, "applied": False}
     if any(m.candidate.learner in ("bow", "cnn") for m in members):
         note["why"] = "a network member: not refitted"
         return None, note
@@ -549,7 +549,7 @@ def learning_curve(search: Search, members: list[Scored], temps: list[float]
 
 
 def final_temperatures(search: Search, temps: list[float], small: list[np.ndarray] | None,
-                       note: dict) -> list[float]:
+                       note: dict[str, Any]) -> list[float]:
     """Each member's temperature carried along the learning curve to the final
     model's size (log T linear in log rows): a model fitted on more rows has
     larger margins, and the fold models' temperature leaves it overconfident."""
@@ -567,7 +567,7 @@ def final_temperatures(search: Search, temps: list[float], small: list[np.ndarra
 
 
 def risk_at_full_size(search: Search, members: list[Scored], temps: list[float], cal: np.ndarray,
-                      small: list[np.ndarray] | None, note: dict) -> list[dict]:
+                      small: list[np.ndarray] | None, note: dict[str, Any]) -> list[dict]:
     """The report's risk-coverage rows: `coverage` and `accuracy` carried to the
     final model's size along the learning curve, `accuracy_low` their one-sided
     95 % lower bound (the promise), `cv_coverage`/`cv_accuracy` as the fold
@@ -594,9 +594,9 @@ def risk_at_full_size(search: Search, members: list[Scored], temps: list[float],
 @dataclass
 class AutoResult:
     model: object            # keras.Model
-    metrics: dict
-    report: dict
-    history: list[dict]
+    metrics: dict[str, Any]
+    report: dict[str, Any]
+    history: list[dict[str, Any]]
     held_out_probs: object = None  # calibrated out-of-fold probabilities (profile.json)
 
 
@@ -624,7 +624,7 @@ def _sklearn_probs(search: Search, members, idf, rows: np.ndarray) -> np.ndarray
 
 
 def final_model(search: Search, members: list[Candidate], temps: list[float],
-                network_fit: Callable | None = None):
+                network_fit: Callable[..., Any] | None = None):
     """The served Keras model for the chosen member(s), fitted on every row."""
     if members[0].learner in ("bow", "cnn"):
         return network_fit(members[0].learner, temps[0])
@@ -642,9 +642,9 @@ def final_model(search: Search, members: list[Candidate], temps: list[float],
     return model
 
 
-def train_auto(texts: list[str], labels: list[str], label_names: list[str], params: dict,
-               tokenize: str, started: float, on_progress: Callable[[dict], None] | None,
-               network_cv: Callable, network_fit: Callable) -> AutoResult:
+def train_auto(texts: list[str], labels: list[str], label_names: list[str], params: dict[str, Any],
+               tokenize: str, started: float, on_progress: Callable[[dict[str, Any]], None] | None,
+               network_cv: Callable[..., Any], network_fit: Callable) -> AutoResult:
     """Search, choose, calibrate, refit and build the served model.
 
     network_cv(arch, train_idx, test_idx, deadline) -> out-of-fold logits and
@@ -653,9 +653,9 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
     """
     index = {name: i for i, name in enumerate(label_names)}
     y = np.array([index[label] for label in labels])
-    history: list[dict] = []
+    history: list[dict[str, Any]] = []
 
-    def on_candidate(row: dict) -> None:
+    def on_candidate(row: dict[str, Any]) -> None:
         history.append(row)
         if on_progress:
             on_progress(row)
@@ -667,7 +667,7 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         search.search(include_networks=params["include_networks"])
     search_s = time.monotonic() - started
     members, temps, ensemble = choose(search)
-    cost: dict = {"applied": False, "why": "cost_aware is false"}
+    cost: dict[str, Any] = {"applied": False, "why": "cost_aware is false"}
     if params.get("cost_aware", True):
         with threadpool_limits(limits=1):
             members, temps, cost = cost_aware(search, members, temps)
@@ -752,7 +752,7 @@ def micro_f1(y: np.ndarray, pred: np.ndarray) -> float:
     return 2 * tp / (2 * tp + wrong) if tp else 0.0
 
 
-def multilabel_metrics(y: np.ndarray, pred: np.ndarray, label_names: list[str]) -> dict:
+def multilabel_metrics(y: np.ndarray, pred: np.ndarray, label_names: list[str]) -> dict[str, Any]:
     """micro-, macro- and samples-F1, exact-match accuracy, per label precision,
     recall, F1, support (texts with the label) and predicted (texts given it)."""
     y = y == 1
@@ -909,17 +909,17 @@ def final_multilabel_model(search: Search, cand: Candidate, a: np.ndarray, b: np
 
 
 def train_auto_multilabel(texts: list[str], label_sets: list[list[str]], label_names: list[str],
-                          params: dict, tokenize: str, started: float,
-                          on_progress: Callable[[dict], None] | None) -> AutoResult:
+                          params: dict[str, Any], tokenize: str, started: float,
+                          on_progress: Callable[[dict[str, Any]], None] | None) -> AutoResult:
     """architecture "auto" on multi-label data (see the module docstring)."""
     index = {name: i for i, name in enumerate(label_names)}
     y = np.zeros((len(texts), len(label_names)), dtype=np.int8)
     for i, labels in enumerate(label_sets):
         y[i, [index[x] for x in labels]] = 1
     min_labels = int(params.get("min_labels", 1))
-    history: list[dict] = []
+    history: list[dict[str, Any]] = []
 
-    def on_candidate(row: dict) -> None:
+    def on_candidate(row: dict[str, Any]) -> None:
         history.append(row)
         if on_progress:
             on_progress(row)
@@ -935,7 +935,7 @@ def train_auto_multilabel(texts: list[str], label_sets: list[list[str]], label_n
             s.fold_scores = nested_folds(search, s.oof, min_labels)[0]
     search_s = time.monotonic() - started
     best = search.best()
-    cost: dict = {"applied": False, "why": "cost_aware is false"}
+    cost: dict[str, Any] = {"applied": False, "why": "cost_aware is false"}
     members = [best]
     if params.get("cost_aware", True):
         with threadpool_limits(limits=1):

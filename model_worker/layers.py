@@ -11,6 +11,8 @@ above it (textmodel, autofeatures, autoselect) form no import circle.
 
 from __future__ import annotations
 
+from typing import Any
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -237,12 +239,12 @@ class CharNgramCounts(keras.layers.Layer):
     def load_own_variables(self, store) -> None:
         self._set_tables(np.asarray(store["alphabet"], dtype=np.int64), np.asarray(store["keys"], dtype=np.int64))
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "widths": list(self.widths), "unigrams": self.unigrams,
                 "standardize": self.standardize, "vocabulary_size": self._vocab_size}
 
     @classmethod
-    def from_config(cls, config: dict):
+    def from_config(cls, config: dict[str, Any]):
         config = dict(config)
         size = config.pop("vocabulary_size", 0)
         layer = cls(**config)
@@ -300,7 +302,7 @@ class TermWeighting(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "vocab_size": self.vocab_size, "mode": self.mode,
                 "normalize": self.normalize, "sublinear_tf": self.sublinear_tf}
 
@@ -326,7 +328,7 @@ class Standardize(keras.layers.Layer):
     def compute_output_spec(self, texts):
         return keras.KerasTensor(texts.shape, dtype="string")
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "standardize": self.standardize}
 
 
@@ -384,5 +386,5 @@ class SparseLinear(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.units)
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "units": self.units, "use_bias": self.use_bias}

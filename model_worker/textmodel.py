@@ -27,7 +27,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import keras
 import numpy as np
@@ -73,7 +73,7 @@ def _tokens(texts: list[str], tokenize: str, ngrams: int | None) -> tf.RaggedTen
     return tf.strings.ngrams(words, ngram_width=tuple(range(1, ngrams + 1)), separator=" ")
 
 
-def _document_frequencies(texts: list[str], tokenize: str, ngrams: int | None) -> Counter:
+def _document_frequencies(texts: list[str], tokenize: str, ngrams: int | None) -> Counter[str]:
     """How many texts each token occurs in.
 
     Counting in Python over TF-produced tokens is ~4x faster than
@@ -81,14 +81,14 @@ def _document_frequencies(texts: list[str], tokenize: str, ngrams: int | None) -
     variant was slower still) and yields the document frequencies that the
     IDF weights need anyway.
     """
-    df: Counter = Counter()
+    df: Counter[str] = Counter()
     for start in range(0, len(texts), _FEATURE_BATCH):
         for row in _tokens(texts[start:start + _FEATURE_BATCH], tokenize, ngrams).to_list():
             df.update(set(row))
     return df
 
 
-def _top_tokens(df: Counter, limit: int) -> tuple[list[bytes], np.ndarray]:
+def _top_tokens(df: Counter[str], limit: int) -> tuple[list[bytes], np.ndarray]:
     """The `limit` most document-frequent tokens, ties broken by the token.
 
     The tie-break makes the vocabulary independent of input order. Only
@@ -107,7 +107,7 @@ def _top_tokens(df: Counter, limit: int) -> tuple[list[bytes], np.ndarray]:
 
 
 
-def build_vectorizer(texts: list[str], params: dict, tokenize: str):
+def build_vectorizer(texts: list[str], params: dict[str, Any], tokenize: str):
     """A TextVectorization layer with its vocabulary fitted on `texts`.
 
     For bags it emits sparse counts and comes with the TermWeighting layer
@@ -148,7 +148,7 @@ def build_vectorizer(texts: list[str], params: dict, tokenize: str):
 # Heads
 # --------------------------------------------------------------------------
 
-def _head_layers(params: dict, vocab_size: int, n_labels: int) -> list[keras.layers.Layer]:
+def _head_layers(params: dict[str, Any], vocab_size: int, n_labels: int) -> list[keras.layers.Layer]:
     """The trainable layers after the vectorizer, shared by both graphs."""
     reg = keras.regularizers.L2(params["l2"]) if params["l2"] > 0 else None
     out = keras.layers.Dense(n_labels, activation="softmax", kernel_regularizer=reg, name="probs")
@@ -183,10 +183,10 @@ class TrainingCancelled(Exception):
 class TrainResult:
     model: keras.Model
     labels: list[str]
-    metrics: dict
-    history: list[dict] = field(default_factory=list)
+    metrics: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
     # architecture "auto": the search report (candidates, choice, calibration)
-    report: dict | None = None
+    report: dict[str, Any] | None = None
     # probabilities on texts the model was not fitted on, for profile.json
     held_out_probs: np.ndarray | None = None
     held_out_on: str | None = None
@@ -216,7 +216,7 @@ def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndar
 class _Progress(keras.callbacks.Callback):
     """Reports each epoch and turns should_stop() into TrainingCancelled."""
 
-    def __init__(self, epochs: int, on_epoch, should_stop, history: list[dict]) -> None:
+    def __init__(self, epochs: int, on_epoch, should_stop, history: list[dict[str, Any]]) -> None:
         super().__init__()
         self.epochs, self.on_epoch, self.should_stop, self.history = epochs, on_epoch, should_stop, history
 
@@ -262,8 +262,8 @@ def _dataset(features, y: np.ndarray, batch_size: int, seed: int | None) -> tf.d
     return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
-def _fit_head(params: dict, vocab_size: int, n_labels: int, train: tuple, val: tuple | None,
-              epochs: int, callbacks: list) -> list[keras.layers.Layer]:
+def _fit_head(params: dict[str, Any], vocab_size: int, n_labels: int, train: tuple[Any, ...], val: tuple | None,
+              epochs: int, callbacks: list[Any]) -> list[keras.layers.Layer]:
     """Train fresh head layers on cached features; returns the layers."""
     head = _head_layers(params, vocab_size, n_labels)
     if params["architecture"] == "bow":
@@ -289,8 +289,8 @@ def _fit_head(params: dict, vocab_size: int, n_labels: int, train: tuple, val: t
 def train_model(
     texts: list[str],
     labels: list[str],
-    params: dict,
-    on_epoch: Callable[[dict], None] | None = None,
+    params: dict[str, Any],
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
     """Train an end-to-end classifier; see the module docstring for the shape.
@@ -313,7 +313,7 @@ def train_model(
     return _train_network(texts, labels, params, on_epoch, should_stop)
 
 
-def _train_auto(texts: list[str], labels: list[str], label_names: list[str], params: dict,
+def _train_auto(texts: list[str], labels: list[str], label_names: list[str], params: dict[str, Any],
                 on_progress, should_stop) -> TrainResult:
     """The automatic search, with the bow/cnn networks as candidates."""
     from model_worker import autoselect  # scikit-learn: trainer processes only
@@ -343,7 +343,7 @@ def _train_auto(texts: list[str], labels: list[str], label_names: list[str], par
         return calibrated_network(texts, labels, {**params, "architecture": arch}, temperature,
                                   should_stop)
 
-    def progress(row: dict) -> None:
+    def progress(row: dict[str, Any]) -> None:
         if should_stop is not None and should_stop():
             raise TrainingCancelled("training cancelled")
         if on_progress is not None:
@@ -357,7 +357,7 @@ def _train_auto(texts: list[str], labels: list[str], label_names: list[str], par
                        held_out_probs=auto.held_out_probs, held_out_on="out_of_fold")
 
 
-def _train_multilabel(texts: list[str], label_sets: list[list[str]], params: dict,
+def _train_multilabel(texts: list[str], label_sets: list[list[str]], params: dict[str, Any],
                       on_progress, should_stop) -> TrainResult:
     """Multi-label data: architecture "auto" only (autoselect.train_auto_multilabel)."""
     from model_worker import autoselect
@@ -371,7 +371,7 @@ def _train_multilabel(texts: list[str], label_sets: list[list[str]], params: dic
     started = time.monotonic()
     keras.utils.set_random_seed(params["seed"])
 
-    def progress(row: dict) -> None:
+    def progress(row: dict[str, Any]) -> None:
         if should_stop is not None and should_stop():
             raise TrainingCancelled("training cancelled")
         if on_progress is not None:
@@ -392,7 +392,7 @@ def top_true_labels(label_sets: list[list[str]], label_names: list[str], probs) 
     return [max(labels, key=lambda x: probs[i][index[x]]) for i, labels in enumerate(label_sets)]
 
 
-def calibrated_network(texts: list[str], labels: list[str], params: dict, temperature: float,
+def calibrated_network(texts: list[str], labels: list[str], params: dict[str, Any], temperature: float,
                        should_stop=None) -> keras.Model:
     """A bow/cnn network on every row, its softmax sharpened or softened by 1/T.
 
@@ -405,7 +405,7 @@ def calibrated_network(texts: list[str], labels: list[str], params: dict, temper
     return res.model
 
 
-def _train_network(texts: list[str], labels: list[str], params: dict, on_epoch, should_stop) -> TrainResult:
+def _train_network(texts: list[str], labels: list[str], params: dict[str, Any], on_epoch, should_stop) -> TrainResult:
     """architecture "bow" or "cnn": a network trained with Adam on one split."""
     label_names = sorted(set(labels))
     started = time.monotonic()
@@ -430,7 +430,7 @@ def _train_network(texts: list[str], labels: list[str], params: dict, on_epoch, 
     val_feats = _features(vectorizer, val_texts, weighting) if len(val_idx) else None
     log.info("features cached after %.1fs", time.monotonic() - started)
 
-    history: list[dict] = []
+    history: list[dict[str, Any]] = []
     callbacks: list[keras.callbacks.Callback] = []
     if val_feats is not None:
         callbacks.append(keras.callbacks.EarlyStopping(
@@ -519,7 +519,7 @@ def export_saved_model(model: keras.Model, path: str, probe: list[str], expected
 
 # Small enough to train in a second or two on a laptop core; used by the
 # worker and supervisor tests that need a real model artifact.
-TINY_PARAMS: dict = {
+TINY_PARAMS: dict[str, Any] = {
     "architecture": "bow",
     "max_tokens": 2000,
     "epochs": 30,
@@ -530,7 +530,7 @@ TINY_PARAMS: dict = {
 }
 
 
-def train_tiny(texts: list[str], labels: list[str], on_epoch: Callable[[dict], None] | None = None,
+def train_tiny(texts: list[str], labels: list[str], on_epoch: Callable[[dict[str, Any]], None] | None = None,
                should_stop: Callable[[], bool] | None = None, **overrides) -> TrainResult:
     """Train a small model quickly (tests, demos); overrides are params."""
     return train_model(texts, labels, {**TINY_PARAMS, **overrides}, on_epoch, should_stop)

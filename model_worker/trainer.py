@@ -67,7 +67,7 @@ def _redirect_output(path: str) -> None:
     os.close(fd)
 
 
-def _read_jsonl(path: str) -> tuple[list[str], list]:
+def _read_jsonl(path: str) -> tuple[list[str], list[Any]]:
     """Texts and their labels (multi-label data: a list of labels per text)."""
     texts, labels = [], []
     with open(path, encoding="utf-8") as fh:
