@@ -724,9 +724,9 @@ class RedisPredictionLog:
                 pipe = self.redis.pipeline(transaction=False)
                 for rid in rids:
                     pipe.get(self._k_rid(rid))
-                where = [(rid, raw.decode().partition("\n")) for rid, raw
+                parts = [(rid, raw.decode().partition("\n")) for rid, raw
                          in zip(rids, pipe.execute()) if raw is not None]
-                where = [(rid, m, eid) for rid, (m, _, eid) in where if m == model]
+                where = [(rid, m, eid) for rid, (m, _, eid) in parts if m == model]
                 for rid, m, eid in where:
                     pipe.xrange(self._k_stream(m), eid, eid)
                 for (rid, m, _eid), entries in zip(where, pipe.execute()):

@@ -101,7 +101,7 @@ class Candidate:
     examples: collections.deque[Any] = field(default_factory=lambda: collections.deque(maxlen=100))
 
     def compare(self, texts: list[str], labels: list[str], cand_labels: list[str],
-                serving: list[Any], candidate: list) -> None:
+                serving: list[Any], candidate: list[Any]) -> None:
         """Agreement of the candidate's answers with the serving version's, by
         label name (the versions may order or even name their labels apart).
         The score difference is on the label the serving version chose."""

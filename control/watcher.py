@@ -86,7 +86,7 @@ class RecordWatcher:
         self._last_seen = _content(record)
 
 
-def _content(record: dict[str, Any] | None) -> dict | None:
+def _content(record: dict[str, Any] | None) -> dict[str, Any] | None:
     """What a change is judged on: the slot map and the default, not the revision."""
     if record is None:
         return None

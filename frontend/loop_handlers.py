@@ -135,7 +135,7 @@ def _label_set(value: Any, where: str) -> list[str]:
     return sorted(out)
 
 
-def _meta_of(sup: Any, name: str, version: Any, cache: dict[str, Any]) -> dict[str, Any]:
+def _meta_of(sup: Any, name: str, version: Any, cache: dict[tuple[str, Any], dict[str, Any]]) -> dict[str, Any]:
     """What feedback needs of a version of a model (its meta.json): the labels it
     knows, multi_label, thresholds, min_labels; blocking. Latest when version is
     None."""
@@ -160,12 +160,12 @@ def _meta_of(sup: Any, name: str, version: Any, cache: dict[str, Any]) -> dict[s
     return cache[key]
 
 
-def _labels_of(sup: Any, name: str, version: Any, cache: dict[str, Any]) -> set[str]:
+def _labels_of(sup: Any, name: str, version: Any, cache: dict[tuple[str, Any], dict[str, Any]]) -> set[str]:
     """The labels a version of a model knows (from its meta.json); blocking."""
     return _meta_of(sup, name, version, cache)["labels"]
 
 
-_LABELS: dict[str, Any] = {}
+_LABELS: dict[tuple[str, Any], dict[str, Any]] = {}
 
 
 class FeedbackHandler(JsonHandler):
@@ -240,7 +240,7 @@ class FeedbackHandler(JsonHandler):
         info = await _run(lookup)
         multi = info["multi_label"]
         key = "labels" if multi else "label"
-        pairs = []
+        pairs: list[tuple[str, Any]] = []  # (text, label) or (text, label set)
         for i, ex in enumerate(examples):
             where = f"'examples[{i}]'"
             if not isinstance(ex, dict) or set(ex) - {"text", key} or key not in ex:

@@ -567,7 +567,7 @@ def final_temperatures(search: Search, temps: list[float], small: list[np.ndarra
 
 
 def risk_at_full_size(search: Search, members: list[Scored], temps: list[float], cal: np.ndarray,
-                      small: list[np.ndarray] | None, note: dict[str, Any]) -> list[dict]:
+                      small: list[np.ndarray] | None, note: dict[str, Any]) -> list[dict[str, Any]]:
     """The report's risk-coverage rows: `coverage` and `accuracy` carried to the
     final model's size along the learning curve, `accuracy_low` their one-sided
     95 % lower bound (the promise), `cv_coverage`/`cv_accuracy` as the fold
@@ -644,7 +644,7 @@ def final_model(search: Search, members: list[Candidate], temps: list[float],
 
 def train_auto(texts: list[str], labels: list[str], label_names: list[str], params: dict[str, Any],
                tokenize: str, started: float, on_progress: Callable[[dict[str, Any]], None] | None,
-               network_cv: Callable[..., Any], network_fit: Callable) -> AutoResult:
+               network_cv: Callable[..., Any], network_fit: Callable[..., Any]) -> AutoResult:
     """Search, choose, calibrate, refit and build the served model.
 
     network_cv(arch, train_idx, test_idx, deadline) -> out-of-fold logits and

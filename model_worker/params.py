@@ -198,7 +198,7 @@ def _check_views(value: Any) -> list[str]:
     return [v for v in AUTO_VIEWS if v in value]
 
 
-def validate_params(user: dict[str, Any] | None) -> dict:
+def validate_params(user: dict[str, Any] | None) -> dict[str, Any]:
     """Merge `user` over DEFAULT_PARAMS, checking every given field.
 
     Returns a new dict holding every parameter. Raises ParamError for the

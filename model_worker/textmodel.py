@@ -262,7 +262,7 @@ def _dataset(features, y: np.ndarray, batch_size: int, seed: int | None) -> tf.d
     return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
-def _fit_head(params: dict[str, Any], vocab_size: int, n_labels: int, train: tuple[Any, ...], val: tuple | None,
+def _fit_head(params: dict[str, Any], vocab_size: int, n_labels: int, train: tuple[Any, ...], val: tuple[Any, ...] | None,
               epochs: int, callbacks: list[Any]) -> list[keras.layers.Layer]:
     """Train fresh head layers on cached features; returns the layers."""
     head = _head_layers(params, vocab_size, n_labels)

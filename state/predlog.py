@@ -383,9 +383,9 @@ class PredictionLog:
             w = self._live_writer()
             for it in markers:
                 w.acks[it[1]] = it[2]
-            w.proc.stdin.write(b"".join(it[1] if it[0] == "b" else
+            w.proc.stdin.write(b"".join(  # type: ignore[union-attr]  # stdin=PIPE, never Noneit[1] if it[0] == "b" else
                                         msgpack.packb([["f", it[1]]]) for it in items))
-            w.proc.stdin.flush()
+            w.proc.stdin.flush()  # type: ignore[union-attr]  # stdin=PIPE, never None
         except (OSError, ValueError) as exc:
             log.error("prediction log: %d texts not sent to the writer: %s", texts, exc)
             self._lost += texts
@@ -461,7 +461,7 @@ class PredictionLog:
         if w is None:
             return
         try:
-            w.proc.stdin.close()  # type: ignore[union-attr]
+            w.proc.stdin.close()  # type: ignore[union-attr]  # stdin=PIPE, never None
         except OSError:
             pass
         try:
