@@ -747,6 +747,7 @@ class PredictionLog:
 
     def recent(self, model: str, version: Any = None, limit: int = 1000) -> list[dict[str, Any]]:
         """The newest `limit` predictions, newest first."""
+        args: tuple[Any, ...]
         if version is None:
             sql, args = ("SELECT model, version, data FROM batches WHERE model = ? "
                          "ORDER BY id DESC", (model,))
