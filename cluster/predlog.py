@@ -461,7 +461,7 @@ class RedisPredictionLog:
         fut.set_exception(RuntimeError("the prediction log is closed"))
         return fut
 
-    def _write(self, per_key: dict[str, dict[str, bytes]]) -> None:
+    def _write(self, per_key: dict[str, dict[Any, bytes]]) -> None:  # Any: hset's key type
         def run() -> None:
             pipe = self.redis.pipeline(transaction=True)  # all of it or nothing
             for key, mapping in per_key.items():

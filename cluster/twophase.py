@@ -295,6 +295,9 @@ class TwoPhase:
     async def _answer(self, pid: str, req: dict[str, Any], coordinator: bool = False
                       ) -> BaseException | None:
         """Prepare req here and answer in Redis; the error (None: ready)."""
+        name: Any  # and version, replicas: checked by _check_request below
+        version: Any
+        replicas: Any
         name, version, replicas = req.get("name"), req.get("version"), req.get("replicas")
         t = time.monotonic()
         exc: BaseException | None = None

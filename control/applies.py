@@ -364,7 +364,7 @@ class Applies:
 
     def retry_dirty(self) -> None:
         """From the sweep: a record that failed to write is written again."""
-        if self.dirty and not self._commit_lock.locked():
+        if self.dirty and not self._commit_lock.locked():  # type: ignore[attr-defined]  # BUG: tornado's Lock has no locked()
             self.dirty = False  # set again by the commit if it fails again
             self.save_later()
 

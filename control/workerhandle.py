@@ -359,7 +359,7 @@ class WorkerHandle(ChildProcess):
         if kind == "result" or (kind == "error" and msg.get("id") is not None):
             if "bs" in msg and self.on_batch is not None:
                 self.on_batch(self.model, msg["bn"], msg["bs"])
-            entry = self.pending.pop(msg.get("id"), None)
+            entry = self.pending.pop(msg.get("id"), None)  # type: ignore[arg-type]  # no id: None
             if entry is None:
                 log.warning("worker gen %d answered unknown id %r", self.generation, msg.get("id"))
                 return
@@ -389,7 +389,7 @@ class WorkerHandle(ChildProcess):
                 self.ready.set_exception(RequestFailed(msg.get("code", "error"),
                                                        msg.get("message", "")))
         elif kind == "pong":
-            entry = self.pending.pop(msg.get("id"), None)
+            entry = self.pending.pop(msg.get("id"), None)  # type: ignore[arg-type]  # no id: None
             if entry and not entry[0].done():
                 entry[0].set_result(None)
         else:

@@ -225,7 +225,7 @@ class Zygote:
             for launch in queued:
                 self._send(launch)
             return
-        launch = self._sent.pop(msg.get("id"), None)
+        launch = self._sent.pop(msg.get("id"), None)  # type: ignore[arg-type]  # no id: None
         if launch is None:
             log.warning("zygote answered unknown request %r", msg.get("id"))
         elif kind == "forked":

@@ -33,7 +33,7 @@ from frontend.handlers import PREDICT_FIELDS, predict_request
 log = logging.getLogger("textswap.http")
 
 _JSON = "application/json; charset=utf-8"
-_NO_MODEL = {"name": "", "version": None}
+_NO_MODEL: dict[str, Any] = {"name": "", "version": None}
 # the Open Inference Protocol's infer, as routed in frontend/oip.py
 _OIP_INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 
@@ -156,8 +156,8 @@ class _Predict(httputil.HTTPMessageDelegate):
             except UnicodeDecodeError:
                 raise ApiError(400, "bad_path", "the path is not valid UTF-8") from None
             body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-            model, out, head = await oip.infer(self.router.sup, self.router.limits, name,
-                                               version, self.headers, body)  # type: ignore
+            model, out, head = await oip.infer(self.router.sup, self.router.limits, name,  # type: ignore[arg-type]  # the name group always matches
+                                               version, self.headers, body)
             if head is not None:
                 headers = {"Content-Type": "application/octet-stream",
                            oip.HEADER_LENGTH: str(head)}
