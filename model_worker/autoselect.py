@@ -399,7 +399,7 @@ _SPEED_SECONDS = 0.4
 
 
 def serving_speed(search: Search, views: tuple[str, ...], n_members: int = 1,
-                  cache: dict[str, Any] | None = None) -> float:
+                  cache: dict[tuple[tuple[str, ...], int], float] | None = None) -> float:
     """Texts/s at batch 256 of the final graph for these views and members, on
     training texts. The weights do not change the work, so the graph is
     built with zero kernels: no refit is needed to time it."""
@@ -447,7 +447,7 @@ def cost_aware(search: Search, members: list[Scored], temps: list[float]
     folds = fold_f1(search, oof_probs(members, temps)[1]) if len(members) > 1 else members[0].fold_scores
     best = float(np.mean(folds))
     se = float(np.std(folds, ddof=1) / np.sqrt(len(folds))) if len(folds) > 1 else 0.0
-    cache: dict[str, Any] = {}
+    cache: dict[tuple[tuple[str, ...], int], float] = {}
     views = tuple(sorted({v for m in members for v in m.candidate.views}))
     note: dict[str, Any] = {"rule": "one standard error", "paired": True, "se": round(se, 4),
                   "margin": _COST_MARGIN,

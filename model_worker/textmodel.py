@@ -73,7 +73,7 @@ def _tokens(texts: list[str], tokenize: str, ngrams: int | None) -> tf.RaggedTen
     return tf.strings.ngrams(words, ngram_width=tuple(range(1, ngrams + 1)), separator=" ")
 
 
-def _document_frequencies(texts: list[str], tokenize: str, ngrams: int | None) -> Counter[str]:
+def _document_frequencies(texts: list[str], tokenize: str, ngrams: int | None) -> Counter[bytes]:
     """How many texts each token occurs in.
 
     Counting in Python over TF-produced tokens is ~4x faster than
@@ -81,14 +81,14 @@ def _document_frequencies(texts: list[str], tokenize: str, ngrams: int | None) -
     variant was slower still) and yields the document frequencies that the
     IDF weights need anyway.
     """
-    df: Counter[str] = Counter()
+    df: Counter[bytes] = Counter()
     for start in range(0, len(texts), _FEATURE_BATCH):
         for row in _tokens(texts[start:start + _FEATURE_BATCH], tokenize, ngrams).to_list():
             df.update(set(row))
     return df
 
 
-def _top_tokens(df: Counter[str], limit: int) -> tuple[list[bytes], np.ndarray]:
+def _top_tokens(df: Counter[bytes], limit: int) -> tuple[list[bytes], np.ndarray]:
     """The `limit` most document-frequent tokens, ties broken by the token.
 
     The tie-break makes the vocabulary independent of input order. Only
@@ -97,6 +97,7 @@ def _top_tokens(df: Counter[str], limit: int) -> tuple[list[bytes], np.ndarray]:
     """
     tokens = list(df)
     counts = np.fromiter(df.values(), dtype=np.int64, count=len(tokens))
+    keep: np.ndarray | list[int]
     if limit < len(tokens):
         cutoff = np.partition(counts, len(tokens) - limit)[len(tokens) - limit]
         keep = np.flatnonzero(counts >= cutoff)
