@@ -597,7 +597,7 @@ class AutoResult:
     metrics: dict[str, Any]
     report: dict[str, Any]
     history: list[dict[str, Any]]
-    held_out_probs: object = None  # calibrated out-of-fold probabilities (profile.json)
+    held_out_probs: np.ndarray | None = None  # calibrated out-of-fold probabilities (profile.json)
 
 
 def _refit_linear(search: Search, cand: Candidate, temperature: float,

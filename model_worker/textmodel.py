@@ -108,7 +108,7 @@ def _top_tokens(df: Counter[bytes], limit: int) -> tuple[list[bytes], np.ndarray
 
 
 
-def build_vectorizer(texts: list[str], params: dict[str, Any], tokenize: str):
+def build_vectorizer(texts: list[str], params: dict[str, Any], tokenize: str) -> tuple[Any, Any]:
     """A TextVectorization layer with its vocabulary fitted on `texts`.
 
     For bags it emits sparse counts and comes with the TermWeighting layer
@@ -217,17 +217,18 @@ def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndar
 class _Progress(keras.callbacks.Callback):
     """Reports each epoch and turns should_stop() into TrainingCancelled."""
 
-    def __init__(self, epochs: int, on_epoch, should_stop, history: list[dict[str, Any]]) -> None:
+    def __init__(self, epochs: int, on_epoch: Callable[[dict[str, Any]], None] | None,
+                 should_stop: Callable[[], bool] | None, history: list[dict[str, Any]]) -> None:
         super().__init__()
         self.epochs, self.on_epoch, self.should_stop, self.history = epochs, on_epoch, should_stop, history
 
-    def on_train_batch_end(self, batch: int, logs=None) -> None:
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Keras calls this once per graph call (_STEPS_PER_EXECUTION steps),
         # so a cancel lands within a fraction of an epoch.
         if self.should_stop is not None and self.should_stop():
             raise TrainingCancelled("training cancelled")
 
-    def on_epoch_end(self, epoch: int, logs=None) -> None:
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         logs = logs or {}
         row = {
             "epoch": epoch + 1,
@@ -244,7 +245,7 @@ class _Progress(keras.callbacks.Callback):
             raise TrainingCancelled("training cancelled")
 
 
-def _features(vectorizer, texts: list[str], weighting=None):
+def _features(vectorizer: Any, texts: list[str], weighting: Any = None) -> Any:
     """Vectorize every text once; the head then trains on the cached result.
 
     Bags are kept as one SparseTensor (dense 100k-wide rows would not fit in
@@ -256,7 +257,7 @@ def _features(vectorizer, texts: list[str], weighting=None):
     return weighting(tf.sparse.concat(0, parts))
 
 
-def _dataset(features, y: np.ndarray, batch_size: int, seed: int | None) -> tf.data.Dataset:
+def _dataset(features: Any, y: np.ndarray, batch_size: int, seed: int | None) -> tf.data.Dataset:
     ds = tf.data.Dataset.from_tensor_slices((features, y))
     if seed is not None:
         ds = ds.shuffle(len(y), seed=seed, reshuffle_each_iteration=True)
@@ -315,7 +316,8 @@ def train_model(
 
 
 def _train_auto(texts: list[str], labels: list[str], label_names: list[str], params: dict[str, Any],
-                on_progress, should_stop) -> TrainResult:
+                on_progress: Callable[[dict[str, Any]], None] | None,
+                should_stop: Callable[[], bool] | None) -> TrainResult:
     """The automatic search, with the bow/cnn networks as candidates."""
     from model_worker import autoselect  # scikit-learn: trainer processes only
 
@@ -359,7 +361,8 @@ def _train_auto(texts: list[str], labels: list[str], label_names: list[str], par
 
 
 def _train_multilabel(texts: list[str], label_sets: list[list[str]], params: dict[str, Any],
-                      on_progress, should_stop) -> TrainResult:
+                      on_progress: Callable[[dict[str, Any]], None] | None,
+                      should_stop: Callable[[], bool] | None) -> TrainResult:
     """Multi-label data: architecture "auto" only (autoselect.train_auto_multilabel)."""
     from model_worker import autoselect
     from model_worker.params import multi_label_refusal
@@ -386,7 +389,7 @@ def _train_multilabel(texts: list[str], label_sets: list[list[str]], params: dic
                        held_out_probs=auto.held_out_probs, held_out_on="out_of_fold")
 
 
-def top_true_labels(label_sets: list[list[str]], label_names: list[str], probs) -> list[str]:
+def top_true_labels(label_sets: list[list[str]], label_names: list[str], probs: np.ndarray) -> list[str]:
     """One label per multi-label text, for single-label summaries (profile.json):
     of its labels, the one its held-out scores rank highest."""
     index = {name: i for i, name in enumerate(label_names)}
@@ -394,7 +397,7 @@ def top_true_labels(label_sets: list[list[str]], label_names: list[str], probs) 
 
 
 def calibrated_network(texts: list[str], labels: list[str], params: dict[str, Any], temperature: float,
-                       should_stop=None) -> keras.Model:
+                       should_stop: Callable[[], bool] | None = None) -> keras.Model:
     """A bow/cnn network on every row, its softmax sharpened or softened by 1/T.
 
     softmax(z / T) is the same softmax layer with kernel and bias divided by
@@ -406,7 +409,9 @@ def calibrated_network(texts: list[str], labels: list[str], params: dict[str, An
     return res.model
 
 
-def _train_network(texts: list[str], labels: list[str], params: dict[str, Any], on_epoch, should_stop) -> TrainResult:
+def _train_network(texts: list[str], labels: list[str], params: dict[str, Any],
+                   on_epoch: Callable[[dict[str, Any]], None] | None,
+                   should_stop: Callable[[], bool] | None) -> TrainResult:
     """architecture "bow" or "cnn": a network trained with Adam on one split."""
     label_names = sorted(set(labels))
     started = time.monotonic()
@@ -532,6 +537,6 @@ TINY_PARAMS: dict[str, Any] = {
 
 
 def train_tiny(texts: list[str], labels: list[str], on_epoch: Callable[[dict[str, Any]], None] | None = None,
-               should_stop: Callable[[], bool] | None = None, **overrides) -> TrainResult:
+               should_stop: Callable[[], bool] | None = None, **overrides: Any) -> TrainResult:
     """Train a small model quickly (tests, demos); overrides are params."""
     return train_model(texts, labels, {**TINY_PARAMS, **overrides}, on_epoch, should_stop)
