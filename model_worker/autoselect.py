@@ -215,19 +215,19 @@ class Search:
         try:
             for f, (train, test) in enumerate(self.folds):
                 if cand.learner in ("bow", "cnn"):
-                    oof[test] = self.network_cv(cand.learner, train, test, self.deadline - self.reserve())
+                    oof[test] = self.network_cv(cand.learner, train, test, self.deadline - self.reserve())  # type: ignore[misc]  # networks only with network_cv
                 else:
                     x_train, x_test = self._fold_split(cand.views, f)
                     if self.multi:
-                        model = learners.fit_ovr(cand.learner, cand.c, x_train, self.y[train], self.seed)
+                        model = learners.fit_ovr(cand.learner, cand.c, x_train, self.y[train], self.seed)  # type: ignore[arg-type]  # a linear candidate has its C
                     else:
-                        model = learners.fit(cand.learner, cand.c, x_train, self.y[train], self.n_labels,
+                        model = learners.fit(cand.learner, cand.c, x_train, self.y[train], self.n_labels,  # type: ignore[arg-type]  # a linear candidate has its C
                                              self.seed, cand.balanced)
                     oof[test] = model.decision(x_test)
                 scores.append(self.fold_score(test, oof[test]))
                 spent = time.monotonic() - t0
                 if self._hopeless(scores) and f + 1 < len(self.folds):
-                    return self._prune(cand, scores, spent, index, total)
+                    return self._prune(cand, scores, spent, index, total)  # type: ignore[func-returns-value]  # None
                 if (not force and f + 1 < len(self.folds)
                         and spent / (f + 1) * (len(self.folds) - f - 1) > self.remaining()):
                     raise BudgetExceeded(f"time budget ran out after {f + 1} of {len(self.folds)} folds")
@@ -310,6 +310,7 @@ class Search:
             self.run(cand, index, total)
         # one character view goes on (a pruned or skipped one counts as worse)
         single = {s.candidate.views[0]: s.score for s in self.scored}
+        chars: str | None
         if len(char_views) == 2:
             chars = "punct" if single.get("punct", -1.0) > single.get("char", -1.0) + _PUNCT_MARGIN else "char"
         else:
@@ -317,7 +318,7 @@ class Search:
         dropped = next((v for v in char_views if v != chars), None)
         if union:
             index += 1
-            self.run(Candidate(("word", chars), *_SCREEN, balanced), index, total)
+            self.run(Candidate(("word", chars), *_SCREEN, balanced), index, total)  # type: ignore[arg-type]  # union: a char view
         ranked = sorted({s.candidate.views: s.score for s in self.scored if dropped not in s.candidate.views}.items(),
                         key=lambda kv: -kv[1])
         top = [views for views, _ in ranked[:2]]
@@ -537,7 +538,7 @@ def learning_curve(search: Search, members: list[Scored], temps: list[float]
             keep = np.sort(rng.permutation(len(train))[:int(len(train) * _CURVE_SHARE)])
             if len(np.unique(y[train][keep])) < search.n_labels:
                 keep = np.arange(len(train))  # a label would vanish: the whole fold
-            model = learners.fit(m.candidate.learner, m.candidate.c, x_train[keep],
+            model = learners.fit(m.candidate.learner, m.candidate.c, x_train[keep],  # type: ignore[arg-type]  # a linear candidate has its C
                                  y[train][keep], search.n_labels, search.seed, m.candidate.balanced)
             oof[test] = model.decision(x_test)
         out.append(oof)
@@ -604,7 +605,7 @@ def _refit_linear(search: Search, cand: Candidate, temperature: float,
                   idf: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Fit on every row; returns per-view kernel blocks and bias, divided by T."""
     x = sp.hstack([autofeatures.weigh(search.counts[v].matrix, idf[v]) for v in cand.views], format="csr")
-    model = learners.fit(cand.learner, cand.c, x, search.y, search.n_labels, search.seed, cand.balanced)
+    model = learners.fit(cand.learner, cand.c, x, search.y, search.n_labels, search.seed, cand.balanced)  # type: ignore[arg-type]  # a linear candidate has its C
     blocks, offset = {}, 0
     for v in cand.views:
         size = len(search.counts[v].vocabulary)
@@ -613,7 +614,8 @@ def _refit_linear(search: Search, cand: Candidate, temperature: float,
     return blocks, model.bias / temperature
 
 
-def _sklearn_probs(search: Search, members, idf, rows: np.ndarray) -> np.ndarray:
+def _sklearn_probs(search: Search, members: list[tuple[dict[str, np.ndarray], np.ndarray]],
+                   idf: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
     """What the transplanted graph must output for these training rows."""
     probs = []
     for blocks, bias in members:
@@ -624,10 +626,10 @@ def _sklearn_probs(search: Search, members, idf, rows: np.ndarray) -> np.ndarray
 
 
 def final_model(search: Search, members: list[Candidate], temps: list[float],
-                network_fit: Callable[..., Any] | None = None):
+                network_fit: Callable[..., Any] | None = None) -> Any:  # a keras.Model
     """The served Keras model for the chosen member(s), fitted on every row."""
     if members[0].learner in ("bow", "cnn"):
-        return network_fit(members[0].learner, temps[0])
+        return network_fit(members[0].learner, temps[0])  # type: ignore[misc]  # given with network members
     idf = {v: autofeatures.idf_weights(c.matrix) for v, c in search.counts.items()}
     fitted = [_refit_linear(search, m, t, idf) for m, t in zip(members, temps)]
     used = [v for v in search.view_defs if any(v in blocks for blocks, _ in fitted)]
@@ -884,12 +886,12 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
 
 
-def final_multilabel_model(search: Search, cand: Candidate, a: np.ndarray, b: np.ndarray):
+def final_multilabel_model(search: Search, cand: Candidate, a: np.ndarray, b: np.ndarray) -> Any:  # a keras.Model
     """Refit one-vs-rest on every row, fold the Platt scaling into kernel and
     bias, build the sigmoid graph and check it against scikit-learn's side."""
     idf = {v: autofeatures.idf_weights(search.counts[v].matrix) for v in cand.views}
     x = sp.hstack([autofeatures.weigh(search.counts[v].matrix, idf[v]) for v in cand.views], format="csr")
-    model = learners.fit_ovr(cand.learner, cand.c, x, search.y, search.seed)
+    model = learners.fit_ovr(cand.learner, cand.c, x, search.y, search.seed)  # type: ignore[arg-type]  # a linear candidate has its C
     blocks, offset = {}, 0
     for v in cand.views:
         size = len(search.counts[v].vocabulary)
