@@ -41,7 +41,7 @@ class View:
     def tokens(self, texts: tf.Tensor) -> tf.RaggedTensor:
         """Exactly TextVectorization._preprocess for this configuration."""
         x = layers._STANDARDIZERS[self.standardize](texts)
-        x = tf.strings.split(x) if self.split == "whitespace" else self.split(x)
+        x = tf.strings.split(x) if self.split == "whitespace" else self.split(x)  # type: ignore[operator]  # a function
         if self.ngrams is not None:
             x = tf.strings.ngrams(x, ngram_width=self.ngrams, separator=" ")
         return x
@@ -131,7 +131,7 @@ def weigh(counts: sp.csr_matrix, idf: np.ndarray) -> sp.csr_matrix:
 # The served graph
 # --------------------------------------------------------------------------
 
-def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input,
+def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input: Any,
            standardized: bool = False) -> keras.KerasTensor:
     """Sparse counts -> TermWeighting for one view.
 
@@ -163,7 +163,7 @@ def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input,
     return weighting(vec(text_input))
 
 
-def _branches(views: list[tuple[View, list[str], np.ndarray]], text_input) -> dict[str, keras.KerasTensor]:
+def _branches(views: list[tuple[View, list[str], np.ndarray]], text_input: Any) -> dict[str, keras.KerasTensor]:
     """Every view's weighted bag; views that standardize alike share one Standardize."""
     uses = Counter(view.standardize for view, _, _ in views)
     shared = {std: layers.Standardize(std, name=f"standardize_{std}")(text_input)

@@ -128,7 +128,7 @@ class CharNgramCounts(keras.layers.Layer):
     Needs bits * max(widths) <= 63; `fits` says whether a vocabulary does.
     """
 
-    def __init__(self, widths: Iterable[int] = (2, 3, 4, 5), unigrams: bool = False, standardize: str = "word",
+    def __init__(self, widths: Iterable[int] = (2, 3, 4, 5), unigrams: bool = False, standardize: str | None = "word",
                  vocabulary: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.widths, self.unigrams, self.standardize = tuple(widths), bool(unigrams), standardize
