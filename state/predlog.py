@@ -383,7 +383,7 @@ class PredictionLog:
             w = self._live_writer()
             for it in markers:
                 w.acks[it[1]] = it[2]
-            w.proc.stdin.write(b"".join(  # type: ignore[union-attr]  # stdin=PIPE, never Noneit[1] if it[0] == "b" else
+            w.proc.stdin.write(b"".join(it[1] if it[0] == "b" else  # type: ignore[union-attr]  # stdin=PIPE, never None
                                         msgpack.packb([["f", it[1]]]) for it in items))
             w.proc.stdin.flush()  # type: ignore[union-attr]  # stdin=PIPE, never None
         except (OSError, ValueError) as exc:
