@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.set_threshold(20000, 20, 20)
     # the event loop's own signal handling: the handler runs on the loop
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.asyncio_loop.add_signal_handler(  # type: ignore[attr-defined]
+        loop.asyncio_loop.add_signal_handler(  # type: ignore[attr-defined]  # asyncio-backed IOLoop
             signum, lambda: loop.spawn_callback(stop))
     loop.add_callback(boot)
     loop.start()

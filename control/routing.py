@@ -84,7 +84,7 @@ class Router:
                 try:
                     scores = await w.predict(texts, options)
                     cand.stats.observe(time.monotonic() - t0)
-                    return w.model, w.labels, scores  # type: ignore[return-value]
+                    return w.model, w.labels, scores  # type: ignore[return-value]  # serving: model set
                 except RequestFailed as exc:
                     cand.stats.error()
                     raise ServiceError(f"model failed on this request: {exc}", 500,
@@ -122,7 +122,7 @@ class Router:
                 p.new_stats.observe(took)
             if cand is not None and cand.mode == "canary":
                 cand.serving_stats.observe(took)
-            return w.model, w.labels, scores  # type: ignore[return-value]
+            return w.model, w.labels, scores  # type: ignore[return-value]  # serving: model set
         raise AssertionError("unreachable")
 
     def count_error(self, slot: Slot, w: WorkerHandle) -> None:

@@ -177,7 +177,7 @@ class FeedbackHandler(JsonHandler):
         got = self.request.headers.get("Authorization", "")
         scheme, _, value = got.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
-                value.strip().encode(), self.token.encode()):  # type: ignore[union-attr]
+                value.strip().encode(), self.token.encode()):  # type: ignore[union-attr]  # called only with a token
             self.set_header("WWW-Authenticate", 'Bearer realm="textswap-feedback"')
             raise ApiError(401, "unauthorized", "POST /feedback needs 'Authorization: Bearer "
                                                 "<token>' (feedback.token, else the "

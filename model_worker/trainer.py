@@ -147,7 +147,7 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
         profile_labels = labels
         if result.metrics.get("multi_label"):  # answered by frontend/predictions.py
             meta.update(multi_label=True, thresholds=result.report["thresholds"],  # type: ignore[index]  # set by auto
-                        min_labels=result.report["min_labels"])  # type: ignore[index]
+                        min_labels=result.report["min_labels"])  # type: ignore[index]  # set by auto
             profile_labels = textmodel.top_true_labels(labels, result.labels, result.held_out_probs)  # type: ignore[arg-type]  # set by auto
         # what drift detection compares live traffic with (control/quality.py)
         profile.write(staged, texts, profile_labels, result.labels, result.held_out_probs,

@@ -418,7 +418,7 @@ class PredictionLog:
         out = w.proc.stdout
         while True:
             try:
-                data = out.read1(1 << 16)  # type: ignore[union-attr]
+                data = out.read1(1 << 16)  # type: ignore[union-attr]  # stdout=PIPE: a BufferedReader
             except (OSError, ValueError):
                 data = b""
             if not data:
