@@ -85,7 +85,7 @@ class Supervisor:
         self.stopping = False
         self.stopped = Event()
         self.restarts = 0
-        self.exits: collections.deque = collections.deque(maxlen=20)
+        self.exits: collections.deque[Any] = collections.deque(maxlen=20)
         self.failed_models: dict[str, dict[str, Any]] = {}
         self.last_apply: dict[str, Any] | None = None
         self._demo_training = False
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     exit_code = 0
 
-    servers: list = []
+    servers: list[Any] = []
 
     async def stop() -> None:
         for server in servers:  # no new connections; in-flight requests finish below
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.set_threshold(20000, 20, 20)
     # the event loop's own signal handling: the handler runs on the loop
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.asyncio_loop.add_signal_handler(  # type: ignore[attr-defined]
+        loop.asyncio_loop.add_signal_handler(  # type: ignore[attr-defined]  # asyncio-backed IOLoop
             signum, lambda: loop.spawn_callback(stop))
     loop.add_callback(boot)
     loop.start()

@@ -197,7 +197,7 @@ class ClusterJobs:
             ids = await self.r.lrange(self.k_list, 0, -1)
             async with self.r.pipeline(transaction=False) as pipe:
                 for job_id in ids:
-                    pipe.hgetall(self._jk(job_id))
+                    pipe.hgetall(self._jk(job_id))  # type: ignore[arg-type, unused-ignore]  # decode_responses: str
                 return await pipe.execute()
         docs = [self._merge(f) for f in await self.c.call(run)]
         return [d for d in reversed(docs) if d is not None]

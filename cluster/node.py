@@ -79,8 +79,8 @@ class ClusterNode:
         self.training = ClusterTraining(self, ClusterJobs(self.cluster, cfg["job_lease"],
                                                           sup.cfg["training"]["keep_jobs"]))
         self.twophase = TwoPhase(self)
-        self._writes: asyncio.Queue = asyncio.Queue()
-        self._writer: asyncio.Task | None = None
+        self._writes: asyncio.Queue[Any] = asyncio.Queue()
+        self._writer: asyncio.Task[Any] | None = None
         self._write_error: BaseException | None = None
         self._delivered = 0
         self._delivered_at = 0.0
@@ -285,7 +285,7 @@ class ClusterTraining:
         self.node = node
         self.q = queue
         self._ticking = False
-        self._pushes: set[asyncio.Future] = set()
+        self._pushes: set[asyncio.Future[Any]] = set()
 
     @property
     def jobs(self) -> Any:

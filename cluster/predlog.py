@@ -243,7 +243,7 @@ class RedisPredictionLog:
         self.path = f"{self.url} {prefix}:plog:*"
         self._add = self.redis.register_script(_LUA_ADD)
         self._rebuild = self.redis.register_script(_LUA_REBUILD)
-        self._pq: queue.SimpleQueue = queue.SimpleQueue()
+        self._pq: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._closed = False
         self._logged = 0
         self._lost = 0
@@ -375,10 +375,10 @@ class RedisPredictionLog:
             return
         self._went_right()
 
-    def _entries(self, items: list[list[Any]]) -> tuple[dict[str, list[tuple]], int]:
+    def _entries(self, items: list[list[Any]]) -> tuple[dict[str, list[tuple[Any, ...]]], int]:
         """model -> [(request_id, version, texts, blob)]; and the texts that could
         not be packed."""
-        by_model: dict[str, list[tuple]] = {}
+        by_model: dict[str, list[tuple[Any, ...]]] = {}
         bad = 0
         packb = msgpack.packb
         for it in items:
@@ -395,7 +395,7 @@ class RedisPredictionLog:
                                  use_bin_type=True)
                     by_model.setdefault(model, []).append((rid, version, len(texts), blob))
                 elif it[0] == "r":
-                    groups: dict[tuple, list[dict]] = {}
+                    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
                     for r in it[1]:
                         groups.setdefault((r["request_id"], r["model"], r.get("version")),
                                           []).append(r)
@@ -451,17 +451,17 @@ class RedisPredictionLog:
                 fut.set_result(None)
 
     # -- feedback and examples: a thread of their own, futures resolve on Redis's ack -------
-    def _submit(self, fn: Any, *args: Any) -> concurrent.futures.Future:
+    def _submit(self, fn: Any, *args: Any) -> concurrent.futures.Future[Any]:
         if not self._closed:
             try:
                 return self._fb.submit(fn, *args)
             except RuntimeError:  # shut down meanwhile
                 pass
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         fut.set_exception(RuntimeError("the prediction log is closed"))
         return fut
 
-    def _write(self, per_key: dict[str, dict[str, bytes]]) -> None:
+    def _write(self, per_key: dict[str, dict[Any, bytes]]) -> None:  # Any: hset's key type
         def run() -> None:
             pipe = self.redis.pipeline(transaction=True)  # all of it or nothing
             for key, mapping in per_key.items():
@@ -480,13 +480,13 @@ class RedisPredictionLog:
     def add_feedback(self, request_id: str, index: int, label: str, *, model: str,
                      version: Any, text: str, predicted: str | None = None,
                      new_label: bool = False, at: float | None = None
-                     ) -> concurrent.futures.Future:
+                     ) -> concurrent.futures.Future[Any]:
         """Store (or replace) the truth of logged prediction (request_id, index)."""
         return self.add_feedback_many([(request_id, index, label, model, version, text,
                                         predicted, new_label)], at)
 
-    def add_feedback_many(self, items: list[tuple], at: float | None = None
-                          ) -> concurrent.futures.Future:
+    def add_feedback_many(self, items: list[tuple[Any, ...]], at: float | None = None
+                          ) -> concurrent.futures.Future[Any]:
         """items: (request_id, index, label, model, version, text, predicted, new_label)."""
         when = time.time() if at is None else at
         per_key: dict[str, dict[str, bytes]] = {}
@@ -498,7 +498,7 @@ class RedisPredictionLog:
 
     def add_examples(self, model: str, examples: Iterable[tuple[str, str]],
                      new_labels: Iterable[str] = (), at: float | None = None
-                     ) -> concurrent.futures.Future:
+                     ) -> concurrent.futures.Future[Any]:
         when = time.time() if at is None else at
         new = set(new_labels)
         mapping = {t: msgpack.packb([lab, lab in new, when], use_bin_type=True)
@@ -513,7 +513,7 @@ class RedisPredictionLog:
         if self._closed:
             return
         t0 = time.monotonic()
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._pq.put(["f", fut])
         fut.result(timeout)
         self._submit(lambda: None).result(timeout)
@@ -643,7 +643,7 @@ class RedisPredictionLog:
             log.warning("prediction log: no append-only file rewrite after an erasure: %s", exc)
 
     # -- reads (executor threads) ------------------------------------------------------------
-    def _entry_rows(self, model: str, entries: list) -> list[dict[str, Any]]:
+    def _entry_rows(self, model: str, entries: list[Any]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for _eid, fields in entries:
             blob = fields.get(b"d")
@@ -724,9 +724,9 @@ class RedisPredictionLog:
                 pipe = self.redis.pipeline(transaction=False)
                 for rid in rids:
                     pipe.get(self._k_rid(rid))
-                where = [(rid, raw.decode().partition("\n")) for rid, raw
+                parts = [(rid, raw.decode().partition("\n")) for rid, raw
                          in zip(rids, pipe.execute()) if raw is not None]
-                where = [(rid, m, eid) for rid, (m, _, eid) in where if m == model]
+                where = [(rid, m, eid) for rid, (m, _, eid) in parts if m == model]
                 for rid, m, eid in where:
                     pipe.xrange(self._k_stream(m), eid, eid)
                 for (rid, m, _eid), entries in zip(where, pipe.execute()):
@@ -745,7 +745,7 @@ class RedisPredictionLog:
 
     def counts(self, model: str) -> dict[Any, dict[str, int]]:
         """{version: {"predictions": texts logged for it, "feedback": n}}."""
-        def read() -> tuple[dict, list]:
+        def read() -> tuple[dict[str, Any], list[Any]]:
             pipe = self.redis.pipeline(transaction=False)
             pipe.hgetall(self._k_stats(model))
             pipe.hvals(self._k_fb(model))

@@ -101,7 +101,7 @@ class Cluster:
         self._describe: Callable[[], dict[str, Any]] | None = None
         self._on_jobs: Callable[[], Any] | None = None
         self._on_message: Callable[[str], Any] | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = False
         self._wake = asyncio.Event()
 
@@ -203,7 +203,7 @@ class Cluster:
                 while True:
                     try:
                         await pipe.watch(self.k_record)
-                        current = self._parse(await pipe.get(self.k_record))
+                        current = self._parse(await pipe.get(self.k_record))  # type: ignore[arg-type, unused-ignore]  # decode_responses=True: str
                         if current is None:  # Redis lost it, or a new cluster
                             current = dict(self.record) if self.record else empty_record()
                         base = json.loads(json.dumps(current))
@@ -255,7 +255,7 @@ class Cluster:
         except DOWN_ERRORS:
             pass
         try:
-            await self.redis.aclose()
+            await self.redis.aclose()  # type: ignore[attr-defined, unused-ignore]  # types-redis 4.6 lacks aclose
         except DOWN_ERRORS:
             pass
 
@@ -309,7 +309,7 @@ class Cluster:
                 self._mark_down(exc)
             finally:
                 try:
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[attr-defined, unused-ignore]  # types-redis 4.6 lacks aclose
                 except DOWN_ERRORS:
                     pass
             if self._stopping:

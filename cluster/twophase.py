@@ -81,11 +81,11 @@ class TwoPhase:
         self.timeout = float(self.sup.cfg["cluster"]["prepare_timeout"])
         self.k_open = self.c.key("preps")
         self._seen: dict[str, float] = {}           # prepare ids this node handled
-        self._inflight: dict[tuple[str, int, int], asyncio.Future] = {}
+        self._inflight: dict[tuple[str, int, int], asyncio.Future[Any]] = {}
         self._held: list[Held] = []
         self._wakers: dict[str, asyncio.Event] = {}
         self._aborted: set[str] = set()             # ids whose prepared workers go
-        self._tasks: set[asyncio.Future] = set()
+        self._tasks: set[asyncio.Future[Any]] = set()
         self._scanning = False
 
     def _key(self, pid: str) -> str:
@@ -148,7 +148,7 @@ class TwoPhase:
         return info
 
     async def _collect(self, pid: str, req: dict[str, Any], nodes: set[str], partial: bool,
-                       local: asyncio.Future, wake: asyncio.Event, t0: float
+                       local: asyncio.Future[Any], wake: asyncio.Event, t0: float
                        ) -> dict[str, Any]:
         me = self.c.node_id
         gone: set[str] = set()
@@ -295,6 +295,9 @@ class TwoPhase:
     async def _answer(self, pid: str, req: dict[str, Any], coordinator: bool = False
                       ) -> BaseException | None:
         """Prepare req here and answer in Redis; the error (None: ready)."""
+        name: Any  # and version, replicas: checked by _check_request below
+        version: Any
+        replicas: Any
         name, version, replicas = req.get("name"), req.get("version"), req.get("replicas")
         t = time.monotonic()
         exc: BaseException | None = None
@@ -355,7 +358,7 @@ class TwoPhase:
                 name, version, replicas, make_room=make_room))
             self._inflight[key] = task
 
-            def done(t: asyncio.Future, key: tuple = key) -> None:
+            def done(t: asyncio.Future[Any], key: tuple[Any, ...] = key) -> None:
                 if self._inflight.get(key) is t:
                     del self._inflight[key]
                 if not t.cancelled():

@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import defaultdict
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -95,12 +95,12 @@ class Metrics:
         self.train_seconds: dict[str, Hist] = {}
         self._jobs_seen: set[str] = set()
         if not enabled:
-            self.observe_request = self.observe_batch = self.on_event = _noop  # type: ignore
+            self.observe_request = self.observe_batch = self.on_event = _noop  # type: ignore[method-assign]  # disabled: hooks do nothing
             return
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)  # the supervisor's own CPU, RSS, fds
         PlatformCollector(registry=self.registry)
-        self.registry.register(self)  # type: ignore[arg-type]  (a custom collector)
+        self.registry.register(self)  # a custom collector
         events = getattr(sup, "events", None)
         if events is not None:
             events.subscribe(self.on_event)
@@ -158,6 +158,7 @@ class Metrics:
         """prometheus_client's collector protocol: every family, built now."""
         counts: dict[tuple[str, str, str, str], int] = defaultdict(int)
         latency: dict[tuple[str, str, str], Hist] = {}
+        labels: tuple[str, ...]
         for (api, model, version), (codes, h) in list(self.requests.items()):
             key = (api, model, "" if version is None else str(version))
             for code, n in list(codes.items()):
@@ -199,6 +200,7 @@ class Metrics:
         workers = _workers(sup)
         by_state: dict[str, int] = defaultdict(int)
         inflight: dict[tuple[str, str], int] = defaultdict(int)
+        labels: Sequence[str]
         rss = GaugeMetricFamily(PREFIX + "worker_rss_bytes", "resident memory per worker process",
                                 labels=["worker", "state", "model", "version"])
         uss = GaugeMetricFamily(PREFIX + "worker_uss_bytes", "private memory (USS) per worker "
@@ -283,7 +285,7 @@ class Metrics:
         quality = getattr(self.sup, "quality", None)
         latest = dict(getattr(quality, "latest", None) or {})
         labels = ["model", "version"]
-        fams = {
+        fams: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
             "feedback": CounterMetricFamily(PREFIX + "feedback", "true labels fed back on "
                                             "logged predictions", labels=labels),
             "predictions": GaugeMetricFamily(PREFIX + "predictions_logged", "predictions kept "

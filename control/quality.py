@@ -70,8 +70,8 @@ def live_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     labels = sorted({r["truth"] for r in answered} | {r["label"] for r in answered})
     index = {name: i for i, name in enumerate(labels)}
     matrix = [[0] * len(labels) for _ in labels]
-    for r in answered:
-        matrix[index[r["truth"]]][index[r["label"]]] += 1
+    for row in answered:
+        matrix[index[row["truth"]]][index[row["label"]]] += 1
     correct = sum(matrix[i][i] for i in range(len(labels)))
     per_label, f1s = {}, []
     for i, name in enumerate(labels):
@@ -301,7 +301,7 @@ class Quality:
         if meta is None:
             return None
         metrics = meta.get("metrics") or {}
-        keys = ("accuracy", "macro_f1", "measured_on")
+        keys: tuple[str, ...] = ("accuracy", "macro_f1", "measured_on")
         if meta.get("multi_label"):
             keys += ("micro_f1", "samples_f1")
         return {k: metrics.get(k) for k in keys}
@@ -353,6 +353,7 @@ class Quality:
                 "training": self._training(meta),
                 "drift": None,
             }
+            known: Any  # the profile's n-gram set where profile is not None
             profile, known = (self._profile(name, version) if version in store_versions
                               else (None, None))
             if profile is not None:

@@ -97,7 +97,7 @@ class RolloutControl:
         slot.previous = None
         info = {"version": bad_version, "reason": reason, "auto": auto, "figures": figures,
                 "at": time.time(), "back_to": p.version}
-        slot.rolled_back[bad_version] = info  # type: ignore[index]
+        slot.rolled_back[bad_version] = info  # type: ignore[index]  # a serving slot's version
         (log.warning if auto else log.info)(
             "%s rolled back from v%s to v%s (%s): %s", slot.name, bad_version, p.version,
             "automatic" if auto else "manual", reason)
@@ -152,7 +152,7 @@ class RolloutControl:
             raise Conflict(f"{name} has no previous version to roll back to", code="no_previous")
         target, bad = slot.previous, slot.version
         result = await self.sup.applies.apply(name, target, default=False, source="rollback")
-        slot.rolled_back[bad] = {"version": bad, "reason": "manual rollback", "auto": False,  # type: ignore[index]
+        slot.rolled_back[bad] = {"version": bad, "reason": "manual rollback", "auto": False,  # type: ignore[index]  # serving: an int
                                  "figures": None, "at": time.time(), "back_to": target}
         self.events.emit("rollback", name=name, source=source, from_version=bad,
                          to_version=target, reason="manual rollback after probation",
@@ -227,7 +227,7 @@ class RolloutControl:
                            + "; ".join(reasons), code="quality_gate", details={"gate": info})
         return info
 
-    async def score_on(self, w: WorkerHandle, texts: list[str]) -> list:
+    async def score_on(self, w: WorkerHandle, texts: list[str]) -> list[Any]:
         step = self.wcfg["max_batch"]
         parts = await gen.multi([w.predict(texts[i:i + step]) for i in range(0, len(texts), step)])
         return [row for part in parts for row in part]

@@ -24,7 +24,7 @@ from state.store import write_json_atomic
 WINDOW = 2048
 
 
-def percentile(values: list[float] | collections.deque, q: float) -> float | None:
+def percentile(values: list[float] | collections.deque[Any], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
@@ -37,7 +37,7 @@ class VersionStats:
     def __init__(self) -> None:
         self.requests = 0
         self.errors = 0
-        self.latencies: collections.deque = collections.deque(maxlen=WINDOW)
+        self.latencies: collections.deque[Any] = collections.deque(maxlen=WINDOW)
 
     def observe(self, seconds: float) -> None:
         self.requests += 1
@@ -66,7 +66,7 @@ class VersionStats:
 class Probation:
     """The previous version's workers, idle, until `until` (monotonic)."""
     version: int                # the previous version, kept loaded
-    workers: list               # its WorkerHandles (state IDLE)
+    workers: list[Any]               # its WorkerHandles (state IDLE)
     new_version: int            # the version now serving, being watched
     until: float
     old_p99: float | None       # the previous version's p99 before the swap
@@ -86,7 +86,7 @@ class Probation:
 class Candidate:
     """A version loaded beside the serving one, in shadow or canary mode."""
     version: int
-    workers: list
+    workers: list[Any]
     mode: str                   # "shadow" | "canary"
     fraction: float
     keep_examples: int = 0
@@ -98,10 +98,10 @@ class Candidate:
     agreed: int = 0
     score_diff_sum: float = 0.0
     dropped: int = 0            # mirrors skipped: the candidate was busy
-    examples: collections.deque = field(default_factory=lambda: collections.deque(maxlen=100))
+    examples: collections.deque[Any] = field(default_factory=lambda: collections.deque(maxlen=100))
 
     def compare(self, texts: list[str], labels: list[str], cand_labels: list[str],
-                serving: list, candidate: list) -> None:
+                serving: list[Any], candidate: list[Any]) -> None:
         """Agreement of the candidate's answers with the serving version's, by
         label name (the versions may order or even name their labels apart).
         The score difference is on the label the serving version chose."""
@@ -138,7 +138,7 @@ class Candidate:
         return out
 
 
-def score(labels: list[str], scores: list, truth: list[str]) -> dict[str, Any]:
+def score(labels: list[str], scores: list[Any], truth: list[str]) -> dict[str, Any]:
     """Accuracy and per-label recall of predictions against a golden set."""
     per: dict[str, list[int]] = {}
     correct = 0

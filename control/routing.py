@@ -66,7 +66,7 @@ class Router:
 
     async def predict(self, texts: list[str], model: str | None = None,
                       options: dict[str, Any] | None = None
-                      ) -> tuple[dict[str, Any], list[str], list]:
+                      ) -> tuple[dict[str, Any], list[str], list[Any]]:
         """(model, labels, scores) for texts; retried once on a sibling or a
         replacement if the worker dies with the request in flight.
 
@@ -84,7 +84,7 @@ class Router:
                 try:
                     scores = await w.predict(texts, options)
                     cand.stats.observe(time.monotonic() - t0)
-                    return w.model, w.labels, scores  # type: ignore[return-value]
+                    return w.model, w.labels, scores  # type: ignore[return-value]  # serving: model set
                 except RequestFailed as exc:
                     cand.stats.error()
                     raise ServiceError(f"model failed on this request: {exc}", 500,
@@ -122,7 +122,7 @@ class Router:
                 p.new_stats.observe(took)
             if cand is not None and cand.mode == "canary":
                 cand.serving_stats.observe(took)
-            return w.model, w.labels, scores  # type: ignore[return-value]
+            return w.model, w.labels, scores  # type: ignore[return-value]  # serving: model set
         raise AssertionError("unreachable")
 
     def count_error(self, slot: Slot, w: WorkerHandle) -> None:

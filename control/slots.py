@@ -43,7 +43,7 @@ class Slot:
         self.recovering = False                # no replica left; a replacement is loading
         self.replacing = 0                     # replacement replicas loading
         self.unloaded = False
-        self.crashes: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self.crashes: dict[int, collections.deque[Any]] = collections.defaultdict(collections.deque)
         self.failed: dict[str, Any] | None = None
         self.last_apply: dict[str, Any] | None = None
         self.created = time.time()
@@ -55,7 +55,7 @@ class Slot:
         self.probation: Probation | None = None
         self.candidate: Candidate | None = None
         self.rolled_back: dict[int, dict[str, Any]] = {}
-        self.gate_cache: dict[tuple, dict[str, Any]] = {}
+        self.gate_cache: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     # -- routing ---------------------------------------------------------------
     def pick(self, cap: int) -> WorkerHandle | None:

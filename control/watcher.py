@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 from tornado.ioloop import IOLoop
 
@@ -24,17 +24,17 @@ log = logging.getLogger("textswap.watcher")
 
 class RecordWatcher:
     def __init__(self, store: ModelStore, loop: IOLoop, interval: float,
-                 on_change: Callable[[dict], object]) -> None:
+                 on_change: Callable[[dict[str, Any]], object]) -> None:
         self.store = store
         self.loop = loop
         self.interval = interval
         self.on_change = on_change
         self._stop = threading.Event()
-        self._last_stat: tuple | None = None
-        self._last_seen: dict | None = None
+        self._last_stat: tuple[Any, ...] | None = None
+        self._last_seen: dict[str, Any] | None = None
         self._thread = threading.Thread(target=self._run, name="record-watcher", daemon=True)
 
-    def start(self, current: dict | None) -> None:
+    def start(self, current: dict[str, Any] | None) -> None:
         """Start watching; ``current`` is what the service serves already."""
         self._last_seen = _content(current)
         self._last_stat = self._stat()
@@ -45,7 +45,7 @@ class RecordWatcher:
         if self._thread.is_alive():
             self._thread.join(timeout=2)
 
-    def _stat(self) -> tuple | None:
+    def _stat(self) -> tuple[Any, ...] | None:
         try:
             st = os.stat(self.store.record_path)
         except FileNotFoundError:
@@ -81,12 +81,12 @@ class RecordWatcher:
                  rec["default"], {n: e["version"] for n, e in rec["models"].items()})
         self.loop.add_callback(self.on_change, rec)
 
-    def note_record(self, record: dict) -> None:
+    def note_record(self, record: dict[str, Any]) -> None:
         """The service wrote the record itself: not a change to act on."""
         self._last_seen = _content(record)
 
 
-def _content(record: dict | None) -> dict | None:
+def _content(record: dict[str, Any] | None) -> dict[str, Any] | None:
     """What a change is judged on: the slot map and the default, not the revision."""
     if record is None:
         return None

@@ -101,7 +101,7 @@ class ChildProcess:
         self.exitcode: int | None = None
         self.error: str | None = None
         self.created = time.time()
-        self.exited: Future = Future()
+        self.exited: Future[Any] = Future()
         self.forked = zygote is not None
         self.pid: int = 0
         self.process: Any = None
@@ -321,16 +321,16 @@ class WorkerHandle(ChildProcess):
         self.state = State.STARTING
         self.model: dict[str, Any] | None = None  # {"name", "version"}
         self.labels: list[str] = []
-        self.pending: dict[int, tuple[Future, float]] = {}
+        self.pending: dict[int, tuple[Future[Any], float]] = {}
         self.served = 0
         self.slot: Any = None  # the Slot it serves in, once it does
         self.recycle_after = 0.0
         self._uss: tuple[float, int | None] = (0.0, None)
         self.loads = 0  # models loaded by this process (a standby may preload a guess)
-        self.booted: Future = Future()
-        self.ready: Future = Future()
+        self.booted: Future[Any] = Future()
+        self.ready: Future[Any] = Future()
         self._ids = itertools.count(1)
-        self._idle_waiters: list[Future] = []
+        self._idle_waiters: list[Future[Any]] = []
         super().__init__(target, options, "worker", on_exit, zygote)
 
     # -- state -----------------------------------------------------------------
@@ -359,7 +359,7 @@ class WorkerHandle(ChildProcess):
         if kind == "result" or (kind == "error" and msg.get("id") is not None):
             if "bs" in msg and self.on_batch is not None:
                 self.on_batch(self.model, msg["bn"], msg["bs"])
-            entry = self.pending.pop(msg.get("id"), None)
+            entry = self.pending.pop(msg.get("id"), None)  # type: ignore[arg-type]  # no id: None
             if entry is None:
                 log.warning("worker gen %d answered unknown id %r", self.generation, msg.get("id"))
                 return
@@ -389,17 +389,17 @@ class WorkerHandle(ChildProcess):
                 self.ready.set_exception(RequestFailed(msg.get("code", "error"),
                                                        msg.get("message", "")))
         elif kind == "pong":
-            entry = self.pending.pop(msg.get("id"), None)
+            entry = self.pending.pop(msg.get("id"), None)  # type: ignore[arg-type]  # no id: None
             if entry and not entry[0].done():
                 entry[0].set_result(None)
         else:
             log.warning("worker gen %d sent unknown frame type %r", self.generation, kind)
 
     # -- requests ------------------------------------------------------------------
-    def predict(self, texts: list[str], options: dict[str, Any] | None = None) -> Future:
+    def predict(self, texts: list[str], options: dict[str, Any] | None = None) -> Future[Any]:
         """options: more to ask of the worker in the frame (e.g. {"x": k}: explain)."""
         rid = next(self._ids)
-        fut: Future = Future()
+        fut: Future[Any] = Future()
         msg = {"t": "predict", "id": rid, "texts": texts}
         if options:
             msg.update(options)
@@ -426,7 +426,7 @@ class WorkerHandle(ChildProcess):
         now = time.monotonic()
         return max(now - t for _, t in self.pending.values())
 
-    def load(self, path: str, name: str, version: int, preload: bool = False) -> Future:
+    def load(self, path: str, name: str, version: int, preload: bool = False) -> Future[Any]:
         """Send a load order; the returned future resolves with the ready frame."""
         if self.ready.done():
             self.ready = Future()
@@ -441,7 +441,7 @@ class WorkerHandle(ChildProcess):
         """Wait until nothing is in flight; False when the timeout passed first."""
         if not self.pending:
             return True
-        fut: Future = Future()
+        fut: Future[Any] = Future()
         self._idle_waiters.append(fut)
         try:
             await gen.with_timeout(self._loop.time() + timeout, fut)

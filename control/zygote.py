@@ -138,7 +138,7 @@ class Zygote:
         self._queued, self._sent = [], {}
         if was in ("booting", "ready") and self.process is not None:
             try:
-                self.sock.send(protocol.encode({"t": "stop"}))  # type: ignore[union-attr]
+                self.sock.send(protocol.encode({"t": "stop"}))  # type: ignore[union-attr]  # started: sock is set
             except OSError:
                 pass
             try:
@@ -186,7 +186,7 @@ class Zygote:
         msg = {"t": "fork", "id": launch.id, "kind": launch.kind, "options": launch.options,
                "env": launch.env, "supervisor_pid": os.getpid()}
         try:
-            self.sock.sendmsg([protocol.encode(msg)],  # type: ignore[union-attr]
+            self.sock.sendmsg([protocol.encode(msg)],  # type: ignore[union-attr]  # started: sock is set
                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                 bytes(memoryview(_fd_array(launch.child.fileno()))))])
         except OSError as exc:
@@ -203,7 +203,7 @@ class Zygote:
     def _on_readable(self, fd: int, events: int) -> None:
         while True:
             try:
-                data = self.sock.recv(1 << 16)  # type: ignore[union-attr]
+                data = self.sock.recv(1 << 16)  # type: ignore[union-attr]  # started: sock is set
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -225,7 +225,7 @@ class Zygote:
             for launch in queued:
                 self._send(launch)
             return
-        launch = self._sent.pop(msg.get("id"), None)
+        launch = self._sent.pop(msg.get("id"), None)  # type: ignore[arg-type]  # no id: None
         if launch is None:
             log.warning("zygote answered unknown request %r", msg.get("id"))
         elif kind == "forked":
@@ -244,12 +244,12 @@ class Zygote:
     def _on_exit(self, fd: int, events: int) -> None:
         self.loop.remove_handler(fd)
         try:
-            self.loop.remove_handler(self.sock.fileno())  # type: ignore[union-attr]
+            self.loop.remove_handler(self.sock.fileno())  # type: ignore[union-attr]  # started: sock is set
         except (KeyError, ValueError, OSError):
             pass
         self.process.join(timeout=1.0)
         code = self.process.exitcode
-        self.sock.close()  # type: ignore[union-attr]
+        self.sock.close()  # type: ignore[union-attr]  # started: sock is set
         booted = self.state == "ready"
         if self.state == "closed":
             log.info("zygote pid %s stopped (code %s)", self.pid, code)

@@ -40,7 +40,7 @@ def inference_app(sup: Any, config: Any) -> Application:
 def management_app(sup: Any, config: Any) -> Application:
     # guard: Host and Origin checked, no cross-site bodies (frontend/base.py check_site)
     kw = {"supervisor": sup, "config": config, "token": config.token or None, "guard": True}
-    routes: list = [
+    routes: list[Any] = [
         (r"/apply", h.ApplyHandler, kw),
         (r"/unload", h.UnloadHandler, kw),
         (r"/status", h.StatusHandler, kw),

@@ -65,5 +65,5 @@ class ArtifactHandler(JsonHandler):
             archive.close()
 
 
-def routes(kw: dict[str, Any]) -> list:
+def routes(kw: dict[str, Any]) -> list[Any]:
     return [(r"/models/([^/]+)/([0-9]{1,9})/artifact", ArtifactHandler, kw)]

@@ -94,7 +94,7 @@ class JsonHandler(RequestHandler):
         scheme, _, value = got.partition(" ")
         # constant-time compare: the token must not leak through timing
         if scheme.lower() != "bearer" or not hmac.compare_digest(
-                value.strip().encode(), self.token.encode()):  # type: ignore[union-attr]
+                value.strip().encode(), self.token.encode()):  # type: ignore[union-attr]  # called only with a token
             self.set_header("WWW-Authenticate", 'Bearer realm="textswap-management"')
             raise ApiError(401, "unauthorized",
                            "management API needs 'Authorization: Bearer <token>'")

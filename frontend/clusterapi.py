@@ -22,5 +22,5 @@ class ClusterHandler(JsonHandler):
                            {"this_node": cluster.cluster.status()}) from None
 
 
-def routes(kw: dict[str, Any]) -> list:
+def routes(kw: dict[str, Any]) -> list[Any]:
     return [(r"/cluster", ClusterHandler, kw)]

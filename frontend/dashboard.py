@@ -111,7 +111,7 @@ class AssetHandler(JsonHandler):
         self.finish(body if with_body else None)
 
 
-def routes(kw: dict[str, Any]) -> list:
+def routes(kw: dict[str, Any]) -> list[Any]:
     akw = {**kw, "assets": load_assets()}
     return [(r"/", AssetHandler, akw),
             (PREFIX.rstrip("/") + r"/([A-Za-z0-9_.\-/]{1,200})", AssetHandler, akw)]

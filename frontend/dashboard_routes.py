@@ -51,6 +51,6 @@ class TryHandler(JsonHandler):
                                                  predictions.predict_options(data)))
 
 
-def routes(kw: dict[str, Any]) -> list:
+def routes(kw: dict[str, Any]) -> list[Any]:
     return [(r"/feedback", ManagementFeedbackHandler, kw),
             (r"/try", TryHandler, kw)]

@@ -33,7 +33,7 @@ from frontend.handlers import PREDICT_FIELDS, predict_request
 log = logging.getLogger("textswap.http")
 
 _JSON = "application/json; charset=utf-8"
-_NO_MODEL = {"name": "", "version": None}
+_NO_MODEL: dict[str, Any] = {"name": "", "version": None}
 # the Open Inference Protocol's infer, as routed in frontend/oip.py
 _OIP_INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 
@@ -72,7 +72,7 @@ class _Predict(httputil.HTTPMessageDelegate):
         path = start_line.path.split("?", 1)[0]
         if start_line.method == "POST" and path != "/predict" and path.startswith("/v2/"):
             m = _OIP_INFER.match(path)
-            self.oip = m.groups() if m else None  # type: ignore[assignment]
+            self.oip = m.groups() if m else None  # type: ignore[assignment]  # the pattern's 2 groups
         if start_line.method != "POST" or (path != "/predict" and self.oip is None):
             self.inner = self.router.app.start_request(self.server_conn, self.conn)
             return self.inner.headers_received(start_line, headers)
@@ -152,12 +152,12 @@ class _Predict(httputil.HTTPMessageDelegate):
                 raise ApiError(413, "body_too_large", self.too_large)
             try:  # as Tornado decodes path arguments
                 name, version = (None if x is None else unquote_to_bytes(x).decode("utf-8")
-                                 for x in self.oip)  # type: ignore[union-attr]
+                                 for x in self.oip)  # type: ignore[union-attr]  # an OIP infer: set
             except UnicodeDecodeError:
                 raise ApiError(400, "bad_path", "the path is not valid UTF-8") from None
             body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-            model, out, head = await oip.infer(self.router.sup, self.router.limits, name,
-                                               version, self.headers, body)  # type: ignore
+            model, out, head = await oip.infer(self.router.sup, self.router.limits, name,  # type: ignore[arg-type]  # the name group always matches
+                                               version, self.headers, body)
             if head is not None:
                 headers = {"Content-Type": "application/octet-stream",
                            oip.HEADER_LENGTH: str(head)}

@@ -71,7 +71,7 @@ class PredictHandler(JsonHandler):
         self.set_header(loop.HEADER, rid)
         data = self.json_object(PREDICT_FIELDS)
         texts, top_k, model = predict_request(data, self.limits)
-        raw: list = []
+        raw: list[Any] = []
         payload = await predictions.predict(self.sup, texts, top_k, model,
                                             predictions.predict_options(data), raw)
         loop.log_predictions(self.sup, rid, texts, payload, raw)

@@ -135,7 +135,7 @@ def _label_set(value: Any, where: str) -> list[str]:
     return sorted(out)
 
 
-def _meta_of(sup: Any, name: str, version: Any, cache: dict) -> dict[str, Any]:
+def _meta_of(sup: Any, name: str, version: Any, cache: dict[tuple[str, Any], dict[str, Any]]) -> dict[str, Any]:
     """What feedback needs of a version of a model (its meta.json): the labels it
     knows, multi_label, thresholds, min_labels; blocking. Latest when version is
     None."""
@@ -160,12 +160,12 @@ def _meta_of(sup: Any, name: str, version: Any, cache: dict) -> dict[str, Any]:
     return cache[key]
 
 
-def _labels_of(sup: Any, name: str, version: Any, cache: dict) -> set[str]:
+def _labels_of(sup: Any, name: str, version: Any, cache: dict[tuple[str, Any], dict[str, Any]]) -> set[str]:
     """The labels a version of a model knows (from its meta.json); blocking."""
     return _meta_of(sup, name, version, cache)["labels"]
 
 
-_LABELS: dict = {}
+_LABELS: dict[tuple[str, Any], dict[str, Any]] = {}
 
 
 class FeedbackHandler(JsonHandler):
@@ -177,7 +177,7 @@ class FeedbackHandler(JsonHandler):
         got = self.request.headers.get("Authorization", "")
         scheme, _, value = got.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
-                value.strip().encode(), self.token.encode()):  # type: ignore[union-attr]
+                value.strip().encode(), self.token.encode()):  # type: ignore[union-attr]  # called only with a token
             self.set_header("WWW-Authenticate", 'Bearer realm="textswap-feedback"')
             raise ApiError(401, "unauthorized", "POST /feedback needs 'Authorization: Bearer "
                                                 "<token>' (feedback.token, else the "
@@ -240,7 +240,7 @@ class FeedbackHandler(JsonHandler):
         info = await _run(lookup)
         multi = info["multi_label"]
         key = "labels" if multi else "label"
-        pairs = []
+        pairs: list[tuple[str, Any]] = []  # (text, label) or (text, label set)
         for i, ex in enumerate(examples):
             where = f"'examples[{i}]'"
             if not isinstance(ex, dict) or set(ex) - {"text", key} or key not in ex:
@@ -577,11 +577,11 @@ def name_of(value: Any) -> str:
         raise ApiError(400, "invalid_name", str(exc)) from None
 
 
-def inference_routes(kw: dict[str, Any], config: Any) -> list:
+def inference_routes(kw: dict[str, Any], config: Any) -> list[Any]:
     return [(r"/feedback", FeedbackHandler, {**kw, "token": feedback_token(config)})]
 
 
-def management_routes(kw: dict[str, Any]) -> list:
+def management_routes(kw: dict[str, Any]) -> list[Any]:
     return [(r"/models/([^/]+)/review", ReviewHandler, kw),
             (r"/models/([^/]+)/policy", PolicyHandler, kw),
             (r"/predictions/([^/]+)", RequestErasureHandler, kw),

@@ -318,12 +318,13 @@ def infer_response(model: dict[str, Any], labels: list[str], scores: list[list[f
     tensors, blobs = [], []
     for name, binary, k in outputs:
         if name == MULTI_OUTPUT:
-            data = [json.dumps([labels[i] for i in predictions.label_set(row, info)], ensure_ascii=False)
-                    for row in scores]
-            t = {"name": name, "datatype": "BYTES", "shape": [n]}
-        elif name == "label":
-            data: Any = [labels[max(range(width), key=row.__getitem__)] for row in scores]
+            data: Any = [json.dumps([labels[i] for i in predictions.label_set(row, info)],  # type: ignore[arg-type]  # given with it
+                                    ensure_ascii=False)
+                         for row in scores]
             t: dict[str, Any] = {"name": name, "datatype": "BYTES", "shape": [n]}
+        elif name == "label":
+            data = [labels[max(range(width), key=row.__getitem__)] for row in scores]
+            t = {"name": name, "datatype": "BYTES", "shape": [n]}
         elif k:
             k = min(k, width)
             data = []

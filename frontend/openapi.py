@@ -216,6 +216,8 @@ def inference_spec(cfg: Any) -> S:
 # -- management API ----------------------------------------------------------------------
 def _params_schema() -> S:
     props: S = {}
+    low: float  # and high: an int range's, or a float range's
+    high: float
     for field, default in DEFAULT_PARAMS.items():
         if field == "views":
             props[field] = {"type": "array", "minItems": 1, "uniqueItems": True,

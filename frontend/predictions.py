@@ -50,7 +50,7 @@ _INFO_CAP = 256
 def model_info(sup: Any, model: dict[str, Any]) -> dict[str, Any]:
     """{"multi_label", "thresholds", "min_labels", "explainable", "why"} of a
     served version; plain single-label defaults when its meta cannot be read."""
-    key = (model.get("name"), model.get("version"))
+    key: tuple[Any, Any] = (model.get("name"), model.get("version"))
     info = _INFO.get(key)
     if info is not None:
         return info
@@ -68,7 +68,7 @@ def model_info(sup: Any, model: dict[str, Any]) -> dict[str, Any]:
 
 def describe_meta(meta: dict[str, Any]) -> dict[str, Any]:
     labels = meta.get("labels") or []
-    thresholds = meta.get("thresholds")
+    thresholds: Any = meta.get("thresholds")  # {label: threshold} when multi-label
     multi = bool(meta.get("multi_label")) and isinstance(thresholds, dict)
     params = meta.get("params") or {}
     arch = params.get("architecture")
@@ -107,7 +107,7 @@ def policy_min_score(sup: Any, name: str) -> float | None:
 
 # -- calling the worker ----------------------------------------------------------------
 async def scores_for(sup: Any, texts: list[str], name: str | None, explain: int
-                     ) -> tuple[dict[str, Any], list[str], list, list | None]:
+                     ) -> tuple[dict[str, Any], list[str], list[Any], list[Any] | None]:
     """(model, labels, score rows, explanations or None)."""
     if not explain:
         model, labels, scores = await sup.predict(texts, name)
@@ -142,7 +142,7 @@ def label_set(row: list[float], info: dict[str, Any], min_score: float | None = 
 def prediction(row: list[float], labels: list[str], k: int, info: dict[str, Any],
                min_score: float | None) -> dict[str, Any]:
     order = sorted(range(len(labels)), key=row.__getitem__, reverse=True)
-    top = [{"label": labels[i], "score": row[i]} for i in order[:k]]
+    top: list[dict[str, Any]] = [{"label": labels[i], "score": row[i]} for i in order[:k]]
     p: dict[str, Any] = {"label": top[0]["label"], "score": top[0]["score"], "top": top}
     if info["multi_label"]:
         chosen = label_set(row, info, min_score, order)

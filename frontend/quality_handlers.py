@@ -29,5 +29,5 @@ class QualityHandler(JsonHandler):
             raise service_error(exc) from None
 
 
-def routes(kw: dict[str, Any]) -> list:
+def routes(kw: dict[str, Any]) -> list[Any]:
     return [(r"/models/([^/]+)/quality", QualityHandler, kw)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from state import dataset
 from state.errors import InvalidName, ServiceError
@@ -50,6 +50,9 @@ ROLLOUT_FIELDS = {"mode", "fraction", "keep_examples", "gate", "min_accuracy"}
 
 
 class _NameAction(JsonHandler):
+    fields: set[str]  # each subclass sets its body's fields, and defines act()
+    act: Callable[[str, dict[str, Any]], Awaitable[Any]]
+
     async def post(self) -> None:
         data = self.json_object(self.fields)
         name = name_field(data)
@@ -165,7 +168,7 @@ class HistoryHandler(JsonHandler):
         self.send_json({"history": rows})
 
 
-def routes(kw: dict[str, Any]) -> list:
+def routes(kw: dict[str, Any]) -> list[Any]:
     return [
         (r"/rollback", RollbackHandler, kw),
         (r"/promote", PromoteHandler, kw),

@@ -78,5 +78,5 @@ class JobHandler(JsonHandler):
         self.send_json({"job": job.describe()})
 
 
-def routes(kw: dict[str, Any]) -> list:
+def routes(kw: dict[str, Any]) -> list[Any]:
     return [(r"/train", TrainHandler, kw), (r"/train/([^/]{1,64})", JobHandler, kw)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import keras
 import numpy as np
@@ -35,13 +35,13 @@ class View:
 
     name: str
     standardize: str            # key of layers._STANDARDIZERS
-    split: Callable | str       # "whitespace" or a registered split function
+    split: Callable[..., Any] | str       # "whitespace" or a registered split function
     ngrams: tuple[int, ...] | None
 
     def tokens(self, texts: tf.Tensor) -> tf.RaggedTensor:
         """Exactly TextVectorization._preprocess for this configuration."""
         x = layers._STANDARDIZERS[self.standardize](texts)
-        x = tf.strings.split(x) if self.split == "whitespace" else self.split(x)
+        x = tf.strings.split(x) if self.split == "whitespace" else self.split(x)  # type: ignore[operator]  # a function
         if self.ngrams is not None:
             x = tf.strings.ngrams(x, ngram_width=self.ngrams, separator=" ")
         return x
@@ -118,7 +118,7 @@ def idf_weights(counts: sp.csr_matrix) -> np.ndarray:
     return np.log((1.0 + n) / (1.0 + df)) + 1.0
 
 
-def weighted(view, counts: sp.csr_matrix, idf: np.ndarray) -> sp.csr_matrix:
+def weighted(view: Any, counts: sp.csr_matrix, idf: np.ndarray) -> sp.csr_matrix:
     """A view's features as the graph weighs them: TF-IDF bags, or a dense
     view's own values (the pretrained view: no IDF)."""
     return counts if getattr(view, "dense", False) else weigh(counts, idf)
@@ -137,7 +137,7 @@ def weigh(counts: sp.csr_matrix, idf: np.ndarray) -> sp.csr_matrix:
 # The served graph
 # --------------------------------------------------------------------------
 
-def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input,
+def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input: Any,
            standardized: bool = False) -> keras.KerasTensor:
     """Sparse counts -> TermWeighting for one view.
 
@@ -151,7 +151,7 @@ def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input,
     standardized the view's way (a shared layers.Standardize).
     """
     if getattr(view, "dense", False):  # the pretrained view (model_worker.pretrained)
-        return view.layer(standardized)(text_input)
+        return view.layer(standardized)(text_input)  # type: ignore[attr-defined]  # a dense view has layer()
     widths = layers.CHAR_SPLIT_WIDTHS.get(view.split)
     if widths is not None and view.ngrams is None and layers.CharNgramCounts.fits(vocabulary, widths[0]):
         vec = layers.CharNgramCounts(widths[0], widths[1], None if standardized else view.standardize,
@@ -171,7 +171,7 @@ def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input,
     return weighting(vec(text_input))
 
 
-def _branches(views: list[tuple[View, list[str], np.ndarray]], text_input) -> dict[str, keras.KerasTensor]:
+def _branches(views: list[tuple[View, list[str], np.ndarray]], text_input: Any) -> dict[str, keras.KerasTensor]:
     """Every view's weighted bag; views that standardize alike share one Standardize."""
     uses = Counter(view.standardize for view, _, _ in views)
     shared = {std: layers.Standardize(std, name=f"standardize_{std}")(text_input)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -107,7 +107,7 @@ class Candidate:
             return self.learner
         return f"{'+'.join(self.views)}/{self.learner} C={self.c:g}{' balanced' if self.balanced else ''}"
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"name": self.name, "views": list(self.views), "learner": self.learner, "C": self.c,
                 "balanced": self.balanced}
 
@@ -131,9 +131,9 @@ class BudgetExceeded(Exception):
 class Search:
     """Cross-validated search over candidates within a wall-clock deadline."""
 
-    def __init__(self, texts: list[str], y: np.ndarray, n_labels: int, params: dict, tokenize: str,
-                 started: float, on_candidate: Callable[[dict], None] | None,
-                 network_cv: Callable | None) -> None:
+    def __init__(self, texts: list[str], y: np.ndarray, n_labels: int, params: dict[str, Any], tokenize: str,
+                 started: float, on_candidate: Callable[[dict[str, Any]], None] | None,
+                 network_cv: Callable[..., Any] | None) -> None:
         self.texts, self.y, self.n_labels, self.params = texts, y, n_labels, params
         self.seed = params["seed"]
         self.deadline = started + params["time_budget_s"]
@@ -158,13 +158,14 @@ class Search:
         self._weighted: dict[tuple[str, int], sp.csr_matrix] = {}
         self._split_cache: dict[tuple[tuple[str, ...], int], tuple[sp.csr_matrix, sp.csr_matrix]] = {}
         self.scored: list[Scored] = []
-        self.skipped: list[dict] = []
-        self.pruned: list[dict] = []
+        self.skipped: list[dict[str, Any]] = []
+        self.pruned: list[dict[str, Any]] = []
         self.budget_bound = False
         self._per_fold_svm_s: dict[tuple[str, ...], float] = {}
 
     # -- features ------------------------------------------------------------
-    def _pretrained_view(self, texts: list[str], params: dict, tokenize: str) -> dict:
+    def _pretrained_view(self, texts: list[str], params: dict[str, Any], tokenize: str
+                         ) -> dict[str, Any]:
         """Adds the pretrained view when allowed; returns the report's note."""
         if not params.get("pretrained", True):
             return {"used": False, "why": "pretrained is false"}
@@ -180,13 +181,13 @@ class Search:
         view = pretrained.PretrainedView(pretrained.build_table(texts))
         table_s = time.monotonic() - t0
         feats = view.features(texts)
-        self.view_defs["pretrained"] = view
+        self.view_defs["pretrained"] = view  # type: ignore[assignment]  # a dense view, read by duck typing
         self.counts["pretrained"] = autofeatures.Counts(sp.csr_matrix(feats.astype(np.float64)), view.vocabulary())
         return {"used": True, **view.table.describe(), "scale": view.scale, "pooling": "mean",
                 "unknown_words": "ignored (a text's mean is over its known words; none known: zeros)",
                 "seconds": {"table": round(table_s, 2), "features": round(time.monotonic() - t0 - table_s, 2)}}
 
-    def weighted(self, v: str, idf: np.ndarray, rows=None) -> sp.csr_matrix:
+    def weighted(self, v: str, idf: np.ndarray, rows: Any = None) -> sp.csr_matrix:
         """View v's features (TF-IDF with this idf, or the dense view's values)."""
         counts = self.counts[v].matrix if rows is None else self.counts[v].matrix[rows]
         return autofeatures.weighted(self.view_defs[v], counts, idf)
@@ -254,19 +255,19 @@ class Search:
         try:
             for f, (train, test) in enumerate(self.folds):
                 if cand.learner in ("bow", "cnn"):
-                    oof[test] = self.network_cv(cand.learner, train, test, self.deadline - self.reserve())
+                    oof[test] = self.network_cv(cand.learner, train, test, self.deadline - self.reserve())  # type: ignore[misc]  # networks only with network_cv
                 else:
                     x_train, x_test = self._fold_split(cand.views, f)
                     if self.multi:
-                        model = learners.fit_ovr(cand.learner, cand.c, x_train, self.y[train], self.seed)
+                        model = learners.fit_ovr(cand.learner, cand.c, x_train, self.y[train], self.seed)  # type: ignore[arg-type]  # a linear candidate has its C
                     else:
-                        model = learners.fit(cand.learner, cand.c, x_train, self.y[train], self.n_labels,
+                        model = learners.fit(cand.learner, cand.c, x_train, self.y[train], self.n_labels,  # type: ignore[arg-type]  # a linear candidate has its C
                                              self.seed, cand.balanced)
                     oof[test] = model.decision(x_test)
                 scores.append(self.fold_score(test, oof[test]))
                 spent = time.monotonic() - t0
                 if self._hopeless(scores) and f + 1 < len(self.folds):
-                    return self._prune(cand, scores, spent, index, total)
+                    return self._prune(cand, scores, spent, index, total)  # type: ignore[func-returns-value]  # None
                 if (not force and f + 1 < len(self.folds)
                         and spent / (f + 1) * (len(self.folds) - f - 1) > self.remaining()):
                     raise BudgetExceeded(f"time budget ran out after {f + 1} of {len(self.folds)} folds")
@@ -357,6 +358,7 @@ class Search:
             self.run(cand, index, total)
         # one character view goes on (a pruned or skipped one counts as worse)
         single = {s.candidate.views[0]: s.score for s in self.scored}
+        chars: str | None
         if len(char_views) == 2:
             chars = "punct" if single.get("punct", -1.0) > single.get("char", -1.0) + _PUNCT_MARGIN else "char"
         else:
@@ -364,7 +366,7 @@ class Search:
         dropped = next((v for v in char_views if v != chars), None)
         if union:
             index += 1
-            self.run(Candidate(("word", chars), *_SCREEN, balanced), index, total)
+            self.run(Candidate(("word", chars), *_SCREEN, balanced), index, total)  # type: ignore[arg-type]  # union: a char view
         for cand in pre:  # after the n-gram screen, so that it races against the best of it
             index += 1
             self.run(cand, index, total)
@@ -411,7 +413,7 @@ def fold_f1(search: Search, probs: np.ndarray) -> list[float]:
                            labels=range(search.n_labels), zero_division=0)) for _, test in search.folds]
 
 
-def choose(search: Search) -> tuple[list[Scored], list[float], dict]:
+def choose(search: Search) -> tuple[list[Scored], list[float], dict[str, Any]]:
     """The member(s) to serve with their temperatures, and the ensemble note.
 
     Two members are averaged (after each one's own temperature) when that
@@ -420,7 +422,7 @@ def choose(search: Search) -> tuple[list[Scored], list[float], dict]:
     ranked = sorted(search.scored, key=lambda s: -s.score)
     best = ranked[0]
     temps = [calibration.fit_temperature(best.oof, search.y)]
-    note: dict = {"tried": False}
+    note: dict[str, Any] = {"tried": False}
     # the runner-up must differ in views or learner family, else it adds little
     other = next((s for s in ranked[1:] if s.candidate.learner not in ("bow", "cnn")
                   and best.candidate.learner not in ("bow", "cnn")
@@ -460,7 +462,7 @@ _SPEED_SECONDS = 0.4
 
 
 def serving_speed(search: Search, views: tuple[str, ...], n_members: int = 1,
-                  cache: dict | None = None) -> float:
+                  cache: dict[tuple[tuple[str, ...], int], float] | None = None) -> float:
     """Texts/s at batch 256 of the final graph for these views and members, on
     training texts. The weights do not change the work, so the graph is
     built with zero kernels: no refit is needed to time it."""
@@ -499,7 +501,7 @@ def _tied(best_folds: list[float], folds: list[float]) -> bool:
 
 
 def cost_aware(search: Search, members: list[Scored], temps: list[float]
-               ) -> tuple[list[Scored], list[float], dict]:
+               ) -> tuple[list[Scored], list[float], dict[str, Any]]:
     """The one-standard-error rule: among the linear candidates whose CV
     macro-F1 is within one standard error (of the mean over folds) of the most
     accurate choice, and tied with it fold by fold (_tied), the cheapest to
@@ -508,11 +510,11 @@ def cost_aware(search: Search, members: list[Scored], temps: list[float]
     folds = fold_f1(search, oof_probs(members, temps)[1]) if len(members) > 1 else members[0].fold_scores
     best = float(np.mean(folds))
     se = float(np.std(folds, ddof=1) / np.sqrt(len(folds))) if len(folds) > 1 else 0.0
-    cache: dict = {}
+    cache: dict[tuple[tuple[str, ...], int], float] = {}
     views = tuple(sorted({v for m in members for v in m.candidate.views}))
     # se and the most accurate score unrounded (10 digits): a finalist can sit
     # right at best - se, and the report must say the same as the rule
-    note: dict = {"rule": "one standard error", "paired": True, "se": round(se, 10),
+    note: dict[str, Any] = {"rule": "one standard error", "paired": True, "se": round(se, 10),
                   "margin": _COST_MARGIN,
                   "batch": _SPEED_BATCH}
     if members[0].candidate.learner in ("bow", "cnn"):
@@ -574,10 +576,10 @@ def wilson_low(p: float, n: float) -> float:
 
 
 def learning_curve(search: Search, members: list[Scored], temps: list[float]
-                   ) -> tuple[list[np.ndarray] | None, dict]:
+                   ) -> tuple[list[np.ndarray] | None, dict[str, Any]]:
     """Out-of-fold decisions of the chosen members fitted on _CURVE_SHARE of each
     fold's training rows (None, with why, when not done)."""
-    note: dict = {"method": "learning curve", "share": _CURVE_SHARE, "applied": False}
+    note: dict[str, Any] = {"method": "learning curve", "share": _CURVE_SHARE, "applied": False}
     if any(m.candidate.learner in ("bow", "cnn") for m in members):
         note["why"] = "a network member: not refitted"
         return None, note
@@ -600,7 +602,7 @@ def learning_curve(search: Search, members: list[Scored], temps: list[float]
             keep = np.sort(rng.permutation(len(train))[:int(len(train) * _CURVE_SHARE)])
             if len(np.unique(y[train][keep])) < search.n_labels:
                 keep = np.arange(len(train))  # a label would vanish: the whole fold
-            model = learners.fit(m.candidate.learner, m.candidate.c, x_train[keep],
+            model = learners.fit(m.candidate.learner, m.candidate.c, x_train[keep],  # type: ignore[arg-type]  # a linear candidate has its C
                                  y[train][keep], search.n_labels, search.seed, m.candidate.balanced)
             oof[test] = model.decision(x_test)
         out.append(oof)
@@ -612,7 +614,7 @@ def learning_curve(search: Search, members: list[Scored], temps: list[float]
 
 
 def final_temperatures(search: Search, temps: list[float], small: list[np.ndarray] | None,
-                       note: dict) -> list[float]:
+                       note: dict[str, Any]) -> list[float]:
     """Each member's temperature carried along the learning curve to the final
     model's size (log T linear in log rows): a model fitted on more rows has
     larger margins, and the fold models' temperature leaves it overconfident."""
@@ -630,7 +632,7 @@ def final_temperatures(search: Search, temps: list[float], small: list[np.ndarra
 
 
 def risk_at_full_size(search: Search, members: list[Scored], temps: list[float], cal: np.ndarray,
-                      small: list[np.ndarray] | None, note: dict) -> list[dict]:
+                      small: list[np.ndarray] | None, note: dict[str, Any]) -> list[dict[str, Any]]:
     """The report's risk-coverage rows: `coverage` and `accuracy` carried to the
     final model's size along the learning curve, `accuracy_low` their one-sided
     95 % lower bound (the promise), `cv_coverage`/`cv_accuracy` as the fold
@@ -657,17 +659,17 @@ def risk_at_full_size(search: Search, members: list[Scored], temps: list[float],
 @dataclass
 class AutoResult:
     model: object            # keras.Model
-    metrics: dict
-    report: dict
-    history: list[dict]
-    held_out_probs: object = None  # calibrated out-of-fold probabilities (profile.json)
+    metrics: dict[str, Any]
+    report: dict[str, Any]
+    history: list[dict[str, Any]]
+    held_out_probs: np.ndarray | None = None  # calibrated out-of-fold probabilities (profile.json)
 
 
 def _refit_linear(search: Search, cand: Candidate, temperature: float,
                   idf: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Fit on every row; returns per-view kernel blocks and bias, divided by T."""
     x = sp.hstack([search.weighted(v, idf[v]) for v in cand.views], format="csr")
-    model = learners.fit(cand.learner, cand.c, x, search.y, search.n_labels, search.seed, cand.balanced)
+    model = learners.fit(cand.learner, cand.c, x, search.y, search.n_labels, search.seed, cand.balanced)  # type: ignore[arg-type]  # a linear candidate has its C
     blocks, offset = {}, 0
     for v in cand.views:
         size = len(search.counts[v].vocabulary)
@@ -676,7 +678,8 @@ def _refit_linear(search: Search, cand: Candidate, temperature: float,
     return blocks, model.bias / temperature
 
 
-def _sklearn_probs(search: Search, members, idf, rows: np.ndarray) -> np.ndarray:
+def _sklearn_probs(search: Search, members: list[tuple[dict[str, np.ndarray], np.ndarray]],
+                   idf: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
     """What the transplanted graph must output for these training rows."""
     probs = []
     for blocks, bias in members:
@@ -687,10 +690,10 @@ def _sklearn_probs(search: Search, members, idf, rows: np.ndarray) -> np.ndarray
 
 
 def final_model(search: Search, members: list[Candidate], temps: list[float],
-                network_fit: Callable | None = None):
+                network_fit: Callable[..., Any] | None = None) -> Any:  # a keras.Model
     """The served Keras model for the chosen member(s), fitted on every row."""
     if members[0].learner in ("bow", "cnn"):
-        return network_fit(members[0].learner, temps[0])
+        return network_fit(members[0].learner, temps[0])  # type: ignore[misc]  # given with network members
     idf = {v: autofeatures.idf_weights(c.matrix) for v, c in search.counts.items()}
     fitted = [_refit_linear(search, m, t, idf) for m, t in zip(members, temps)]
     used = [v for v in search.view_defs if any(v in blocks for blocks, _ in fitted)]
@@ -705,9 +708,9 @@ def final_model(search: Search, members: list[Candidate], temps: list[float],
     return model
 
 
-def train_auto(texts: list[str], labels: list[str], label_names: list[str], params: dict,
-               tokenize: str, started: float, on_progress: Callable[[dict], None] | None,
-               network_cv: Callable, network_fit: Callable) -> AutoResult:
+def train_auto(texts: list[str], labels: list[str], label_names: list[str], params: dict[str, Any],
+               tokenize: str, started: float, on_progress: Callable[[dict[str, Any]], None] | None,
+               network_cv: Callable[..., Any], network_fit: Callable[..., Any]) -> AutoResult:
     """Search, choose, calibrate, refit and build the served model.
 
     network_cv(arch, train_idx, test_idx, deadline) -> out-of-fold logits and
@@ -716,9 +719,9 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
     """
     index = {name: i for i, name in enumerate(label_names)}
     y = np.array([index[label] for label in labels])
-    history: list[dict] = []
+    history: list[dict[str, Any]] = []
 
-    def on_candidate(row: dict) -> None:
+    def on_candidate(row: dict[str, Any]) -> None:
         history.append(row)
         if on_progress:
             on_progress(row)
@@ -730,7 +733,7 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         search.search(include_networks=params["include_networks"])
     search_s = time.monotonic() - started
     members, temps, ensemble = choose(search)
-    cost: dict = {"applied": False, "why": "cost_aware is false"}
+    cost: dict[str, Any] = {"applied": False, "why": "cost_aware is false"}
     if params.get("cost_aware", True):
         with threadpool_limits(limits=1):
             members, temps, cost = cost_aware(search, members, temps)
@@ -816,7 +819,7 @@ def micro_f1(y: np.ndarray, pred: np.ndarray) -> float:
     return 2 * tp / (2 * tp + wrong) if tp else 0.0
 
 
-def multilabel_metrics(y: np.ndarray, pred: np.ndarray, label_names: list[str]) -> dict:
+def multilabel_metrics(y: np.ndarray, pred: np.ndarray, label_names: list[str]) -> dict[str, Any]:
     """micro-, macro- and samples-F1, exact-match accuracy, per label precision,
     recall, F1, support (texts with the label) and predicted (texts given it)."""
     y = y == 1
@@ -948,12 +951,12 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
 
 
-def final_multilabel_model(search: Search, cand: Candidate, a: np.ndarray, b: np.ndarray):
+def final_multilabel_model(search: Search, cand: Candidate, a: np.ndarray, b: np.ndarray) -> Any:  # a keras.Model
     """Refit one-vs-rest on every row, fold the Platt scaling into kernel and
     bias, build the sigmoid graph and check it against scikit-learn's side."""
     idf = {v: autofeatures.idf_weights(search.counts[v].matrix) for v in cand.views}
     x = sp.hstack([search.weighted(v, idf[v]) for v in cand.views], format="csr")
-    model = learners.fit_ovr(cand.learner, cand.c, x, search.y, search.seed)
+    model = learners.fit_ovr(cand.learner, cand.c, x, search.y, search.seed)  # type: ignore[arg-type]  # a linear candidate has its C
     blocks, offset = {}, 0
     for v in cand.views:
         size = len(search.counts[v].vocabulary)
@@ -973,17 +976,17 @@ def final_multilabel_model(search: Search, cand: Candidate, a: np.ndarray, b: np
 
 
 def train_auto_multilabel(texts: list[str], label_sets: list[list[str]], label_names: list[str],
-                          params: dict, tokenize: str, started: float,
-                          on_progress: Callable[[dict], None] | None) -> AutoResult:
+                          params: dict[str, Any], tokenize: str, started: float,
+                          on_progress: Callable[[dict[str, Any]], None] | None) -> AutoResult:
     """architecture "auto" on multi-label data (see the module docstring)."""
     index = {name: i for i, name in enumerate(label_names)}
     y = np.zeros((len(texts), len(label_names)), dtype=np.int8)
     for i, labels in enumerate(label_sets):
         y[i, [index[x] for x in labels]] = 1
     min_labels = int(params.get("min_labels", 1))
-    history: list[dict] = []
+    history: list[dict[str, Any]] = []
 
-    def on_candidate(row: dict) -> None:
+    def on_candidate(row: dict[str, Any]) -> None:
         history.append(row)
         if on_progress:
             on_progress(row)
@@ -999,7 +1002,7 @@ def train_auto_multilabel(texts: list[str], label_sets: list[list[str]], label_n
             s.fold_scores = nested_folds(search, s.oof, min_labels)[0]
     search_s = time.monotonic() - started
     best = search.best()
-    cost: dict = {"applied": False, "why": "cost_aware is false"}
+    cost: dict[str, Any] = {"applied": False, "why": "cost_aware is false"}
     members = [best]
     if params.get("cost_aware", True):
         with threadpool_limits(limits=1):

@@ -61,7 +61,7 @@ class Explainer:
         self.vocab: list[list[str]] = []
         self.kernels: list[np.ndarray] = []
         self.dense: dict[int, Any] = {}  # bag index -> the PretrainedEmbedding layer
-        bags = []
+        bags: list[Any] = []
         n_units = linear[0].units
         for lay in linear:
             view = lay.name.removeprefix("logits_")

@@ -13,6 +13,8 @@ above it (textmodel, autofeatures, autoselect) form no import circle.
 
 from __future__ import annotations
 
+from typing import Any, Iterable
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -128,8 +130,8 @@ class CharNgramCounts(keras.layers.Layer):
     Needs bits * max(widths) <= 63; `fits` says whether a vocabulary does.
     """
 
-    def __init__(self, widths=(2, 3, 4, 5), unigrams: bool = False, standardize: str = "word",
-                 vocabulary=None, **kwargs) -> None:
+    def __init__(self, widths: Iterable[int] = (2, 3, 4, 5), unigrams: bool = False, standardize: str | None = "word",
+                 vocabulary: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.widths, self.unigrams, self.standardize = tuple(widths), bool(unigrams), standardize
         self._vocab_size = 0
@@ -141,7 +143,7 @@ class CharNgramCounts(keras.layers.Layer):
         return np.array(sorted({ord(ch) for token in vocabulary for ch in token}), dtype=np.int64)
 
     @classmethod
-    def fits(cls, vocabulary: list[str], widths) -> bool:
+    def fits(cls, vocabulary: list[str], widths: Iterable[int]) -> bool:
         return (len(cls._alphabet_of(vocabulary)) + 1).bit_length() * max(widths) <= 63
 
     def set_vocabulary(self, vocabulary: list[str]) -> None:
@@ -192,7 +194,7 @@ class CharNgramCounts(keras.layers.Layer):
     def vocabulary_size(self) -> int:
         return self._vocab_size
 
-    def call(self, texts):
+    def call(self, texts: Any) -> Any:
         texts = tf.convert_to_tensor(texts, tf.string)
         if self.standardize:
             texts = _STANDARDIZERS[self.standardize](texts)
@@ -229,22 +231,22 @@ class CharNgramCounts(keras.layers.Layer):
                                tf.stack([tf.shape(texts, out_type=tf.int64)[0],
                                          tf.constant(self._vocab_size, tf.int64)]))
 
-    def compute_output_spec(self, texts):
+    def compute_output_spec(self, texts: Any) -> Any:
         return keras.KerasTensor((texts.shape[0], self._vocab_size), dtype=self.compute_dtype, sparse=True)
 
-    def save_own_variables(self, store) -> None:
+    def save_own_variables(self, store: Any) -> None:
         store["alphabet"] = self._alphabet_np
         store["keys"] = self._keys_np
 
-    def load_own_variables(self, store) -> None:
+    def load_own_variables(self, store: Any) -> None:
         self._set_tables(np.asarray(store["alphabet"], dtype=np.int64), np.asarray(store["keys"], dtype=np.int64))
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "widths": list(self.widths), "unigrams": self.unigrams,
                 "standardize": self.standardize, "vocabulary_size": self._vocab_size}
 
     @classmethod
-    def from_config(cls, config: dict):
+    def from_config(cls, config: dict[str, Any]) -> CharNgramCounts:
         config = dict(config)
         size = config.pop("vocabulary_size", 0)
         layer = cls(**config)
@@ -267,7 +269,7 @@ class TermWeighting(keras.layers.Layer):
     """
 
     def __init__(self, vocab_size: int, mode: str = "tf_idf", normalize: bool = True,
-                 sublinear_tf: bool = False, **kwargs) -> None:
+                 sublinear_tf: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.vocab_size, self.mode, self.normalize = vocab_size, mode, normalize
         self.sublinear_tf = sublinear_tf
@@ -275,7 +277,7 @@ class TermWeighting(keras.layers.Layer):
         self.weights_per_term = self.add_weight(
             shape=(vocab_size,), initializer="ones", trainable=False, name="term_weights")
 
-    def call(self, counts):
+    def call(self, counts: Any) -> Any:
         if isinstance(counts, tf.SparseTensor):
             values = tf.cast(counts.values, self.compute_dtype)
             if self.mode == "multi_hot":
@@ -299,10 +301,10 @@ class TermWeighting(keras.layers.Layer):
             x = x * tf.math.rsqrt(tf.maximum(tf.reduce_sum(tf.square(x), axis=-1, keepdims=True), 1e-12))
         return x
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape: Any) -> Any:
         return input_shape
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "vocab_size": self.vocab_size, "mode": self.mode,
                 "normalize": self.normalize, "sublinear_tf": self.sublinear_tf}
 
@@ -316,19 +318,19 @@ class Standardize(keras.layers.Layer):
     standardized once here and the branches get `standardize=None`.
     """
 
-    def __init__(self, standardize: str, **kwargs) -> None:
+    def __init__(self, standardize: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if standardize not in _STANDARDIZERS:
             raise ValueError(f"unknown standardizer {standardize!r}")
         self.standardize = standardize
 
-    def call(self, texts):
+    def call(self, texts: Any) -> Any:
         return _STANDARDIZERS[self.standardize](tf.convert_to_tensor(texts, tf.string))
 
-    def compute_output_spec(self, texts):
+    def compute_output_spec(self, texts: Any) -> Any:
         return keras.KerasTensor(texts.shape, dtype="string")
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "standardize": self.standardize}
 
 
@@ -351,17 +353,17 @@ class SparseLinear(keras.layers.Layer):
     entries will do. Dense input is a plain matmul.
     """
 
-    def __init__(self, units: int, use_bias: bool = True, **kwargs) -> None:
+    def __init__(self, units: int, use_bias: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.units, self.use_bias = int(units), bool(use_bias)
 
-    def build(self, input_shape) -> None:
+    def build(self, input_shape: Any) -> None:
         # one variable per block of columns: slicing columns out of one
         # (vocabulary x units) kernel would copy most of it on every call
         step = _COLUMNS_PER_MATMUL
         self.kernels = [self.add_weight(shape=(input_shape[-1], min(step, self.units - i)), initializer="zeros",
                                         name=f"kernel_{i // step}") for i in range(0, self.units, step)]
-        self.bias = self.add_weight(shape=(self.units,), initializer="zeros", name="bias") if self.use_bias else None
+        self.bias: Any = self.add_weight(shape=(self.units,), initializer="zeros", name="bias") if self.use_bias else None
 
     def set_kernel(self, kernel: np.ndarray, bias: np.ndarray | None = None) -> None:
         """Assign a whole (inputs x units) kernel (and the bias)."""
@@ -371,7 +373,7 @@ class SparseLinear(keras.layers.Layer):
         if self.use_bias:
             self.bias.assign(bias)
 
-    def call(self, x):
+    def call(self, x: Any) -> Any:
         kernels = [tf.convert_to_tensor(k) for k in self.kernels]
         if isinstance(x, tf.SparseTensor):
             x = tf.SparseTensor(x.indices, tf.cast(x.values, kernels[0].dtype), x.dense_shape)
@@ -383,10 +385,10 @@ class SparseLinear(keras.layers.Layer):
             out = out + self.bias
         return out
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape: Any) -> Any:
         return (input_shape[0], self.units)
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "units": self.units, "use_bias": self.use_bias}
 
 
@@ -402,7 +404,7 @@ class PretrainedEmbedding(keras.layers.Layer):
     """
 
     def __init__(self, vocabulary_size: int = 0, dim: int = 256, standardize: str | None = "word",
-                 scale: float = 0.5, **kwargs) -> None:
+                 scale: float = 0.5, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size, self.dim = int(vocabulary_size), int(dim)
         self.standardize, self.scale = standardize, float(scale)
@@ -412,12 +414,12 @@ class PretrainedEmbedding(keras.layers.Layer):
         self.subword_counts = keras.layers.Embedding(self.vocabulary_size + 1, 1, dtype="float16",
                                                      trainable=False, name="subword_counts")
 
-    def build(self, input_shape=None) -> None:
+    def build(self, input_shape: Any = None) -> None:
         self.vector_sums.build((None,))
         self.subword_counts.build((None,))
         self.built = True
 
-    def set_table(self, table) -> None:
+    def set_table(self, table: Any) -> None:
         """table: a pretrained.WordTable (words, sums (n, dim), counts (n,))."""
         if len(table.words) != self.vocabulary_size:
             raise ValueError(f"table has {len(table.words)} words, layer expects {self.vocabulary_size}")
@@ -431,7 +433,7 @@ class PretrainedEmbedding(keras.layers.Layer):
         self.vector_sums.embeddings.assign(sums)
         self.subword_counts.embeddings.assign(counts)
 
-    def call(self, texts):
+    def call(self, texts: Any) -> Any:
         texts = tf.convert_to_tensor(texts, tf.string)
         if self.standardize:
             texts = _STANDARDIZERS[self.standardize](texts)
@@ -447,9 +449,9 @@ class PretrainedEmbedding(keras.layers.Layer):
                 tf.maximum(tf.reduce_sum(tf.square(mean), axis=-1, keepdims=True), 1e-12)))
         return mean
 
-    def compute_output_spec(self, texts):
+    def compute_output_spec(self, texts: Any) -> Any:
         return keras.KerasTensor((texts.shape[0], self.dim), dtype="float32")
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "dim": self.dim,
                 "standardize": self.standardize, "scale": self.scale}

@@ -207,13 +207,13 @@ def _check_views(value: Any) -> list[str]:
     return [v for v in AUTO_VIEWS if v in value]
 
 
-def pretrained_allowed(params: dict) -> bool:
+def pretrained_allowed(params: dict[str, Any]) -> bool:
     """Whether auto may try the pretrained view under these (validated) params."""
     return bool(params.get("pretrained", True)) and (
         "pretrained" in params["views"] or params["views"] == DEFAULT_PARAMS["views"])
 
 
-def validate_params(user: dict | None) -> dict:
+def validate_params(user: dict[str, Any] | None) -> dict[str, Any]:
     """Merge `user` over DEFAULT_PARAMS, checking every given field.
 
     Returns a new dict holding every parameter. Raises ParamError for the
@@ -292,7 +292,7 @@ def detect_tokenize(texts: list[str]) -> str:
     return "word"
 
 
-def resolve_tokenize(params: dict, texts: list[str]) -> str:
+def resolve_tokenize(params: dict[str, Any], texts: list[str]) -> str:
     """The concrete tokenizer for these params and training texts."""
     mode = params.get("tokenize", "auto")
     return detect_tokenize(texts) if mode == "auto" else mode

@@ -39,6 +39,7 @@ import functools
 import importlib.util
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -81,14 +82,20 @@ def codebook() -> np.ndarray:
     """(32000, 256) float16 subword vectors."""
     from safetensors.numpy import load_file
 
-    return load_file(os.path.join(package_dir(), WEIGHTS_FILE))["embedding.weight"]
+    where = package_dir()
+    if where is None:
+        raise RuntimeError("the wordllama package is not installed")
+    return load_file(os.path.join(where, WEIGHTS_FILE))["embedding.weight"]
 
 
 @functools.lru_cache(maxsize=1)
-def tokenizer():
+def tokenizer() -> Any:
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(os.path.join(package_dir(), TOKENIZER_FILE))
+    where = package_dir()
+    if where is None:
+        raise RuntimeError("the wordllama package is not installed")
+    return Tokenizer.from_file(os.path.join(where, TOKENIZER_FILE))
 
 
 def words_of(texts: list[str]) -> list[str]:
@@ -134,7 +141,7 @@ class WordTable:
     from_training: int = 0
     frequent: int = 0
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {"words": len(self.words), "from_training": self.from_training,
                 "frequent_words": self.frequent, "dim": int(self.sums.shape[1]),
                 "bytes": int(self.sums.nbytes + self.counts.astype(np.float16).nbytes),

@@ -133,7 +133,7 @@ def js_divergence(p: Sequence[float], q: Sequence[float]) -> float:
 
 
 # -- building the profile ---------------------------------------------------------------------
-def _known_share_loo(per_text: list[set[int]], df: Counter, kept: set[int] | None) -> list[float]:
+def _known_share_loo(per_text: list[set[int]], df: Counter[int], kept: set[int] | None) -> list[float]:
     """Per text with n-grams: the share of them another training text holds."""
     out = []
     for grams in per_text:
@@ -153,7 +153,7 @@ def build(texts: Sequence[str], labels: Sequence[str], label_names: Sequence[str
     validation split); held_out_on says which ("out_of_fold", "validation").
     """
     per_text = [_hashes(t) for t in texts]
-    df: Counter = Counter()
+    df: Counter[int] = Counter()
     for grams in per_text:
         df.update(grams)
     kept: set[int] | None = None

@@ -7,7 +7,7 @@ textmodel and autoselect, so neither imports the other for these.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 import keras
 import numpy as np
@@ -24,7 +24,7 @@ def predict_proba(predict_fn: Callable[[list[str]], np.ndarray], texts: list[str
     return np.concatenate(chunks) if chunks else np.zeros((0, 0), dtype="float32")
 
 
-def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> dict:
+def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, labels: list[str]) -> dict[str, Any]:
     """accuracy, macro_f1 and per-label precision/recall/f1/support."""
     per_label = {}
     f1s = []
@@ -43,7 +43,7 @@ def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, labels: list[
             "per_label": per_label}
 
 
-def evaluate(predict_fn, texts: list[str], y: np.ndarray, labels: list[str]) -> dict:
+def evaluate(predict_fn: Callable[[list[str]], np.ndarray], texts: list[str], y: np.ndarray, labels: list[str]) -> dict[str, Any]:
     if not texts:
         return classification_metrics(np.zeros(0, int), np.zeros(0, int), labels)
     probs = predict_proba(predict_fn, texts)
@@ -76,7 +76,7 @@ def make_predict_fn(model: keras.Model) -> Callable[[list[str]], np.ndarray]:
             return np.zeros((0, model.output_shape[-1]), dtype="float32")
         return concrete(tf.constant(texts, dtype=tf.string)).numpy()
 
-    predict.model = model  # for what else is asked of it (model_worker/explain.py)
+    predict.model = model  # type: ignore[attr-defined]  # a function attribute; for what else is asked of it (model_worker/explain.py)
     return predict
 
 
@@ -84,7 +84,7 @@ def make_predict_fn(model: keras.Model) -> Callable[[list[str]], np.ndarray]:
 RISK_THRESHOLDS = tuple(round(0.5 + 0.05 * i, 2) for i in range(10))
 
 
-def risk_coverage(probs: np.ndarray, y: np.ndarray, thresholds=RISK_THRESHOLDS) -> list[dict]:
+def risk_coverage(probs: np.ndarray, y: np.ndarray, thresholds: Iterable[float] = RISK_THRESHOLDS) -> list[dict[str, Any]]:
     """Rows {"threshold", "coverage", "accuracy", "answered"}: answering only
     when the top score is at least the threshold (below it the service
     abstains, see /predict `min_score`), the share of texts answered and the

@@ -27,7 +27,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import keras
 import numpy as np
@@ -73,7 +73,7 @@ def _tokens(texts: list[str], tokenize: str, ngrams: int | None) -> tf.RaggedTen
     return tf.strings.ngrams(words, ngram_width=tuple(range(1, ngrams + 1)), separator=" ")
 
 
-def _document_frequencies(texts: list[str], tokenize: str, ngrams: int | None) -> Counter:
+def _document_frequencies(texts: list[str], tokenize: str, ngrams: int | None) -> Counter[bytes]:
     """How many texts each token occurs in.
 
     Counting in Python over TF-produced tokens is ~4x faster than
@@ -81,14 +81,14 @@ def _document_frequencies(texts: list[str], tokenize: str, ngrams: int | None) -
     variant was slower still) and yields the document frequencies that the
     IDF weights need anyway.
     """
-    df: Counter = Counter()
+    df: Counter[bytes] = Counter()
     for start in range(0, len(texts), _FEATURE_BATCH):
         for row in _tokens(texts[start:start + _FEATURE_BATCH], tokenize, ngrams).to_list():
             df.update(set(row))
     return df
 
 
-def _top_tokens(df: Counter, limit: int) -> tuple[list[bytes], np.ndarray]:
+def _top_tokens(df: Counter[bytes], limit: int) -> tuple[list[bytes], np.ndarray]:
     """The `limit` most document-frequent tokens, ties broken by the token.
 
     The tie-break makes the vocabulary independent of input order. Only
@@ -97,6 +97,7 @@ def _top_tokens(df: Counter, limit: int) -> tuple[list[bytes], np.ndarray]:
     """
     tokens = list(df)
     counts = np.fromiter(df.values(), dtype=np.int64, count=len(tokens))
+    keep: np.ndarray | list[int]
     if limit < len(tokens):
         cutoff = np.partition(counts, len(tokens) - limit)[len(tokens) - limit]
         keep = np.flatnonzero(counts >= cutoff)
@@ -107,7 +108,7 @@ def _top_tokens(df: Counter, limit: int) -> tuple[list[bytes], np.ndarray]:
 
 
 
-def build_vectorizer(texts: list[str], params: dict, tokenize: str):
+def build_vectorizer(texts: list[str], params: dict[str, Any], tokenize: str) -> tuple[Any, Any]:
     """A TextVectorization layer with its vocabulary fitted on `texts`.
 
     For bags it emits sparse counts and comes with the TermWeighting layer
@@ -148,7 +149,7 @@ def build_vectorizer(texts: list[str], params: dict, tokenize: str):
 # Heads
 # --------------------------------------------------------------------------
 
-def _head_layers(params: dict, vocab_size: int, n_labels: int) -> list[keras.layers.Layer]:
+def _head_layers(params: dict[str, Any], vocab_size: int, n_labels: int) -> list[keras.layers.Layer]:
     """The trainable layers after the vectorizer, shared by both graphs."""
     reg = keras.regularizers.L2(params["l2"]) if params["l2"] > 0 else None
     out = keras.layers.Dense(n_labels, activation="softmax", kernel_regularizer=reg, name="probs")
@@ -183,10 +184,10 @@ class TrainingCancelled(Exception):
 class TrainResult:
     model: keras.Model
     labels: list[str]
-    metrics: dict
-    history: list[dict] = field(default_factory=list)
+    metrics: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
     # architecture "auto": the search report (candidates, choice, calibration)
-    report: dict | None = None
+    report: dict[str, Any] | None = None
     # probabilities on texts the model was not fitted on, for profile.json
     held_out_probs: np.ndarray | None = None
     held_out_on: str | None = None
@@ -216,17 +217,18 @@ def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndar
 class _Progress(keras.callbacks.Callback):
     """Reports each epoch and turns should_stop() into TrainingCancelled."""
 
-    def __init__(self, epochs: int, on_epoch, should_stop, history: list[dict]) -> None:
+    def __init__(self, epochs: int, on_epoch: Callable[[dict[str, Any]], None] | None,
+                 should_stop: Callable[[], bool] | None, history: list[dict[str, Any]]) -> None:
         super().__init__()
         self.epochs, self.on_epoch, self.should_stop, self.history = epochs, on_epoch, should_stop, history
 
-    def on_train_batch_end(self, batch: int, logs=None) -> None:
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Keras calls this once per graph call (_STEPS_PER_EXECUTION steps),
         # so a cancel lands within a fraction of an epoch.
         if self.should_stop is not None and self.should_stop():
             raise TrainingCancelled("training cancelled")
 
-    def on_epoch_end(self, epoch: int, logs=None) -> None:
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         logs = logs or {}
         row = {
             "epoch": epoch + 1,
@@ -243,7 +245,7 @@ class _Progress(keras.callbacks.Callback):
             raise TrainingCancelled("training cancelled")
 
 
-def _features(vectorizer, texts: list[str], weighting=None):
+def _features(vectorizer: Any, texts: list[str], weighting: Any = None) -> Any:
     """Vectorize every text once; the head then trains on the cached result.
 
     Bags are kept as one SparseTensor (dense 100k-wide rows would not fit in
@@ -255,15 +257,15 @@ def _features(vectorizer, texts: list[str], weighting=None):
     return weighting(tf.sparse.concat(0, parts))
 
 
-def _dataset(features, y: np.ndarray, batch_size: int, seed: int | None) -> tf.data.Dataset:
+def _dataset(features: Any, y: np.ndarray, batch_size: int, seed: int | None) -> tf.data.Dataset:
     ds = tf.data.Dataset.from_tensor_slices((features, y))
     if seed is not None:
         ds = ds.shuffle(len(y), seed=seed, reshuffle_each_iteration=True)
     return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
-def _fit_head(params: dict, vocab_size: int, n_labels: int, train: tuple, val: tuple | None,
-              epochs: int, callbacks: list) -> list[keras.layers.Layer]:
+def _fit_head(params: dict[str, Any], vocab_size: int, n_labels: int, train: tuple[Any, ...], val: tuple[Any, ...] | None,
+              epochs: int, callbacks: list[Any]) -> list[keras.layers.Layer]:
     """Train fresh head layers on cached features; returns the layers."""
     head = _head_layers(params, vocab_size, n_labels)
     if params["architecture"] == "bow":
@@ -289,8 +291,8 @@ def _fit_head(params: dict, vocab_size: int, n_labels: int, train: tuple, val: t
 def train_model(
     texts: list[str],
     labels: list[str],
-    params: dict,
-    on_epoch: Callable[[dict], None] | None = None,
+    params: dict[str, Any],
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
     """Train an end-to-end classifier; see the module docstring for the shape.
@@ -313,8 +315,9 @@ def train_model(
     return _train_network(texts, labels, params, on_epoch, should_stop)
 
 
-def _train_auto(texts: list[str], labels: list[str], label_names: list[str], params: dict,
-                on_progress, should_stop) -> TrainResult:
+def _train_auto(texts: list[str], labels: list[str], label_names: list[str], params: dict[str, Any],
+                on_progress: Callable[[dict[str, Any]], None] | None,
+                should_stop: Callable[[], bool] | None) -> TrainResult:
     """The automatic search, with the bow/cnn networks as candidates."""
     from model_worker import autoselect  # scikit-learn: trainer processes only
 
@@ -343,7 +346,7 @@ def _train_auto(texts: list[str], labels: list[str], label_names: list[str], par
         return calibrated_network(texts, labels, {**params, "architecture": arch}, temperature,
                                   should_stop)
 
-    def progress(row: dict) -> None:
+    def progress(row: dict[str, Any]) -> None:
         if should_stop is not None and should_stop():
             raise TrainingCancelled("training cancelled")
         if on_progress is not None:
@@ -357,8 +360,9 @@ def _train_auto(texts: list[str], labels: list[str], label_names: list[str], par
                        held_out_probs=auto.held_out_probs, held_out_on="out_of_fold")
 
 
-def _train_multilabel(texts: list[str], label_sets: list[list[str]], params: dict,
-                      on_progress, should_stop) -> TrainResult:
+def _train_multilabel(texts: list[str], label_sets: list[list[str]], params: dict[str, Any],
+                      on_progress: Callable[[dict[str, Any]], None] | None,
+                      should_stop: Callable[[], bool] | None) -> TrainResult:
     """Multi-label data: architecture "auto" only (autoselect.train_auto_multilabel)."""
     from model_worker import autoselect
     from model_worker.params import multi_label_refusal
@@ -371,7 +375,7 @@ def _train_multilabel(texts: list[str], label_sets: list[list[str]], params: dic
     started = time.monotonic()
     keras.utils.set_random_seed(params["seed"])
 
-    def progress(row: dict) -> None:
+    def progress(row: dict[str, Any]) -> None:
         if should_stop is not None and should_stop():
             raise TrainingCancelled("training cancelled")
         if on_progress is not None:
@@ -385,15 +389,15 @@ def _train_multilabel(texts: list[str], label_sets: list[list[str]], params: dic
                        held_out_probs=auto.held_out_probs, held_out_on="out_of_fold")
 
 
-def top_true_labels(label_sets: list[list[str]], label_names: list[str], probs) -> list[str]:
+def top_true_labels(label_sets: list[list[str]], label_names: list[str], probs: np.ndarray) -> list[str]:
     """One label per multi-label text, for single-label summaries (profile.json):
     of its labels, the one its held-out scores rank highest."""
     index = {name: i for i, name in enumerate(label_names)}
     return [max(labels, key=lambda x: probs[i][index[x]]) for i, labels in enumerate(label_sets)]
 
 
-def calibrated_network(texts: list[str], labels: list[str], params: dict, temperature: float,
-                       should_stop=None) -> keras.Model:
+def calibrated_network(texts: list[str], labels: list[str], params: dict[str, Any], temperature: float,
+                       should_stop: Callable[[], bool] | None = None) -> keras.Model:
     """A bow/cnn network on every row, its softmax sharpened or softened by 1/T.
 
     softmax(z / T) is the same softmax layer with kernel and bias divided by
@@ -405,7 +409,9 @@ def calibrated_network(texts: list[str], labels: list[str], params: dict, temper
     return res.model
 
 
-def _train_network(texts: list[str], labels: list[str], params: dict, on_epoch, should_stop) -> TrainResult:
+def _train_network(texts: list[str], labels: list[str], params: dict[str, Any],
+                   on_epoch: Callable[[dict[str, Any]], None] | None,
+                   should_stop: Callable[[], bool] | None) -> TrainResult:
     """architecture "bow" or "cnn": a network trained with Adam on one split."""
     label_names = sorted(set(labels))
     started = time.monotonic()
@@ -430,7 +436,7 @@ def _train_network(texts: list[str], labels: list[str], params: dict, on_epoch, 
     val_feats = _features(vectorizer, val_texts, weighting) if len(val_idx) else None
     log.info("features cached after %.1fs", time.monotonic() - started)
 
-    history: list[dict] = []
+    history: list[dict[str, Any]] = []
     callbacks: list[keras.callbacks.Callback] = []
     if val_feats is not None:
         callbacks.append(keras.callbacks.EarlyStopping(
@@ -519,7 +525,7 @@ def export_saved_model(model: keras.Model, path: str, probe: list[str], expected
 
 # Small enough to train in a second or two on a laptop core; used by the
 # worker and supervisor tests that need a real model artifact.
-TINY_PARAMS: dict = {
+TINY_PARAMS: dict[str, Any] = {
     "architecture": "bow",
     "max_tokens": 2000,
     "epochs": 30,
@@ -530,7 +536,7 @@ TINY_PARAMS: dict = {
 }
 
 
-def train_tiny(texts: list[str], labels: list[str], on_epoch: Callable[[dict], None] | None = None,
-               should_stop: Callable[[], bool] | None = None, **overrides) -> TrainResult:
+def train_tiny(texts: list[str], labels: list[str], on_epoch: Callable[[dict[str, Any]], None] | None = None,
+               should_stop: Callable[[], bool] | None = None, **overrides: Any) -> TrainResult:
     """Train a small model quickly (tests, demos); overrides are params."""
     return train_model(texts, labels, {**TINY_PARAMS, **overrides}, on_epoch, should_stop)

@@ -67,7 +67,7 @@ def _redirect_output(path: str) -> None:
     os.close(fd)
 
 
-def _read_jsonl(path: str) -> tuple[list[str], list]:
+def _read_jsonl(path: str) -> tuple[list[str], list[Any]]:
     """Texts and their labels (multi-label data: a list of labels per text)."""
     texts, labels = [], []
     with open(path, encoding="utf-8") as fh:
@@ -152,9 +152,9 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
             meta["report"] = result.report
         profile_labels = labels
         if result.metrics.get("multi_label"):  # answered by frontend/predictions.py
-            meta.update(multi_label=True, thresholds=result.report["thresholds"],
-                        min_labels=result.report["min_labels"])
-            profile_labels = textmodel.top_true_labels(labels, result.labels, result.held_out_probs)
+            meta.update(multi_label=True, thresholds=result.report["thresholds"],  # type: ignore[index]  # set by auto
+                        min_labels=result.report["min_labels"])  # type: ignore[index]  # set by auto
+            profile_labels = textmodel.top_true_labels(labels, result.labels, result.held_out_probs)  # type: ignore[arg-type]  # set by auto
         # what drift detection compares live traffic with (control/quality.py)
         profile.write(staged, texts, profile_labels, result.labels, result.held_out_probs,
                       result.held_out_on)

@@ -155,7 +155,7 @@ def _run_child(msg: dict[str, Any], fd: int, tf_level: str, intermediate: int) -
         if msg["kind"] == "trainer":
             from model_worker.trainer import main as target
         else:
-            from model_worker.worker import main as target
+            from model_worker.worker import main as target  # type: ignore[assignment]  # its 2nd parameter is "options"
         target(sock, msg["options"])  # ends with os._exit
         code = EXIT_OK
     except SystemExit as exc:

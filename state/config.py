@@ -191,7 +191,7 @@ class ConfigError(ValueError):
     pass
 
 
-def _merge(base: dict, override: dict, path: str = "") -> dict:
+def _merge(base: dict[str, Any], override: dict[str, Any], path: str = "") -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in override.items():
         where = f"{path}{key}"

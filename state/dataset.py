@@ -177,7 +177,9 @@ def check_examples(rows: list[tuple[int, Any]], source: str,
         raise DataError("the data has no examples")
     if len(rows) > MAX_EXAMPLES:
         raise DataError(f"{len(rows)} examples; the limit is {MAX_EXAMPLES}")
-    texts, labels = [], []
+    texts: list[str] = []
+    labels: list[Any] = []  # a label per text, or a label set per text
+    label: Any
     first = rows[0][1]
     multi = isinstance(first, dict) and "labels" in first and "label" not in first
     key = "labels" if multi else "label"

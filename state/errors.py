@@ -7,6 +7,8 @@ the project.
 """
 from __future__ import annotations
 
+from typing import Any
+
 
 class ServiceError(Exception):
     """An error with an HTTP status and a code, raised to the handlers."""
@@ -15,7 +17,7 @@ class ServiceError(Exception):
     code = "internal"
 
     def __init__(self, message: str, status: int | None = None, code: str | None = None,
-                 details: dict | None = None):
+                 details: dict[str, Any] | None = None):
         super().__init__(message)
         if status is not None:
             self.status = status

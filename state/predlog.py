@@ -130,7 +130,7 @@ _SCHEMA = [
 ]
 
 
-def drain(q: queue.SimpleQueue, first: Any) -> list[Any]:
+def drain(q: queue.SimpleQueue[Any], first: Any) -> list[Any]:
     """`first` and whatever else is on the queue now (one batch)."""
     batch = [first]
     while True:
@@ -150,7 +150,7 @@ def _margin(top: list[dict[str, Any]]) -> float:
     return 1.0
 
 
-def _unpack(e: list) -> tuple[list[str], list[dict[str, Any]]]:
+def _unpack(e: list[Any]) -> tuple[list[str], list[dict[str, Any]]]:
     """A stored entry's texts and predictions (the top lists rebuilt when the
     entry holds score rows: see PredictionLog.add_scores)."""
     body = msgpack.unpackb(e[4], raw=False)
@@ -168,7 +168,7 @@ def top_of(row: list[float], labels: list[str], k: int) -> dict[str, Any]:
     return {"label": top[0]["label"] if top else None, "top": top}
 
 
-def _pred(model: str, version: Any, e: list, text: str, p: dict[str, Any], i: int
+def _pred(model: str, version: Any, e: list[Any], text: str, p: dict[str, Any], i: int
           ) -> dict[str, Any]:
     """Text i of a stored entry as a prediction row."""
     top = p.get("top") or []
@@ -216,9 +216,9 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
 class _Writer:
     """One writer process, and the flush markers it has been sent."""
 
-    def __init__(self, proc: subprocess.Popen) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
-        self.acks: dict[int, concurrent.futures.Future] = {}
+        self.acks: dict[int, concurrent.futures.Future[Any]] = {}
         self.logged = self.dropped = 0  # as the process last reported
         self.sent = 0  # texts written to its pipe
         self.error: Any = None
@@ -255,8 +255,8 @@ class PredictionLog:
                 raise
         finally:
             conn.close()
-        self._q: queue.SimpleQueue = queue.SimpleQueue()   # feedback, examples
-        self._pq: queue.SimpleQueue = queue.SimpleQueue()  # predictions, to the writer
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()   # feedback, examples
+        self._pq: queue.SimpleQueue[Any] = queue.SimpleQueue()  # predictions, to the writer
         self._local = threading.local()
         self._closed = False
         self._seq = itertools.count(1)
@@ -305,7 +305,7 @@ class PredictionLog:
             conn = self._local.conn = self._connect()
         return conn
 
-    def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+    def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         return self._reader().execute(sql, args).fetchall()
 
     # -- predictions: queue, sender thread, writer process ---------------------------------
@@ -330,7 +330,7 @@ class PredictionLog:
         if self.enabled and not self._closed and texts:
             self._put(None, len(texts), (at, request_id, model, version, texts, labels, rows, k))
 
-    def _put(self, item: list[Any] | None, texts: int, answer: tuple | None = None) -> None:
+    def _put(self, item: list[Any] | None, texts: int, answer: tuple[Any, ...] | None = None) -> None:
         """The item (or answer) packed at once, as a one-item batch of the writer's
         protocol, and the bytes queued: ~4 us here, and no container outlives
         the request. (Queued as objects, the answers of the last ~0.5 s survived
@@ -384,9 +384,9 @@ class PredictionLog:
             w = self._live_writer()
             for it in markers:
                 w.acks[it[1]] = it[2]
-            w.proc.stdin.write(b"".join(it[1] if it[0] == "b" else
+            w.proc.stdin.write(b"".join(it[1] if it[0] == "b" else  # type: ignore[union-attr]  # stdin=PIPE, never None
                                         msgpack.packb([["f", it[1]]]) for it in items))
-            w.proc.stdin.flush()
+            w.proc.stdin.flush()  # type: ignore[union-attr]  # stdin=PIPE, never None
             w.sent += texts
         except (OSError, ValueError) as exc:
             log.error("prediction log: %d texts not sent to the writer: %s", texts, exc)
@@ -420,7 +420,7 @@ class PredictionLog:
         out = w.proc.stdout
         while True:
             try:
-                data = out.read1(1 << 16)  # type: ignore[union-attr]
+                data = out.read1(1 << 16)  # type: ignore[union-attr]  # stdout=PIPE: a BufferedReader
             except (OSError, ValueError):
                 data = b""
             if not data:
@@ -470,7 +470,7 @@ class PredictionLog:
         if w is None:
             return
         try:
-            w.proc.stdin.close()  # type: ignore[union-attr]
+            w.proc.stdin.close()  # type: ignore[union-attr]  # stdin=PIPE, never None
         except OSError:
             pass
         try:
@@ -482,8 +482,8 @@ class PredictionLog:
         self._retire(w)
 
     # -- feedback and examples: a thread here, each future resolving on commit --------------
-    def _submit(self, kind: str, payload: Any) -> concurrent.futures.Future:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+    def _submit(self, kind: str, payload: Any) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if self._closed:
             fut.set_exception(RuntimeError("the prediction log is closed"))
         else:
@@ -493,21 +493,21 @@ class PredictionLog:
     def add_feedback(self, request_id: str, index: int, label: str, *, model: str,
                      version: Any, text: str, predicted: str | None = None,
                      new_label: bool = False, at: float | None = None
-                     ) -> concurrent.futures.Future:
+                     ) -> concurrent.futures.Future[Any]:
         """Store (or replace) the truth of logged prediction (request_id, index);
         the future resolves once it is committed."""
         return self.add_feedback_many([(request_id, index, label, model, version, text,
                                         predicted, new_label)], at)
 
-    def add_feedback_many(self, items: list[tuple], at: float | None = None
-                          ) -> concurrent.futures.Future:
+    def add_feedback_many(self, items: list[tuple[Any, ...]], at: float | None = None
+                          ) -> concurrent.futures.Future[Any]:
         """items: (request_id, index, label, model, version, text, predicted, new_label)."""
         when = time.time() if at is None else at
         return self._submit("feedback", [(*it[:7], int(bool(it[7])), when) for it in items])
 
     def add_examples(self, model: str, examples: Iterable[tuple[str, str]],
                      new_labels: Iterable[str] = (), at: float | None = None
-                     ) -> concurrent.futures.Future:
+                     ) -> concurrent.futures.Future[Any]:
         when = time.time() if at is None else at
         new = set(new_labels)
         return self._submit("examples", [(model, t, lab, int(lab in new), when)
@@ -518,7 +518,7 @@ class PredictionLog:
         writer process, the feedback here (not on the IOLoop)."""
         if self._closed:
             return
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._pq.put(["f", next(self._seq), fut])
         self._wake.set()
         fut.result(timeout)
@@ -548,7 +548,7 @@ class PredictionLog:
             self._write(conn, batch)
         conn.close()
 
-    def _write(self, conn: sqlite3.Connection, batch: list[tuple]) -> None:
+    def _write(self, conn: sqlite3.Connection, batch: list[tuple[Any, ...]]) -> None:
         futures = [f for _, _, f in batch if f is not None]
         writes = [(k, p) for k, p, _ in batch if k in ("feedback", "examples")]
         try:
@@ -708,7 +708,7 @@ class PredictionLog:
         return {"predictions": n, "feedback": fb, "examples": ex}
 
     # -- reads (executor threads) ------------------------------------------------------------
-    def _batches(self, sql: str, args: tuple = ()) -> Iterator[tuple[str, Any, list]]:
+    def _batches(self, sql: str, args: tuple[Any, ...] = ()) -> Iterator[tuple[str, Any, list[Any]]]:
         """(model, version, entries) of the batches a query selects (model,
         version, data), decoded one at a time (a caller may stop early)."""
         cur = self._reader().execute(sql, args)
@@ -723,7 +723,7 @@ class PredictionLog:
         again is answered and logged, but never replaces that answer)."""
         sql = ("SELECT b.id FROM rids r JOIN batches b ON b.id = r.batch "
                "WHERE r.request_id = ?")
-        args: tuple = (request_id,)
+        args: tuple[Any, ...] = (request_id,)
         ms = id_ms(request_id)
         if ms is not None:  # a service-made id: by its time too (it has no rids row)
             now_ms = int(time.time() * 1000)
@@ -735,7 +735,7 @@ class PredictionLog:
             f"SELECT model, version, data FROM batches WHERE id IN ({sql}) ORDER BY id", args))
 
     @staticmethod
-    def _get(request_id: str, index: int | None, batches: Iterator[tuple[str, Any, list]]
+    def _get(request_id: str, index: int | None, batches: Iterator[tuple[str, Any, list[Any]]]
              ) -> list[dict[str, Any]]:
         """The texts of the first logged request with this id (batches in the
         order they were written)."""
@@ -756,6 +756,7 @@ class PredictionLog:
 
     def recent(self, model: str, version: Any = None, limit: int = 1000) -> list[dict[str, Any]]:
         """The newest `limit` predictions, newest first."""
+        args: tuple[Any, ...]
         if version is None:
             sql, args = ("SELECT model, version, data FROM batches WHERE model = ? "
                          "ORDER BY id DESC", (model,))
@@ -779,7 +780,7 @@ class PredictionLog:
         may have been trimmed: then scores are {} and label the stored one."""
         sql = ("SELECT request_id, idx, version, text, predicted, label AS truth, "
                "at AS fed_at, new_label FROM feedback WHERE model = ?")
-        args: tuple = (model,)
+        args: tuple[Any, ...] = (model,)
         bsql = "SELECT model, version, data FROM batches WHERE model = ?"
         if version is not None:
             sql += " AND version = ?"
@@ -870,7 +871,7 @@ class PredictionLog:
             order.sort(key=margins.__getitem__)
         else:
             random.shuffle(order)
-        decoded: dict[int, list] = {}
+        decoded: dict[int, list[Any]] = {}
         out: list[dict[str, Any]] = []
         for k in order:
             w = where[k]

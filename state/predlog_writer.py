@@ -129,7 +129,7 @@ def entries_of(items: list[list[Any]]) -> dict[tuple[str, Any], list[list[Any]]]
             _, at, rid, model, version, n, blob = item
             groups.setdefault((model, version), []).append([at, rid, 0, n, blob])
         elif kind == "r":
-            runs: list[tuple[tuple[str, Any], list[Any], list[str], list[dict]]] = []
+            runs: list[tuple[tuple[str, Any], list[Any], list[str], list[dict[str, Any]]]] = []
             for r in item[1]:
                 key = (r["model"], r.get("version"))
                 idx = int(r.get("index", 0))

@@ -148,7 +148,7 @@ class StateDB:
         return conn
 
     # -- writes (one background thread) ---------------------------------------------------
-    def submit(self, fn: Callable[[sqlite3.Connection], Any]) -> concurrent.futures.Future:
+    def submit(self, fn: Callable[[sqlite3.Connection], Any]) -> concurrent.futures.Future[Any]:
         """Run fn(conn) in one transaction on the writer thread; errors are logged."""
         if self._closed:
             raise StateDBError("the state db is closed")
@@ -169,7 +169,7 @@ class StateDB:
         future.add_done_callback(self._done)
         return future
 
-    def _done(self, future: concurrent.futures.Future) -> None:
+    def _done(self, future: concurrent.futures.Future[Any]) -> None:
         """Every write's outcome: failures logged and, with `health` set
         (state/storage.py's Storage), shown as the storage health."""
         exc = future.exception()
@@ -182,7 +182,7 @@ class StateDB:
         elif isinstance(exc, (OSError, sqlite3.Error)):
             self.health.failed("the state db", self.path, as_oserror(exc))
 
-    def save_job(self, record: dict[str, Any]) -> concurrent.futures.Future:
+    def save_job(self, record: dict[str, Any]) -> concurrent.futures.Future[Any]:
         """Insert or replace a job's row (keys: JOB_COLUMNS; others ignored)."""
         row = tuple(_dumps(record.get(c)) if c in _JSON_COLUMNS else record.get(c)
                     for c in JOB_COLUMNS)
@@ -191,13 +191,13 @@ class StateDB:
         return self.submit(lambda conn: conn.execute(sql, row))
 
     def add_epoch(self, job_id: str, idx: int, figures: dict[str, Any]
-                  ) -> concurrent.futures.Future:
+                  ) -> concurrent.futures.Future[Any]:
         text = _dumps(figures)
         return self.submit(lambda conn: conn.execute(
             "INSERT OR REPLACE INTO job_epochs (job_id, idx, figures) VALUES (?, ?, ?)",
             (job_id, idx, text)))
 
-    def delete_jobs(self, job_ids: list[str]) -> concurrent.futures.Future:
+    def delete_jobs(self, job_ids: list[str]) -> concurrent.futures.Future[Any]:
         ids = [(i,) for i in job_ids]
 
         def run(conn: sqlite3.Connection) -> None:
@@ -209,7 +209,7 @@ class StateDB:
                     from_version: int | None = None, to_version: int | None = None,
                     phases: dict[str, Any] | None = None, reason: str | None = None,
                     details: dict[str, Any] | None = None, at: float | None = None
-                    ) -> concurrent.futures.Future:
+                    ) -> concurrent.futures.Future[Any]:
         """Append one rollout event; the future's result is its id."""
         row = (time.time() if at is None else at, name, kind, source, from_version, to_version,
                _dumps(phases), reason, _dumps(details))
@@ -237,7 +237,7 @@ class StateDB:
         self._writer.shutdown(wait=True)
 
     # -- reads (a connection of their own) -------------------------------------------------
-    def _read(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+    def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         conn = self._connect()
         try:
             return conn.execute(sql, args).fetchall()

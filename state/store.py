@@ -152,7 +152,7 @@ class ModelStore:
     def listing(self) -> list[dict[str, Any]]:
         out = []
         for name in self.names():
-            versions = []
+            versions: list[dict[str, Any]] = []
             for v in self.versions(name):
                 try:
                     meta = self.meta(name, v)
