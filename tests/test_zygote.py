@@ -36,6 +36,58 @@ TF_CPP_LOG = re.compile(r"^[IWEF]\d{4} |tensorflow/core/|cpu_feature_guard|"
                         r"oneDNN custom operations|absl::InitializeLog", re.M)
 
 
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
+
+
+def _subreaper() -> int:
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    flag = ctypes.c_int(0)
+    assert libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0
+    return flag.value
+
+
+def _helper(p: psutil.Process) -> bool:
+    """multiprocess's resource tracker: a helper of this process that it keeps
+    (started with the first zygote), not a leftover of a test."""
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" in " ".join(
+            p.cmdline())
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def undo_subreaper():
+    """_run makes this process a child subreaper (as the supervisor is). After
+    each test: back to the flag it had, and every child the test left (an
+    orphaned grandchild re-parented here, alive or a zombie) killed and reaped,
+    so later tests' pid_gone waits see no zombies of ours."""
+    import ctypes
+    before = _subreaper()
+    kids = {p.pid for p in psutil.Process().children()}
+    yield
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, before, 0, 0, 0) == 0
+    left = [p for p in psutil.Process().children() if p.pid not in kids and not _helper(p)]
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for p in left:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(p.pid, os.WNOHANG)[0]:
+                    break
+            except ChildProcessError:  # reaped already
+                break
+            time.sleep(0.02)
+    assert _subreaper() == before
+    assert all(pid_gone(p.pid) for p in left), [p.pid for p in left]
+
+
 def _options(**kw: Any) -> dict[str, Any]:
     return {"max_batch": 256, "batch_wait_ms": 0.0, "intra_op_threads": 1,
             "inter_op_threads": 1, "boot_nice": 0, "log_level": "INFO",
