@@ -127,6 +127,21 @@ def test_rollback_within_probation_is_one_assignment(svc):
     assert st["rolled_back"][-1]["version"] == 2 and st["rolled_back"][-1]["auto"] is False
 
 
+def test_unload_stops_the_version_in_probation_too(svc):
+    """Unloading a model stops its workers, the ones kept in probation as well:
+    they do not hold the memory budget until probation_s (120 s here) ends."""
+    _sent_v1(svc)
+    code, body = svc.mpost("/apply", {"name": "sent", "version": 2})
+    assert code == 200 and body["probation"]["version"] == 1, body
+    kept = {w["pid"] for w in body["old_workers"]}
+    assert kept and all(not pid_gone(pid) for pid in kept)
+    code, body = svc.mpost("/unload", {"name": "sent"})
+    assert code == 200, body
+    assert kept <= {w["pid"] for w in body["workers"]}, body
+    for pid in kept:
+        wait_for(lambda: pid_gone(pid), 30, f"probation worker {pid} to stop")
+
+
 def test_apply_back_to_the_version_in_probation_reuses_its_workers(svc):
     svc.wait_standby()
     _sent_v1(svc)
