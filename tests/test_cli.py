@@ -25,6 +25,10 @@ from helpers import ROOT, Service, free_port, request, wait_for
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
 TOKEN = "cli-token"
 
+# above the fixtures' waits: three train --wait runs of up to 300 s each
+pytestmark = pytest.mark.timeout(1200)
+
+
 
 def textswap_cmd() -> list[str]:
     """The console script `make` installs into the venv (python -m as a fallback

@@ -22,6 +22,10 @@ import pytest
 from clusterkit import Load, Nginx, Node, RedisServer, have_redis_and_nginx
 from helpers import ROOT, free_port, request, wait_for
 
+# above the waits of one test: nodes up (3 x 90 s), a 300 s job
+pytestmark = pytest.mark.timeout(900)
+
+
 # every test but the import check needs the real binaries
 needs_redis_and_nginx = pytest.mark.skipif(not have_redis_and_nginx(),
                                            reason="redis-server and nginx are not installed "

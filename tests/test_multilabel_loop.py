@@ -124,7 +124,7 @@ def test_predicted_set_from_logged_scores():
 # Two models trained alike on the same rows: "tags" takes the feedback of the tests
 # below (in any order), "tagsq" only the fixed feedback of `given`, so its live
 # quality and its retraining have one expected outcome whatever ran before.
-pytestmark = pytest.mark.timeout(900)  # above the fixture's two trainings and a retraining
+pytestmark = pytest.mark.timeout(1500)  # above the fixture's two trainings and a retraining
 
 
 @pytest.fixture(scope="module")

@@ -149,6 +149,7 @@ async def _serve(w: WorkerHandle, store: str, name: str, version: int = 1) -> li
     return await _within(w.predict(TEXTS))
 
 
+@pytest.mark.timeout(900)  # above its BOOT and STEP waits together
 def test_worker_forked_after_many_others_predicts_correctly(tiny_store):
     async def test(z: zmod.Zygote, workers: list[WorkerHandle]) -> None:
         first = await _worker(z, workers, BOOT)
@@ -180,6 +181,7 @@ def test_worker_forked_after_many_others_predicts_correctly(tiny_store):
     _run(test)
 
 
+@pytest.mark.timeout(900)  # above its BOOT and STEP waits together
 def test_kill9_of_a_forked_worker_is_seen_with_its_exit_status(tiny_store):
     async def test(z: zmod.Zygote, workers: list[WorkerHandle]) -> None:
         w = await _worker(z, workers, BOOT)
@@ -209,6 +211,7 @@ def test_kill9_of_a_forked_worker_is_seen_with_its_exit_status(tiny_store):
     _run(test)
 
 
+@pytest.mark.timeout(900)  # above its BOOT and STEP waits together
 def test_zygote_killed_is_restarted_and_running_workers_keep_serving(tiny_store):
     async def test(z: zmod.Zygote, workers: list[WorkerHandle]) -> None:
         w = await _worker(z, workers, BOOT)
@@ -260,6 +263,7 @@ def _zygote_pid(svc: Service) -> int:
     return 0
 
 
+@pytest.mark.timeout(900)  # above its BOOT and STEP waits together
 def test_service_zygote_restart_and_parent_death(store_copy):
     svc = Service(store_copy)
     killed = False
