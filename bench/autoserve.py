@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/autoserve.py            # about 4-6 minutes
     .venv/bin/python bench/autoserve.py --quick    # shorter load runs
+    .venv/bin/python bench/autoserve.py --graph-speeds  # only the graphs' speeds (1 min)
 
 One service (real supervisor, worker and trainer processes, 127.0.0.1 only),
 in one run:
@@ -58,10 +59,45 @@ def apply(svc: Any, name: str) -> None:
     assert code == 200, body
 
 
+def graph_speeds(rounds: int = 5) -> dict[str, Any]:
+    """auto's serving-cost rule times the final graphs (autoselect.serving_speed):
+    a word-only graph against a two-member word+char one, on the small English
+    set of tests/test_autoselect.py, best of `rounds`. The word-only graph
+    should serve faster (tests/test_costaware.py checks the rule with given
+    speeds, not this ranking, which is a timing)."""
+    import time
+
+    import numpy as np
+
+    sys.path.insert(0, os.path.join(serving.ROOT, "tests"))
+    sys.path.insert(0, serving.ROOT)
+    from model_worker import autoselect
+    from model_worker.params import validate_params
+    from test_autoselect import REPRODUCIBLE, english
+
+    texts, labels = english()
+    names = sorted(set(labels))
+    y = np.array([names.index(label) for label in labels])
+    search = autoselect.Search(texts, y, len(names), validate_params(REPRODUCIBLE), "word",
+                               time.monotonic(), None, None)
+    out = {"word": 0.0, "word+char x2": 0.0}
+    for _ in range(rounds):
+        out["word"] = max(out["word"], autoselect.serving_speed(search, ("word",)))
+        out["word+char x2"] = max(out["word+char x2"],
+                                  autoselect.serving_speed(search, ("word", "char"), 2))
+    out["word_faster"] = out["word"] > out["word+char x2"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="shorter load runs")
+    ap.add_argument("--graph-speeds", action="store_true",
+                    help="only the texts/s of a word-only and a word+char graph")
     args = ap.parse_args(argv)
+    if args.graph_speeds:
+        print(json.dumps(graph_speeds(), indent=2))
+        return 0
     dur = 4.0 if args.quick else 10.0
     rounds = 2 if args.quick else 3
     workdir = tempfile.mkdtemp(prefix="textswap-autoserve-")

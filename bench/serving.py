@@ -504,8 +504,15 @@ def start_service(workdir: str, models_dir: str, standby: bool, tag: str,
 
     cfg = write_config(os.path.join(workdir, f"config-{tag}.yaml"), models_dir, standby,
                        metrics)
-    return Service(models_dir, args=["--config", cfg],
-                   log_path=os.path.join(workdir, f"service-{tag}.log"))
+    t0 = time.monotonic()
+    svc = Service(models_dir, args=["--config", cfg],
+                  log_path=os.path.join(workdir, f"service-{tag}.log"))
+    # the supervisor imports no TensorFlow: /healthz answers within about 1 s on
+    # an idle machine (tests/test_lifecycle.py checks the memory, not this time)
+    svc.healthz_s = time.monotonic() - t0
+    print(f"[{tag}] supervisor answered /healthz {svc.healthz_s:.2f} s after its start",
+          flush=True)
+    return svc
 
 
 def prepare_models(workdir: str, reuse: bool) -> tuple[str, bool]:

@@ -394,6 +394,9 @@ class Applies:
                 del self.sup.slots[name]
                 slot.unloaded = True
                 seen["old"], slot.replicas = slot.replicas, []
+                # the version kept in probation stops too (it held its workers,
+                # and so the memory budget, until probation_s ran out)
+                seen["old"] += self.sup.rollouts.cancel_probation(slot)
                 slot.wake_all()
                 seen["was_default"] = self.sup.default_name == name
                 if seen["was_default"]:

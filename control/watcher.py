@@ -10,6 +10,7 @@ portable, and works on network filesystems where inotify does not.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -32,6 +33,11 @@ class RecordWatcher:
         self._stop = threading.Event()
         self._last_stat: tuple[Any, ...] | None = None
         self._last_seen: dict[str, Any] | None = None
+        # the service's own recent writes (revision, content): a read that lands
+        # between two of them (an unload, then an apply) sees the older one,
+        # which is not an operator's change to follow
+        self._own: collections.deque[tuple[Any, dict[str, Any] | None]] = collections.deque(maxlen=16)
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="record-watcher", daemon=True)
 
     def start(self, current: dict[str, Any] | None) -> None:
@@ -74,16 +80,19 @@ class RecordWatcher:
         if rec is None:
             return
         wanted = _content(rec)
-        if wanted == self._last_seen:
-            return
-        self._last_seen = wanted
+        with self._lock:
+            if wanted == self._last_seen or (rec.get("revision"), wanted) in self._own:
+                return
+            self._last_seen = wanted
         log.info("applied-model record changed on disk: default %s, models %s",
                  rec["default"], {n: e["version"] for n, e in rec["models"].items()})
         self.loop.add_callback(self.on_change, rec)
 
     def note_record(self, record: dict[str, Any]) -> None:
         """The service wrote the record itself: not a change to act on."""
-        self._last_seen = _content(record)
+        with self._lock:
+            self._last_seen = _content(record)
+            self._own.append((record.get("revision"), self._last_seen))
 
 
 def _content(record: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -55,3 +55,15 @@ def store_copy(tiny_store, tmp_path) -> str:
     dst = str(tmp_path / "models")
     shutil.copytree(tiny_store, dst)
     return dst
+
+
+@pytest.fixture(scope="session")
+def feature_models(tmp_path_factory) -> str:
+    """The trained feature models of tests/featuremodels.py ("lin": auto linear,
+    "bowm": bow), built once per session in a child process (it imports
+    TensorFlow). Read-only: a module that serves them takes a copy
+    (feature_store in test_explain.py and test_dashboard_review.py)."""
+    root = str(tmp_path_factory.mktemp("features") / "models")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "featuremodels.py"), root],
+                   check=True, cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    return root

@@ -25,6 +25,10 @@ from helpers import ROOT, Service, free_port, request, wait_for
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
 TOKEN = "cli-token"
 
+# above the fixtures' waits: three train --wait runs of up to 300 s each
+pytestmark = pytest.mark.timeout(1200)
+
+
 
 def textswap_cmd() -> list[str]:
     """The console script `make` installs into the venv (python -m as a fallback
@@ -102,14 +106,14 @@ def rb(svc, data_csv) -> list[dict]:
     return jobs
 
 
-def rb_swapped(svc) -> None:
+def rb_swapped(svc) -> dict:
     """rb v2 serves after a swap from v1, which stays loaded in probation; no
-    candidate, no golden set."""
+    candidate, no golden set. The answer of the apply of v2."""
     request(svc.mport, "DELETE", "/models/rb/golden", headers=AUTH)
     if api(svc, "GET", "/rollouts/rb")["candidate"]:
         api(svc, "POST", "/abort", {"name": "rb"})
     api(svc, "POST", "/apply", {"name": "rb", "version": 1})
-    api(svc, "POST", "/apply", {"name": "rb", "version": 2})
+    return api(svc, "POST", "/apply", {"name": "rb", "version": 2})
 
 
 def served_by(svc, text: str = "好") -> int:
@@ -193,10 +197,11 @@ def test_refusals_and_exit_codes(svc, data_csv, tmp_path):
     assert p.returncode == 4 and "TEXTSWAP_MANAGEMENT_TOKEN" in p.stderr
     p = run(svc, "--url", f"http://127.0.0.1:{free_port()}", "status")
     assert p.returncode == 3 and "cannot reach" in p.stderr
-    # rollback of a model with nothing to roll back to, or a server without
-    # POST /rollback: refused either way, with the reason
+    # rollback of a model that does not serve: the server's 404, with the reason
+    # (nothing to roll back to: test_train_apply_wait_then_rollback; a server
+    # without POST /rollback: test_rollback_on_a_server_without_the_route)
     p = run(svc, "rollback", "nosuchmodel")
-    assert p.returncode == 1 and p.stderr.strip()
+    assert p.returncode == 1 and "'nosuchmodel' is not serving" in p.stderr, p.stderr
 
 
 def test_progress_line_for_epochs_and_candidates(monkeypatch):
@@ -278,12 +283,46 @@ def test_export_refused_by_a_server_without_the_route(svc, tmp_path):
     assert not out.exists()
 
 
+def test_rollback_on_a_server_without_the_route(svc):
+    """A server without POST /rollback (an older one) answers 404 for the route
+    itself: `rollback` says the server does not support it and exits 1."""
+    code, missing = request(svc.mport, "POST", "/no/such/route", {}, headers=AUTH)
+    assert code == 404 and missing["error"]["message"].startswith("no such endpoint"), missing
+    answer = json.dumps(missing).encode()
+    paths: list[str] = []
+
+    class Older(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            paths.append(self.path)
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Older)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        p = run(types.SimpleNamespace(port=port, mport=port), "rollback", "rb")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert paths == ["/rollback"], paths
+    assert p.returncode == 1 and "does not support rollback" in p.stderr, p.stderr
+
+
 def test_train_apply_wait_then_rollback(svc, rb):
     """--apply --wait returns once the new version serves; `rollback` brings the
     previous one back at once (still loaded in probation), and `history`,
     `rollout` and `status` say so."""
     assert all(j["applied"] and "error" not in j["applied"] for j in rb)
-    rb_swapped(svc)
+    applied = rb_swapped(svc)
     assert served_by(svc) == 2
     p = run(svc, "rollout", "rb")
     assert p.returncode == 0, p.stderr
@@ -316,7 +355,7 @@ def test_train_apply_wait_then_rollback(svc, rb):
     assert (rows[0]["from_version"], rows[0]["to_version"], rows[0]["source"]) == (2, 1, "api")
     assert rows[1]["kind"] == "apply" and (rows[1]["from_version"], rows[1]["to_version"]) == (
         1, 2)
-    assert rows[1]["phases"]["swap"] >= 0
+    assert rows[1]["phases"] == applied["phases_s"]  # the apply's own timings, kept
     p = run(svc, "history", "--name", "rb", "--limit", "2")
     assert p.returncode == 0, p.stderr
     assert "rollback" in p.stdout and "v2 -> v1" in p.stdout and "manual rollback" in p.stdout

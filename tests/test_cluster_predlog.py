@@ -29,6 +29,10 @@ import pytest
 from clusterkit import Node, RedisServer
 from helpers import request, wait_for
 
+# a deadline that tells "answers" from "hangs" where Redis is down (a refused
+# connection fails in milliseconds); generous on a loaded machine, not a speed claim
+NO_HANG = 20.0
+
 pytestmark = pytest.mark.skipif(not shutil.which("redis-server")
                                 and not os.path.exists("/usr/bin/redis-server"),
                                 reason="redis-server is not installed (.ci/run installs it)")
@@ -286,7 +290,9 @@ def test_redis_down_fails_fast_with_an_oserror_and_counts_the_drops(tmp_path):
             p.flush(10)  # raises when its marker went with the failed write
         except PredlogUnreachable:
             pass
-        assert time.monotonic() - t0 < 8 and t1 - t0 < 4
+        # a refused connection fails at once (no retry loop: cluster/predlog.py);
+        # NO_HANG only tells that from a hang, it is not a speed claim
+        assert time.monotonic() - t0 < NO_HANG and t1 - t0 < NO_HANG
         assert p.dropped == 2 and p.logged == 1
         assert "the prediction log" in storage.health()["failing"]
         server.start()  # the sender's ping clears the error once Redis answers
@@ -413,7 +419,7 @@ def test_redis_down_feedback_answers_503_and_predictions_go_on(two):
             t0 = time.monotonic()
             code, body = request(n.port, "POST", "/feedback",
                                  {"request_id": "before-outage", "label": "pos"}, timeout=30)
-            assert time.monotonic() - t0 < 10
+            assert time.monotonic() - t0 < NO_HANG  # answers, does not hang
             assert code == 503, body
             assert body["error"]["code"] == "store_unavailable"
             assert "Redis" in body["error"]["message"] and "unreachable" in body["error"]["message"]

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
+import shutil
 
 import pytest
 
-from helpers import ROOT, Service, request, wait_for
+from helpers import Service, request, wait_for
 from test_dashboard import ARTIFACTS, Browser, browser, pw  # noqa: F401 (pw: the fixture)
 
 TOKEN = "review-board-token"
@@ -45,20 +44,20 @@ TRY_TEXT = "Football match news: the striker scored twice, then we ate"
 
 
 @pytest.fixture(scope="module")
-def feature_store(tmp_path_factory) -> str:
+def feature_store(feature_models, tmp_path_factory) -> str:
+    """This module's copy of the session's trained feature models (conftest.py)."""
     root = str(tmp_path_factory.mktemp("reviewpanel") / "models")
-    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "featuremodels.py"), root],
-                   check=True, cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    shutil.copytree(feature_models, root)
     return root
 
 
-@pytest.fixture(scope="module")
-def svc(feature_store):
-    cfg = os.path.join(os.path.dirname(feature_store), "config.yaml")
+def _serve(store: str):
+    """The service on `store` with bowm and lin applied (lin: the default model)."""
+    cfg = os.path.join(os.path.dirname(store), "config.yaml")
     with open(cfg, "w") as fh:
         fh.write("training:\n  demo_on_empty_store: false\n"
                  f"feedback:\n  token: {FEEDBACK_TOKEN}\n")
-    s = Service(feature_store, args=["--config", cfg],
+    s = Service(store, args=["--config", cfg],
                 env={"TEXTSWAP_MANAGEMENT_TOKEN": TOKEN})
     try:
         for name in ("bowm", "lin"):  # lin last: the default model
@@ -67,6 +66,20 @@ def svc(feature_store):
         yield s
     finally:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def svc(feature_store):
+    yield from _serve(feature_store)
+
+
+@pytest.fixture
+def own_svc(feature_models, tmp_path):
+    """A service of the test's own: nothing logged or fed back before it (the
+    review queue and the feedback counts are the test's alone)."""
+    store = str(tmp_path / "models")
+    shutil.copytree(feature_models, store)
+    yield from _serve(store)
 
 
 def _open(pw, svc, width: int = 1280, height: int = 900) -> Browser:
@@ -101,7 +114,8 @@ def _queue(svc) -> list[dict]:
 
 
 @browser
-def test_review_panel_labels_by_click_and_keys(svc, pw):
+def test_review_panel_labels_by_click_and_keys(own_svc, pw):
+    svc = own_svc
     # traffic: single texts and one batch (its texts addressed by index)
     for text in SINGLE:
         assert svc.predict({"text": text, "model": "lin"})[0] == 200

@@ -28,6 +28,9 @@ from state.config import DEFAULTS
 LIMITS = DEFAULTS["drift"]
 TRAIN_N = 3000
 
+pytestmark = pytest.mark.timeout(900)  # above the fixture's waits: a 600 s training, 120 s to serve
+
+
 
 @pytest.fixture(scope="module")
 def svc(tiny_store, tmp_path_factory):

@@ -8,6 +8,7 @@ graph of two members over two views.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -22,10 +23,10 @@ TEXTS = ["news about the football match", "spicy noodle soup today", "laptop bat
 
 
 @pytest.fixture(scope="module")
-def feature_store(tmp_path_factory) -> str:
+def feature_store(feature_models, tmp_path_factory) -> str:
+    """This module's copy of the session's trained feature models (conftest.py)."""
     root = str(tmp_path_factory.mktemp("features") / "models")
-    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "featuremodels.py"), root],
-                   check=True, cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    shutil.copytree(feature_models, root)
     return root
 
 
@@ -99,6 +100,35 @@ def test_policy_min_score_is_the_default():
     assert run(Sup({"m": {"min_score": 0.7}}), min_score=0.5)["abstained"] is False
     assert "abstained" not in run(Sup({"m": {"min_score": "high"}}), min_score=None)  # ignored
     assert "abstained" not in run(Sup({}), min_score=None)
+
+
+def test_a_policys_min_score_makes_predict_abstain_through_the_service(svc):
+    """PUT /models/<name>/policy with min_score on the real service: /predict
+    abstains below it without the request naming one, a request's own value
+    wins, and once the policy is deleted nothing abstains."""
+    body = {"texts": TEXTS, "model": "lin"}
+    code, plain = svc.predict(body)
+    assert code == 200 and all("abstained" not in p for p in plain["predictions"]), plain
+    scores = sorted(p["score"] for p in plain["predictions"])
+    mid = round((scores[0] + scores[-1]) / 2, 6)  # some texts below it, some above
+    assert scores[0] < mid < scores[-1], scores
+    code, got = svc.request_put("/models/lin/policy", {"min_score": mid})
+    assert code == 200 and got["policy"]["min_score"] == mid, got
+    try:
+        code, got = svc.predict(body)
+        assert code == 200, got
+        for p, q in zip(got["predictions"], plain["predictions"], strict=True):
+            assert p["abstained"] == (q["score"] < mid), (p, mid)
+            assert p["label"] == (None if q["score"] < mid else q["label"])
+            assert p["score"] == q["score"]  # the scores are still there
+        code, got = svc.predict({**body, "min_score": 0.0})  # the request's own value wins
+        assert code == 200 and [p["abstained"] for p in got["predictions"]] == [False] * len(TEXTS)
+    finally:
+        code, got = svc.request_delete("/models/lin/policy")
+        assert code == 200 and got["removed"] is True, got
+    code, got = svc.predict(body)
+    assert code == 200 and all("abstained" not in p for p in got["predictions"]), got
+    assert [p["label"] for p in got["predictions"]] == [p["label"] for p in plain["predictions"]]
 
 
 def test_report_has_risk_coverage(svc):

@@ -34,7 +34,20 @@ def _post(port: int, path: str, body: dict, headers: dict | None = None
 
 @pytest.fixture(scope="module")
 def svc(tiny_store, tmp_path_factory):
-    base = tmp_path_factory.mktemp("feedback")
+    s = _start(tiny_store, tmp_path_factory.mktemp("feedback"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def own_svc(tiny_store, tmp_path):
+    """A service of the test's own, for a test that stops it."""
+    s = _start(tiny_store, tmp_path)
+    yield s
+    s.stop()
+
+
+def _start(tiny_store: str, base) -> Service:
     root = str(base / "models")
     shutil.copytree(tiny_store, root)
     cfg = base / "config.yaml"
@@ -44,8 +57,7 @@ def svc(tiny_store, tmp_path_factory):
     s.cfg = str(cfg)
     code, body = s.mpost("/apply", {"name": "sent"}, headers={"Authorization": "Bearer mgmt"})
     assert code == 200, body
-    yield s
-    s.stop()
+    return s
 
 
 def feedback(svc: Service, body: dict, headers: dict | None = AUTH) -> tuple[int, dict]:
@@ -304,7 +316,8 @@ def test_cli_review_export_then_feedback_file(svc, tmp_path):
 
 
 # -- a restart ----------------------------------------------------------------------------------
-def test_a_restart_loses_nothing_logged_or_fed_back(svc, tmp_path):
+def test_a_restart_loses_nothing_logged_or_fed_back(own_svc):
+    svc = own_svc
     _, before, _ = predict(svc, {"texts": ["重启前 好", "重启前 差"]})
     rid = before["request_id"]
     assert feedback(svc, {"request_id": rid, "index": 0, "label": "pos"})[0] == 200

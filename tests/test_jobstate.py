@@ -12,6 +12,10 @@ import threading
 import pytest
 
 from helpers import ROOT, Service, wait_for
+
+# above a 240 s wait for a slow job's first epoch, and the service's start
+pytestmark = pytest.mark.timeout(600)
+
 from state.statedb import FILENAME, SCHEMA_VERSION, StateDB
 
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")

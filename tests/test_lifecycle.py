@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 
@@ -21,19 +20,15 @@ def test_supervisor_and_frontend_never_import_tensorflow():
 
 
 def test_restart_serves_last_applied_and_shutdown_is_clean(store_copy):
-    t0 = time.monotonic()
-    svc = Service(store_copy)
-    started = time.monotonic() - t0
+    svc = Service(store_copy)  # waits (with a deadline) for /healthz
     try:
         sup = psutil.Process(svc.proc.pid)
         # the running supervisor has no TensorFlow library mapped
         maps = open(f"/proc/{svc.proc.pid}/maps").read()
         assert "libtensorflow" not in maps
-        # behavioural bounds, not speed claims: an idle machine answers
-        # /healthz in under 1 s and the supervisor holds about 40 MB (a
-        # TensorFlow import alone adds over 300 MB); a serving worker holds
-        # about 700 MB
-        assert started < 10, f"supervisor took {started:.1f}s to answer /healthz"
+        # behavioural bounds, not speed claims: the supervisor holds about 40 MB
+        # (a TensorFlow import alone adds over 300 MB); a serving worker holds
+        # about 700 MB. How fast it answers /healthz: bench/serving.py
         rss_mb = sup.memory_info().rss / 2**20
         assert rss_mb < 200, f"supervisor RSS {rss_mb:.0f} MB"
         assert svc.mpost("/apply", {"name": "topic"})[0] == 200

@@ -219,6 +219,9 @@ def test_sigmoid_graph_equals_scikit_learn_on_unseen_texts():
 PROBE = ["goal and match by the team at the stadium", "storm and rain with snow",
          "spicy soup recipe and a bank loan at a stock price", "zzz qqq"]
 
+pytestmark = pytest.mark.timeout(900)  # above the fixture's two 300 s training waits
+
+
 RELOAD = """
 import json, sys
 sys.path.insert(0, sys.argv[1])

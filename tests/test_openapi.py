@@ -151,7 +151,7 @@ def st_command() -> list[str]:
 
 def run_schemathesis(url: str, workdir: str, *, max_examples: int, seed: str = SEED,
                      headers: dict[str, str] | None = None, phases: str | None = None,
-                     timeout: float = 900) -> dict[str, Any]:
+                     timeout: float = 480) -> dict[str, Any]:
     """Run `st run` against one live API; returns its JSON report plus the text output.
 
     Runs in workdir, where schemathesis keeps its caches and reports."""
@@ -339,7 +339,7 @@ def _headers(port: int, method: str, path: str, headers: dict[str, str]) -> dict
         conn.close()
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600)  # above run_schemathesis's 480 s wait and the fixtures' waits
 @pytest.mark.parametrize("api", ["inference", "management"])
 def test_fuzz(svc, api, tmp_path):
     phases = None

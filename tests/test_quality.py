@@ -2,8 +2,8 @@
 (model_worker/profile.py), without TensorFlow.
 
 The figures on known feedback are checked against scikit-learn's; the report
-of a model is computed from a prediction log filled through the same read
-interface the service's log has (recent, fed_back, counts), over a real
+of a model is computed from the real prediction log (state/predlog.py, its
+writer process and SQLite file), filled as the service fills it, over a real
 store folder with and without profile.json. The same figures through the
 real service (POST /predict, POST /feedback, GET /quality, /metrics) are in
 tests/test_drift.py.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 import types
 
 import pytest
@@ -110,37 +111,25 @@ def test_no_feedback_gives_nulls():
     assert live["accuracy"] is None and live["macro_f1"] is None and live["confusion"] is None
 
 
-# -- a model's report, from a log filled through its read interface ------------------------------
-class FilledLog:
-    """The prediction log's read interface over rows held in memory."""
+# -- a model's report, from the real prediction log (state/predlog.py) ---------------------------
+class Logged:
+    """Answers and truths written to the real PredictionLog as the service
+    writes them (add, add_feedback), then flushed so its reads see them."""
 
-    def __init__(self) -> None:
-        self.rows: list[dict] = []      # oldest first
-        self.feedback: dict[tuple, str] = {}
+    def __init__(self, plog) -> None:
+        self.plog = plog
 
-    def add(self, model, version, text, label, scores, rid):
-        self.rows.append({"at": len(self.rows), "request_id": rid, "index": 0, "model": model,
-                          "version": version, "text": text, "label": label, "scores": scores})
+    def answer(self, model: str, version: int, text: str, label: str, scores: dict,
+               rid: str, truth: str | None = None) -> None:
+        self.plog.add([{"at": time.time(), "request_id": rid, "index": 0, "model": model,
+                        "version": version, "text": text, "label": label, "scores": scores}])
+        if truth is not None:
+            self.plog.flush(30)  # feedback joins a logged prediction
+            self.plog.add_feedback(rid, 0, truth, model=model, version=version, text=text,
+                                   predicted=label).result(30)
 
-    def recent(self, model, version=None, limit=1000):
-        rows = [r for r in self.rows if r["model"] == model
-                and (version is None or r["version"] == version)]
-        return list(reversed(rows))[:limit]
-
-    def fed_back(self, model, version=None):
-        return [{**r, "truth": self.feedback[(r["request_id"], r["index"])]}
-                for r in self.rows if r["model"] == model
-                and (version is None or r["version"] == version)
-                and (r["request_id"], r["index"]) in self.feedback]
-
-    def counts(self, model):
-        out: dict = {}
-        for r in self.rows:
-            if r["model"] == model:
-                c = out.setdefault(r["version"], {"predictions": 0, "feedback": 0})
-                c["predictions"] += 1
-                c["feedback"] += (r["request_id"], r["index"]) in self.feedback
-        return out
+    def done(self) -> None:
+        self.plog.flush(30)
 
 
 def _version(root: str, name: str, version: int, profile: dict | None) -> None:
@@ -157,6 +146,7 @@ def _version(root: str, name: str, version: int, profile: dict | None) -> None:
 
 @pytest.fixture
 def quality_part(tmp_path):
+    from state.predlog import PredictionLog
     from state.store import ModelStore
 
     rows = _demo()
@@ -175,29 +165,32 @@ def quality_part(tmp_path):
     root = str(tmp_path / "models")
     _version(root, "rev", 1, None)        # an older version: no profile
     _version(root, "rev", 2, profile)
-    plog = FilledLog()
+    plog = PredictionLog(str(tmp_path / "predictions.db"))
     sup = types.SimpleNamespace(cfg={"drift": CFG}, store=ModelStore(root), slots={},
                                 predlog=plog, loop=None)
     part = quality.Quality(sup)
-    return part, plog, live, scores
+    yield part, Logged(plog), live, scores
+    plog.close()
 
 
 def test_report_per_version_with_and_without_profile(quality_part):
-    part, plog, live, scores = quality_part
+    part, log, live, scores = quality_part
+    truths = {}
     for i, r in enumerate(live[:300]):
         label, sc = scores(r["label"])
-        plog.add("rev", 2, r["text"], label, sc, f"r{i}")
+        log.answer("rev", 2, r["text"], label, sc, f"r{i}",
+                   truth=r["label"] if i < 40 else None)
         if i < 40:
-            plog.feedback[(f"r{i}", 0)] = r["label"]
+            truths[f"r{i}"] = (label, r["label"])
     for i, r in enumerate(live[300:320]):
         label, sc = scores(r["label"])
-        plog.add("rev", 1, r["text"], label, sc, f"o{i}")
+        log.answer("rev", 1, r["text"], label, sc, f"o{i}")
+    log.done()
     report = part.compute("rev")
     assert report["model"] == "rev"
     v2, v1 = report["versions"]
     assert (v2["version"], v2["predictions"], v2["feedback"]) == (2, 300, 40)
-    fed = plog.fed_back("rev", 2)
-    want = sum(r["label"] == r["truth"] for r in fed) / len(fed)
+    want = sum(label == truth for label, truth in truths.values()) / len(truths)
     assert v2["live"]["accuracy"] == pytest.approx(want, abs=1e-6)
     assert v2["training"]["accuracy"] == 0.85
     d = v2["drift"]
@@ -211,21 +204,26 @@ def test_report_per_version_with_and_without_profile(quality_part):
 
 
 def test_foreign_text_raises_the_alert(quality_part):
-    part, plog, live, scores = quality_part
+    part, log, live, scores = quality_part
     english = ["Return True if the operand is a normal number; otherwise return False.",
                "Create a new socket using the given address family and socket type.",
                "Remove and return an arbitrary element from the set.",
                "Decode the bytes using the codec registered for encoding."]
-    for i in range(300):
-        label, sc = scores("pos")
-        plog.add("rev", 2, f"{english[i % 4]} {i}", label, sc, f"e{i}")
-    d = part.compute("rev")["versions"][0]["drift"]
+    def foreign(start: int, n: int) -> dict:
+        for i in range(start, start + n):
+            label, sc = scores("pos")
+            log.answer("rev", 2, f"{english[i % 4]} {i}", label, sc, f"e{i}")
+        log.done()
+        return part.compute("rev")["versions"][0]["drift"]
+    # too few texts (100 < min_texts 200): the signal shows, the alert waits
+    d = foreign(0, 100)
+    assert d["texts"] == 100
+    assert d["unknown_ngram_excess"] > 0.5 and d["alert"] is False
+    # enough of them: the alert
+    d = foreign(100, 200)
+    assert d["texts"] == 300
     assert d["unknown_ngram_excess"] > 0.5 and "unknown_ngram_excess" in d["over"]
     assert d["alert"] is True
-    # too few texts: the signal shows, the alert waits for min_texts
-    plog.rows = plog.rows[:100]
-    d = part.compute("rev")["versions"][0]["drift"]
-    assert d["unknown_ngram_excess"] > 0.5 and d["alert"] is False
 
 
 # -- through the real service ------------------------------------------------------------------

@@ -54,6 +54,14 @@ def _copy_version(store: str, src: str, name: str, version: int,
         json.dump(meta, fh)
 
 
+def _config(base: str) -> str:
+    cfg = os.path.join(base, "config.yaml")
+    with open(cfg, "w") as fh:
+        fh.write("rollout:\n  probation_s: 120\n  min_requests: 20\n"
+                 "worker:\n  standby_pool: 2\n")
+    return cfg
+
+
 @pytest.fixture(scope="module")
 def svc(tiny_store, tmp_path_factory):
     base = tmp_path_factory.mktemp("rollouts")
@@ -67,12 +75,9 @@ def svc(tiny_store, tmp_path_factory):
     _copy_version(root, "sent/1", "gated", 1)
     _copy_version(root, "sent/1", "gated", 2, labels=["pos", "neg"])
     _copy_version(root, "sent/2", "gated", 3)
-    cfg = base / "config.yaml"
-    cfg.write_text("rollout:\n  probation_s: 120\n  min_requests: 20\n"
-                   "worker:\n  standby_pool: 2\n")
+    cfg = _config(str(base))
     env = {"TEXTSWAP_TEST_FAULT": "predict:crash:roll@2,predict:error:roll@3"}
-    s = Service(root, args=["--config", str(cfg)], env=env)
-    s.cfg = str(cfg)
+    s = Service(root, args=["--config", cfg], env=env)
     yield s
     s.stop()
 
@@ -83,9 +88,20 @@ def _rollouts(svc: Service, name: str) -> dict:
     return body
 
 
+def _sent_v1(svc: Service) -> None:
+    """sent v1 serving, nothing in probation, no candidate: the state a test
+    of sent starts from, whatever the tests before it left (any order)."""
+    code, body = svc.mpost("/unload", {"name": "sent"})
+    assert code in (200, 404), body  # 404: not loaded
+    code, body = svc.mpost("/apply", {"name": "sent", "version": 1})
+    assert code == 200, body
+    got = _rollouts(svc, "sent")
+    assert got["probation"] is None and got["candidate"] is None, got
+
+
 def test_rollback_within_probation_is_one_assignment(svc):
     svc.wait_standby()
-    assert svc.mpost("/apply", {"name": "sent", "version": 1})[0] == 200
+    _sent_v1(svc)
     code, body = svc.mpost("/apply", {"name": "sent", "version": 2})
     assert code == 200 and body["probation"]["version"] == 1, body
     old_pids = {w["pid"] for w in body["old_workers"]}
@@ -96,8 +112,10 @@ def test_rollback_within_probation_is_one_assignment(svc):
         t_answer = time.monotonic()
         assert code == 200 and body["instant"] is True, body
         assert (body["from_version"], body["to_version"]) == (2, 1)
-        # one routing assignment: timed by the server (its speed: bench/rollouts.py)
-        assert isinstance(body["took_s"], float) and body["took_s"] >= 0, body
+        # one routing assignment, timed by the server: within the call as seen from
+        # here (its speed is measured by bench/rollouts.py, not asserted)
+        assert isinstance(body["took_s"], float), body
+        assert 0 < body["took_s"] <= t_answer - t_call, (body, t_answer - t_call)
         load.more()
     assert [r for r in load.results if r[2] != 200] == []
     after = [r[3]["model"]["version"] for r in load.results if r[0] > t_answer]
@@ -109,9 +127,24 @@ def test_rollback_within_probation_is_one_assignment(svc):
     assert st["rolled_back"][-1]["version"] == 2 and st["rolled_back"][-1]["auto"] is False
 
 
+def test_unload_stops_the_version_in_probation_too(svc):
+    """Unloading a model stops its workers, the ones kept in probation as well:
+    they do not hold the memory budget until probation_s (120 s here) ends."""
+    _sent_v1(svc)
+    code, body = svc.mpost("/apply", {"name": "sent", "version": 2})
+    assert code == 200 and body["probation"]["version"] == 1, body
+    kept = {w["pid"] for w in body["old_workers"]}
+    assert kept and all(not pid_gone(pid) for pid in kept)
+    code, body = svc.mpost("/unload", {"name": "sent"})
+    assert code == 200, body
+    assert kept <= {w["pid"] for w in body["workers"]}, body
+    for pid in kept:
+        wait_for(lambda: pid_gone(pid), 30, f"probation worker {pid} to stop")
+
+
 def test_apply_back_to_the_version_in_probation_reuses_its_workers(svc):
     svc.wait_standby()
-    assert svc.mpost("/apply", {"name": "sent", "version": 1})[0] == 200
+    _sent_v1(svc)
     v1_pids = {w["pid"] for w in svc.status()["models"]["sent"]["workers"]}
     code, body = svc.mpost("/apply", {"name": "sent", "version": 2})
     assert code == 200 and body["from_probation"] is False
@@ -128,6 +161,15 @@ def test_apply_back_to_the_version_in_probation_reuses_its_workers(svc):
     assert svc.predict({"text": "很好", "model": "sent"})[1]["model"]["version"] == 1
 
 
+def _auto_rollback_in_history(svc: Service, version: int) -> None:
+    def row():
+        code, body = svc.mget("/history?name=roll&limit=500")
+        assert code == 200, body
+        return [r for r in body["history"] if r["kind"] == "rollback"
+                and r["source"] == "auto" and r["from_version"] == version]
+    wait_for(row, 30, f"roll v{version}'s automatic rollback in the history")  # async write
+
+
 def test_crashing_new_version_is_rolled_back_automatically(svc):
     assert svc.mpost("/apply", {"name": "roll", "version": 1, "default": False})[0] == 200
     with Load(svc, "roll") as load:
@@ -139,6 +181,7 @@ def test_crashing_new_version_is_rolled_back_automatically(svc):
         (info,) = wait_for(rolled_back, 60, "the automatic rollback of roll v2")
         load.more()
     assert info["auto"] is True and "crashed" in info["reason"], info
+    _auto_rollback_in_history(svc, 2)
     assert [r for r in load.results if r[2] != 200] == [], "the rollback failed requests"
     assert load.results[-1][3]["model"] == {"name": "roll", "version": 1}
     # neither the watcher nor preloading brings it back
@@ -157,6 +200,7 @@ def test_crashing_new_version_is_rolled_back_automatically(svc):
 
 
 def test_erroring_new_version_is_rolled_back_automatically(svc):
+    assert svc.mpost("/apply", {"name": "roll", "version": 1, "default": False})[0] == 200
     with Load(svc, "roll") as load:
         code, body = svc.mpost("/apply", {"name": "roll", "version": 3, "default": False})
         assert code == 200, body
@@ -167,6 +211,7 @@ def test_erroring_new_version_is_rolled_back_automatically(svc):
         t_back = time.monotonic()
         load.more()
     assert info["auto"] is True and "error rate" in info["reason"], info
+    _auto_rollback_in_history(svc, 3)
     assert info["figures"]["new_version"]["errors"] >= 20
     failed = [r for r in load.results if r[2] != 200]
     # only the failing version's own answers failed; none after the rollback
@@ -208,7 +253,7 @@ def test_quality_gate_refuses_and_passes(svc):
 
 
 def test_shadow_compares_without_slowing_clients(svc):
-    assert svc.mpost("/apply", {"name": "sent", "version": 1})[0] == 200
+    _sent_v1(svc)
 
     def predict_n(n: int = 60) -> None:
         for _ in range(n):
@@ -239,6 +284,7 @@ def test_shadow_compares_without_slowing_clients(svc):
 
 
 def test_canary_share_and_promote(svc):
+    _sent_v1(svc)
     code, body = svc.mpost("/apply", {"name": "sent", "version": 2, "mode": "canary",
                                       "fraction": 0.5})
     assert code == 200, body
@@ -272,9 +318,12 @@ def test_canary_share_and_promote(svc):
     cand_pids = set(figures["workers"])
     assert cand_pids and figures["candidate"]["requests"] == versions.count(2)
     assert figures["serving"]["requests"] >= versions.count(1)
+    t_call = time.monotonic()
     code, body = svc.mpost("/promote", {"name": "sent"})
+    t_answer = time.monotonic()
     assert code == 200 and body["to_version"] == 2, body
-    assert isinstance(body["swap_s"], float) and body["swap_s"] >= 0, body
+    assert isinstance(body["swap_s"], float), body  # timed by the server, within the call
+    assert 0 < body["swap_s"] <= t_answer - t_call, (body, t_answer - t_call)
     # the candidate's own worker now serves: promoted, not started anew
     assert {w["pid"] for w in svc.status()["models"]["sent"]["workers"]} == cand_pids
     assert svc.predict({"text": "很好", "model": "sent"})[1]["model"]["version"] == 2
@@ -285,23 +334,33 @@ def test_canary_share_and_promote(svc):
     assert code == 409
 
 
-def test_history_survives_kill_9(svc):
-    code, body = svc.mget("/history?limit=500")
-    assert code == 200
-    rows = body["history"]
-    kinds = {r["kind"] for r in rows}
-    assert {"apply", "rollback", "gate_refused", "shadow", "abort", "canary",
-            "promote"} <= kinds, kinds
-    auto = [r for r in rows if r["kind"] == "rollback" and r["source"] == "auto"]
-    assert {r["from_version"] for r in auto} == {2, 3}
-    assert svc.mget("/history?limit=0")[0] == 400
-    assert svc.mget("/history?name=../x")[0] == 400
-    svc.stop(signal.SIGKILL)
-    again = Service(svc.models_dir, args=["--config", svc.cfg])
+def test_history_survives_kill_9(store_copy):
+    """Its own service: it is killed, and the rows it checks are its own."""
+    svc = Service(store_copy, args=["--config", _config(os.path.dirname(store_copy))])
+    killed = False
     try:
-        code, body = again.mget("/history?limit=500")
-        assert code == 200
-        kept = {r["id"] for r in body["history"]}
-        assert {r["id"] for r in rows} <= kept
+        _sent_v1(svc)
+        assert svc.mpost("/apply", {"name": "sent", "version": 2})[0] == 200
+        assert svc.mpost("/rollback", {"name": "sent"})[0] == 200
+
+        def written():
+            code, body = svc.mget("/history?limit=500")
+            assert code == 200, body
+            rows = body["history"]
+            return {r["kind"] for r in rows} >= {"apply", "rollback"} and rows
+        rows = wait_for(written, 30, "the apply and rollback rows")  # written by a thread
+        assert svc.mget("/history?limit=0")[0] == 400
+        assert svc.mget("/history?name=../x")[0] == 400
+        svc.stop(signal.SIGKILL)
+        killed = True
+        again = Service(svc.models_dir, args=["--config", _config(os.path.dirname(store_copy))])
+        try:
+            code, body = again.mget("/history?limit=500")
+            assert code == 200
+            kept = {r["id"] for r in body["history"]}
+            assert {r["id"] for r in rows} <= kept
+        finally:
+            again.stop()
     finally:
-        again.stop()
+        if not killed:
+            svc.stop()

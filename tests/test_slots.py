@@ -47,9 +47,7 @@ class Load(ClientLoad):
         return [r for r in self.results if r[1] != 200]
 
 
-@pytest.fixture(scope="module")
-def svc(tiny_store, tmp_path_factory):
-    base = tmp_path_factory.mktemp("slots")
+def _start(tiny_store: str, base) -> Service:
     root = str(base / "models")
     shutil.copytree(tiny_store, root)
     # no probation: a kill -9 here must be met by a replacement replica, not by
@@ -58,6 +56,20 @@ def svc(tiny_store, tmp_path_factory):
     cfg.write_text("rollout:\n  probation_s: 0\n")
     s = Service(root, args=["--config", str(cfg)])
     s.cfg = str(cfg)
+    return s
+
+
+@pytest.fixture(scope="module")
+def svc(tiny_store, tmp_path_factory):
+    s = _start(tiny_store, tmp_path_factory.mktemp("slots"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def own_svc(tiny_store, tmp_path):
+    """A service of the test's own, for a test that stops it."""
+    s = _start(tiny_store, tmp_path)
     yield s
     s.stop()
 
@@ -93,7 +105,18 @@ def test_two_models_serve_at_once_and_swap_independently(svc):
     assert {w["pid"] for w in _slot(svc, "topic")["workers"]} == topic_pids
 
 
+def _both(svc) -> None:
+    """sent (the default) and topic serving, whatever the tests before left."""
+    code, body = svc.mpost("/apply", {"name": "sent", "version": 1})
+    assert code == 200, body
+    code, body = svc.mpost("/apply", {"name": "topic", "default": False})
+    assert code == 200, body
+    st = svc.status()
+    assert st["default"] == "sent" and set(st["models"]) == {"sent", "topic"}, st
+
+
 def test_unknown_model_is_404_naming_what_serves(svc):
+    _both(svc)
     for name in ("nope", "../x", "sent2"):
         code, body = svc.predict({"text": "x", "model": name})
         assert code == 404 and body["error"]["code"] == "model_not_serving", body
@@ -131,6 +154,7 @@ def test_replica_killed_under_load_right_after_applies(svc):
 
 
 def test_unload_stops_a_model_and_keeps_it_in_the_store(svc):
+    _both(svc)
     pids = {w["pid"] for w in _slot(svc, "topic")["workers"]}
     code, body = svc.mpost("/unload", {"name": "topic"})
     assert code == 200 and body["unloaded"]["name"] == "topic", body
@@ -146,7 +170,8 @@ def test_unload_stops_a_model_and_keeps_it_in_the_store(svc):
     assert svc.predict({"text": "很好"})[0] == 200  # the default is untouched
 
 
-def test_default_model_survives_a_restart(svc):
+def test_default_model_survives_a_restart(own_svc):
+    svc = own_svc
     assert svc.mpost("/apply", {"name": "topic", "default": False})[0] == 200
     assert svc.mpost("/apply", {"name": "sent", "version": 1, "replicas": 1})[0] == 200
     assert svc.stop() == 0
@@ -182,13 +207,14 @@ def budget(tiny_store, tmp_path_factory):
 
 
 def test_old_record_is_migrated(budget):
-    wait_for(lambda: budget.get("/readyz")[0] == 200, 120, "the migrated record's model")
+    _ready(budget)
     st = budget.status()
     assert st["default"] == "sent" and st["models"]["sent"]["version"] == 1
     assert budget.predict({"text": "很好"})[1]["model"] == {"name": "sent", "version": 1}
 
 
 def test_budget_refuses_what_would_exceed_it(budget):
+    _ready(budget)
     budget.wait_standby()
     before = {w["pid"] for w in budget.status()["workers"]}
     code, body = budget.mpost("/apply", {"name": "topic", "replicas": 3})
@@ -201,7 +227,13 @@ def test_budget_refuses_what_would_exceed_it(budget):
     assert "topic" not in st["models"] and st["default"] == "sent"
 
 
+def _ready(budget) -> None:
+    """The migrated record's model serving (the service loads it after its start)."""
+    wait_for(lambda: budget.get("/readyz")[0] == 200, 120, "the migrated record's model")
+
+
 def test_recycling_replaces_workers_without_a_failed_request(budget):
+    _ready(budget)
     first = _slot(budget, "sent")["workers"][0]["pid"]
     seen: set[int] = set()
 

@@ -67,6 +67,15 @@ def test_train_publish_apply_predict(svc):
 
 
 def test_train_from_csv_file_makes_next_version(svc):
+    # its own model's v1, serving (the other tests train and apply "reviews")
+    code, body = svc.mpost("/train", {"name": "csvrev", "data": {"examples": _demo_rows(300)},
+                                      "params": {"architecture": "bow", "epochs": 2},
+                                      "apply": True})
+    assert code == 202, body
+    done = _wait_job(svc, body["job"]["id"])
+    assert done["state"] == "succeeded" and done["result"] == {"name": "csvrev", "version": 1}
+    wait_for(lambda: (svc.status()["models"].get("csvrev") or {}).get("version") == 1, 60,
+             "csvrev v1 serving")
     data_dir = os.path.join(svc.models_dir, "data")
     os.makedirs(data_dir, exist_ok=True)
     path = os.path.join(data_dir, "reviews.csv")
@@ -76,14 +85,14 @@ def test_train_from_csv_file_makes_next_version(svc):
         w.writerow(["text", "label"])
         for r in _demo_rows(300):
             w.writerow([r["text"], r["label"]])
-    code, body = svc.mpost("/train", {"name": "reviews", "data": {"path": path},
+    code, body = svc.mpost("/train", {"name": "csvrev", "data": {"path": path},
                                       "params": {"architecture": "bow", "epochs": 2}})
     assert code == 202, body
     done = _wait_job(svc, body["job"]["id"])
     assert done["state"] == "succeeded" and done["result"]["version"] == 2
-    assert svc.serving()["version"] == 1  # apply defaults to false
+    assert svc.status()["models"]["csvrev"]["version"] == 1  # apply defaults to false
     listed = {m["name"]: m for m in svc.mget("/models")[1]["models"]}
-    assert [v["version"] for v in listed["reviews"]["versions"]] == [1, 2]
+    assert [v["version"] for v in listed["csvrev"]["versions"]] == [1, 2]
 
 
 def test_bad_train_requests_are_refused_up_front(svc, tmp_path):

@@ -16,6 +16,10 @@ import pytest
 
 from helpers import ROOT, Service, wait_for
 
+# above the fixture's 240 s training wait and a 300 s reload
+pytestmark = pytest.mark.timeout(600)
+
+
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
 PROBE = ["非常好，很满意，推荐购买", "太差了，质量不好，退货", "物流一般，东西还行", "good value"]
 

@@ -37,6 +37,58 @@ TF_CPP_LOG = re.compile(r"^[IWEF]\d{4} |tensorflow/core/|cpu_feature_guard|"
                         r"oneDNN custom operations|absl::InitializeLog", re.M)
 
 
+PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37
+
+
+def _subreaper() -> int:
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    flag = ctypes.c_int(0)
+    assert libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0
+    return flag.value
+
+
+def _helper(p: psutil.Process) -> bool:
+    """multiprocess's resource tracker: a helper of this process that it keeps
+    (started with the first zygote), not a leftover of a test."""
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" in " ".join(
+            p.cmdline())
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def undo_subreaper():
+    """_run makes this process a child subreaper (as the supervisor is). After
+    each test: back to the flag it had, and every child the test left (an
+    orphaned grandchild re-parented here, alive or a zombie) killed and reaped,
+    so later tests' pid_gone waits see no zombies of ours."""
+    import ctypes
+    before = _subreaper()
+    kids = {p.pid for p in psutil.Process().children()}
+    yield
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, before, 0, 0, 0) == 0
+    left = [p for p in psutil.Process().children() if p.pid not in kids and not _helper(p)]
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for p in left:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(p.pid, os.WNOHANG)[0]:
+                    break
+            except ChildProcessError:  # reaped already
+                break
+            time.sleep(0.02)
+    assert _subreaper() == before
+    assert all(pid_gone(p.pid) for p in left), [p.pid for p in left]
+
+
 def _options(**kw: Any) -> dict[str, Any]:
     return {"max_batch": 256, "batch_wait_ms": 0.0, "intra_op_threads": 1,
             "inter_op_threads": 1, "boot_nice": 0, "log_level": "INFO",
@@ -98,6 +150,7 @@ async def _serve(w: WorkerHandle, store: str, name: str, version: int = 1) -> li
     return await _within(w.predict(TEXTS))
 
 
+@pytest.mark.timeout(900)  # above its BOOT and STEP waits together
 def test_worker_forked_after_many_others_predicts_correctly(tiny_store):
     async def test(z: zmod.Zygote, workers: list[WorkerHandle]) -> None:
         first = await _worker(z, workers, BOOT)
@@ -129,6 +182,7 @@ def test_worker_forked_after_many_others_predicts_correctly(tiny_store):
     _run(test)
 
 
+@pytest.mark.timeout(900)  # above its BOOT and STEP waits together
 def test_kill9_of_a_forked_worker_is_seen_with_its_exit_status(tiny_store):
     async def test(z: zmod.Zygote, workers: list[WorkerHandle]) -> None:
         w = await _worker(z, workers, BOOT)
@@ -158,6 +212,7 @@ def test_kill9_of_a_forked_worker_is_seen_with_its_exit_status(tiny_store):
     _run(test)
 
 
+@pytest.mark.timeout(900)  # above its BOOT and STEP waits together
 def test_zygote_killed_is_restarted_and_running_workers_keep_serving(tiny_store):
     async def test(z: zmod.Zygote, workers: list[WorkerHandle]) -> None:
         w = await _worker(z, workers, BOOT)
@@ -223,6 +278,7 @@ def _zygote_pid(svc: Service) -> int:
     return 0
 
 
+@pytest.mark.timeout(900)  # above its BOOT and STEP waits together
 def test_service_zygote_restart_and_parent_death(store_copy):
     # TensorFlow's oneDNN notice forced on (as on CPUs with AVX512-VNNI or AMX)
     svc = Service(store_copy, env={"TF_ENABLE_ONEDNN_OPTS": "1"})
