@@ -67,3 +67,12 @@ def feature_models(tmp_path_factory) -> str:
     subprocess.run([sys.executable, os.path.join(ROOT, "tests", "featuremodels.py"), root],
                    check=True, cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     return root
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """The random order's seed at the end, next to the failures (make test runs
+    -q, which leaves out the header where pytest-randomly prints it)."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and config.pluginmanager.hasplugin("randomly"):
+        terminalreporter.write_line(f"random test order: seed {seed} (repeat it with "
+                                    f"-p randomly --randomly-seed={seed})")
