@@ -34,6 +34,7 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.locks import Event
 
 from state.config import Config, ConfigError, load_config, scrub_secret_env
+from control.retention import Retention
 from state.predlog import FILENAME as PREDLOG_DB, PredictionLog
 from state.predlog_api import PredictionLogBackend
 from state.statedb import FILENAME as STATE_DB, StateDB
@@ -133,20 +134,7 @@ class Supervisor:
         if self.cluster is not None:
             self.jobs.cluster = self.cluster.training
         self._sweeper = PeriodicCallback(self.healer.sweep, 1000)
-        # the age limit of logged texts (predictions.max_age_days): once a minute
-        self._expirer = PeriodicCallback(self._expire_predictions, 60_000)
-
-    async def _expire_predictions(self) -> None:
-        pcfg = self.cfg["predictions"]
-        try:
-            removed = await self.loop.run_in_executor(
-                None, self.predlog.expire, dict(pcfg["max_age_days_by_model"]),
-                pcfg["max_age_days"])
-        except Exception as exc:  # a failing disk or Redis: the next minute tries again
-            log.error("prediction log: the age limit could not be applied: %s", exc)
-            return
-        if any(removed.values()):
-            log.info("prediction log: erased past the age limit: %s", removed)
+        self.retention = Retention(self.predlog, config["predictions"])  # max_age_days
 
     @property
     def ready(self) -> bool:
@@ -177,8 +165,7 @@ class Supervisor:
                                          self.applies.on_record_change)
             self.watcher.start(record)
         self._sweeper.start()
-        self._expirer.start()
-        self.loop.spawn_callback(self._expire_predictions)  # and once now
+        self.retention.start()
         if record and record["models"]:
             for name, entry in record["models"].items():
                 self.loop.spawn_callback(
@@ -214,7 +201,7 @@ class Supervisor:
         self.pool.stopping = True
         log.info("shutting down")
         self._sweeper.stop()
-        self._expirer.stop()
+        self.retention.stop()
         if self.watcher:
             self.watcher.stop()
         await self.jobs.shutdown()
@@ -328,14 +315,6 @@ def main(argv: list[str] | None = None) -> int:
         s = config["server"]
         log.info("inference API on http://%s:%d, management API on http://%s:%d",
                  s["host"], s["port"], s["manage_host"], s["manage_port"])
-        p = config["predictions"]
-        if p["log"]:
-            log.info("predicted texts are logged (%s of requests, up to %d texts a model) for "
-                     "feedback, review and drift; predictions.log: false turns it off, "
-                     "DELETE /predictions/<request_id> erases one request's texts",
-                     f"{p['sample']:.0%}", p["max_rows"])
-        else:
-            log.info("the prediction log is off (predictions.log: false): no text is kept")
 
     # Long-lived startup objects out of the collector's way, and fewer young
     # collections: the request path allocates many short-lived objects.

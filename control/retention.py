@@ -1,0 +1,51 @@
+"""The age limit of logged texts (predictions.max_age_days): the prediction
+log's expire() at start and once a minute, off the IOLoop. Given the log and
+its settings only."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tornado.ioloop import IOLoop, PeriodicCallback
+
+from state.predlog_api import PredictionLogBackend
+
+log = logging.getLogger("textswap.retention")
+
+
+class Retention:
+    def __init__(self, predlog: PredictionLogBackend, predictions: dict[str, Any],
+                 every_s: float = 60.0) -> None:
+        self.predlog = predlog
+        self.cfg = predictions
+        self.ages = dict(predictions["max_age_days_by_model"])
+        self.default = float(predictions["max_age_days"])
+        self.loop = IOLoop.current()
+        self._timer = PeriodicCallback(self.expire, every_s * 1000)
+
+    def start(self) -> None:
+        """Says what is kept, then applies the limit now and every minute."""
+        p = self.cfg
+        if p["log"]:
+            log.info("predicted texts are logged (%s of requests, up to %d texts a model%s) for "
+                     "feedback, review and drift; predictions.log: false turns it off, "
+                     "DELETE /predictions/<request_id> erases one request's texts",
+                     f"{p['sample']:.0%}", p["max_rows"],
+                     f", {self.default:g} days at most" if self.default else "")
+        else:
+            log.info("the prediction log is off (predictions.log: false): no text is kept")
+        self._timer.start()
+        self.loop.spawn_callback(self.expire)  # and once now
+
+    def stop(self) -> None:
+        self._timer.stop()
+
+    async def expire(self) -> None:
+        try:
+            removed = await self.loop.run_in_executor(None, self.predlog.expire, self.ages,
+                                                      self.default)
+        except Exception as exc:  # a failing disk or Redis: the next minute tries again
+            log.error("prediction log: the age limit could not be applied: %s", exc)
+            return
+        if any(removed.values()):
+            log.info("prediction log: erased past the age limit: %s", removed)
