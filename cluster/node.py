@@ -83,6 +83,7 @@ class ClusterNode:
         self._writer: asyncio.Task[Any] | None = None
         self._write_error: BaseException | None = None
         self._delivered = 0
+        self._written = 0  # the revision of this node's latest record write
         self._delivered_at = 0.0
         self._on_change: Any = None
 
@@ -152,6 +153,7 @@ class ClusterNode:
             try:
                 rec = await self.cluster.update_record(mutate)
                 self._write_error = None
+                self._written = rec["revision"]  # holds this node's change
                 self.sup.record = rec
                 self._delivered = max(self._delivered, rec["revision"])
                 self._check_applied()
@@ -249,7 +251,9 @@ class ClusterNode:
                 f"applied on this node, but the cluster record could not be written "
                 f"({self._write_error}); this node returns to the cluster's record once "
                 "the store is back") from None
-        rev = self.sup.record.get("revision", 0)
+        # the revision this node's write made, not the record's latest: another
+        # node's write may have followed it (each apply answers with its own)
+        rev = self._written
         self._check_applied()
         if self.cluster.applied_revision >= rev:
             await self.cluster._beat_quietly()

@@ -314,7 +314,11 @@ def _settled(c, min_revision: int) -> dict | bool:
 def _load_until(load: Load, extra: int, timeout: float = 60) -> None:
     """Let `extra` more requests succeed (proves traffic flowed through the event)."""
     target = load.count() + extra
-    wait_for(lambda: load.count() >= target, timeout, f"{extra} more answered requests")
+    try:
+        wait_for(lambda: load.count() >= target, timeout, f"{extra} more answered requests")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; {len(load.failed)} failed, the last: "
+                             f"{load.failed[-3:]}") from None
 
 
 @needs_redis_and_nginx
@@ -435,9 +439,25 @@ def _listed(cl) -> set[str] | None:
     return {b["node"] for b in view["nodes"]} if view else None
 
 
+def _serving_sent(c) -> dict:
+    """The scene for a test under load: every node serves `sent` as the
+    default (tests run in any order; the store starts with nothing applied).
+    Returns the record."""
+    n1 = c.nodes[0]
+    rec = _cluster(n1)["record"]
+    if not rec or "sent" not in rec["models"] or rec["default"] != "sent":
+        code, body = n1.mpost("/apply", {"name": "sent", "version": 1}, timeout=180)
+        assert code == 200, body
+        rec = _cluster(n1)["record"]
+    version = rec["models"]["sent"]["version"]
+    wait_for(lambda: _all_on(c, version, rec["revision"]), 180, f"all nodes on sent v{version}")
+    return rec
+
+
 @needs_redis_and_nginx
 def test_kill_9_of_a_node_under_load_fails_no_request(cl):
     n3 = cl.nodes[2]
+    _serving_sent(cl)
     load = Load(cl.nginx.port)
     try:
         try:
@@ -458,12 +478,7 @@ def test_kill_9_of_a_node_under_load_fails_no_request(cl):
 @needs_redis_and_nginx
 def test_redis_outage_keeps_serving_refuses_changes_then_converges(cl):
     n1, n2, n3 = cl.nodes
-    before = _cluster(n1)["record"]
-    if not before or "sent" not in before["models"]:  # run alone: set the scene
-        code, body = n1.mpost("/apply", {"name": "sent", "version": 1}, timeout=180)
-        assert code == 200, body
-        before = _cluster(n1)["record"]
-        wait_for(lambda: _all_on(cl, 1, before["revision"]), 180, "all nodes on sent v1")
+    before = _serving_sent(cl)
     n3.kill()  # it restarts during the outage
     serving = before["models"]["sent"]["version"]
     other = 1 if serving == 2 else 2

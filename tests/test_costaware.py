@@ -14,7 +14,12 @@ import time
 import numpy as np
 import pytest
 
-from test_autoselect import REPRODUCIBLE, english
+from test_autoselect import REPRODUCIBLE as _REPRODUCIBLE, english
+
+# n-gram views only: the rule is checked between word-only and word+char
+# graphs; the pretrained view (which wins on this English set) has its own
+# tests in test_pretrained.py
+REPRODUCIBLE = {**_REPRODUCIBLE, "pretrained": False}
 
 
 def _faster(kind: str):
