@@ -11,7 +11,7 @@ from frontend import handlers as h
 from frontend import rollout_handlers
 from frontend import quality_handlers
 from frontend import metrics_http
-from frontend import artifact, clusterapi, loop_handlers, oip, openapi
+from frontend import artifact, clusterapi, loop_handlers, oip, openapi, training
 from frontend import dashboard_routes
 from frontend.base import NotFoundHandler, log_level
 
@@ -57,11 +57,7 @@ def management_app(sup: Any, config: Any) -> Application:
         *loop_handlers.management_routes(kw),  # review queue, retrain policy
         *dashboard_routes.routes(kw),  # POST /feedback, /try for the dashboard's panels
     ]
-    try:
-        from frontend import training
-        routes += training.routes(kw)
-    except ImportError:
-        pass
+    routes += training.routes(kw)
     from frontend import dashboard  # GET / and /ui/*: the web page (no data, no token)
     routes += dashboard.routes(kw)
     return Application(routes, default_handler_class=NotFoundHandler, default_handler_args=kw,

@@ -471,8 +471,9 @@ def test_kill_9_of_a_node_under_load_fails_no_request(cl):
         wait_for(lambda: (lambda got: got is not None and "node3" not in got)(_listed(cl)), 30,
                  "node3's heartbeat to expire")
     finally:  # node3 back for the tests after this one (they run in any order)
-        n3.start()
-        wait_for(lambda: "node3" in (_listed(cl) or set()), 60, "node3 listed again")
+        if n3.proc is not None and n3.proc.poll() is not None:
+            n3.start()
+        wait_for(lambda: "node3" in (_listed(cl) or set()), 60, "node3 listed")
 
 
 @needs_redis_and_nginx
