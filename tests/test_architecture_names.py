@@ -297,7 +297,8 @@ def test_the_check_catches_made_up_names():
     assert problems(good, index=index, defaults=defaults) == []
     made_up = ["`control/routeing.py`", "`Router.predikt`", "`PredictionLogBackends`",
                "`apply_unlocked`", "`serving.replicaz`", "`409 memory_budgett`",
-               "`TEXTSWAP_NO_SUCH_VAR`", "`control.routing.Routr`", "`Slot.swap_everything`"]
+               "`TEXTSWAP_NO_SUCH_VAR`", "`control.routing.Routr`", "`Slot.swap_everything`",
+               "`cluster.redis_urll`", "`textmodel.no_such_function`"]
     for span in made_up:
         assert len(problems(f"Some prose with {span} in it.\n", index=index,
                             defaults=defaults)) == 1, span
