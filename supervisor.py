@@ -22,7 +22,6 @@ call or post to the parts. This process never imports TensorFlow.
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import logging
 import os
@@ -35,7 +34,8 @@ from tornado import gen
 from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.locks import Event
 
-from state.config import Config, ConfigError, load_config, scrub_secret_env
+from state.config import Config, ConfigError, scrub_secret_env
+from state.options import build_config, parse_args
 from control.retention import Retention
 from state.predlog import FILENAME as PREDLOG_DB, PredictionLog
 from state.predlog_api import PredictionLogBackend
@@ -230,42 +230,6 @@ class Supervisor:
 
 
 # -- entry point ---------------------------------------------------------------------
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description="textswap: train short-text classifiers and serve them with "
-                    "zero-downtime model switching.")
-    p.add_argument("--config", help="YAML config file (built-in defaults when omitted)")
-    p.add_argument("--host", help="inference API bind address (default 0.0.0.0)")
-    p.add_argument("--port", type=int, help="inference API port (default 8080)")
-    p.add_argument("--manage-host", help="management API bind address (default 127.0.0.1)")
-    p.add_argument("--manage-port", type=int, help="management API port (default 8081)")
-    p.add_argument("--models-dir", help="model store folder (default ./models)")
-    p.add_argument("--redis-url", help="cluster mode: the cluster store, e.g. "
-                                       "redis://host:6379/0 (default: off)")
-    p.add_argument("--node-id", help="cluster mode: this node's name (default hostname:port)")
-    p.add_argument("--log-level", type=str.upper,
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-                   help="log level (default INFO); debug also shows TensorFlow's C++ logs "
-                        "of workers and trainers")
-    return p.parse_args(argv)
-
-
-def build_config(args: argparse.Namespace) -> Config:
-    server = {k: v for k, v in (("host", args.host), ("port", args.port),
-                                ("manage_host", args.manage_host),
-                                ("manage_port", args.manage_port)) if v is not None}
-    overrides: dict[str, Any] = {"server": server} if server else {}
-    if args.models_dir:
-        overrides["models_dir"] = args.models_dir
-    cluster = {k: v for k, v in (("redis_url", args.redis_url), ("node_id", args.node_id))
-               if v is not None}
-    if cluster:
-        overrides["cluster"] = cluster
-    if getattr(args, "log_level", None):
-        overrides["log_level"] = args.log_level
-    return load_config(args.config, overrides)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if os.environ.pop("TEXTSWAP_PRELOAD_SUPERVISOR_ONLY", None):
