@@ -53,7 +53,7 @@ from control.quality import Quality
 from control.records import FileRecords, RecordBackend, RecordKeeper
 from control.provision import Provisioner
 from control.rollout_control import RolloutControl
-from control.rollouts import GoldenSets
+from control.rollout_state import GoldenSets
 from control.routing import Router
 from control.serving import ServingState
 from control.slots import Slot
@@ -92,7 +92,7 @@ class Supervisor:
         node = None
         if config["cluster"]["redis_url"]:
             from cluster.node import ClusterNode, node_state_path
-            from cluster.predlog import RedisPredictionLog
+            from cluster.redis_predlog import RedisPredictionLog
             node = ClusterNode(config, state, self.store, self.events)
             self.records, queue = node, node.training
             state_path = node_state_path(self.store.root, node.node_id)  # the store is shared

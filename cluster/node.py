@@ -23,7 +23,7 @@ Applies go in two phases (cluster/twophase.py): every live node prepares
 the version first, then the record write flips them all (``prepare_all``,
 called by Applies.apply before its local switch).
 
-Training (`ClusterTraining`): jobs are queued in Redis (cluster/jobs.py);
+Training (`ClusterTraining`): jobs are queued in Redis (cluster/job_queue.py);
 each node claims one when it has a free training slot and runs it with the
 ordinary JobManager machinery, mirroring the job's state into Redis.
 Imports no TensorFlow.
@@ -40,7 +40,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from cluster.record import Cluster, ClusterUnreachable
-from cluster.jobs import ClusterJobs
+from cluster.job_queue import ClusterJobs
 from cluster.twophase import PREPARED, TwoPhase
 from control.jobs import JobError
 

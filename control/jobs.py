@@ -49,7 +49,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "interrupted")
 FINISHED = ("succeeded", "failed", "cancelled", "interrupted")
 ACTIVE = ("queued", "running")
-# the ids this service makes (Job, cluster/jobs.py new_id): a time, a counter
+# the ids this service makes (Job, cluster/job_queue.py new_id): a time, a counter
 JOB_ID = re.compile(r"[0-9]{14}-[1-9][0-9]{0,17}")
 
 

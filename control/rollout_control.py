@@ -5,7 +5,7 @@ loaded in probation after a swap (rollback within it is one assignment,
 automatic when the new version's error rate or p99 passes the limits), the
 golden-set quality gate of an apply or a promotion, and shadow/canary
 candidates (start, promote, abort). The figures themselves are
-`control/rollouts.py`'s. It routes only through `Router.swap` and persists
+`control/rollout_state.py`'s. It routes only through `Router.swap` and persists
 through `RecordKeeper.commit` (persist, then switch).
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from tornado import gen
 
 from state.errors import ApplyFailed, Conflict, ServiceError, StorageFailed
 from state.store import check_name
-from control.rollouts import Candidate, Probation, label_changes
-from control.rollouts import score as rollouts_score
+from control.rollout_state import Candidate, Probation, label_changes
+from control.rollout_state import score as rollouts_score
 from control.slots import Slot
 from control.workerhandle import State, WorkerHandle
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from control.events import Events
     from control.pool import WorkerPool
     from control.provision import Provisioner
-    from control.rollouts import GoldenSets
+    from control.rollout_state import GoldenSets
     from control.routing import Router
     from control.serving import ServingState
 

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from state.errors import ServiceError
-from control.rollouts import Candidate, VersionStats
+from control.rollout_state import Candidate, VersionStats
 from control.slots import Slot
 from control.workerhandle import (RequestFailed, RequestTimedOut, State, WorkerDied,
                                   WorkerError, WorkerHandle)

@@ -90,7 +90,7 @@ def test_record_updates_are_atomic_and_followed(redis_server, tmp_path):
 @needs_redis_and_nginx
 def test_job_queue_claims_race_to_one_winner_each(redis_server):
     from cluster.record import Cluster
-    from cluster.jobs import ClusterJobs
+    from cluster.job_queue import ClusterJobs
 
     async def main():
         a = Cluster(redis_server.url, "a", prefix="t2race")
@@ -122,7 +122,7 @@ def test_job_queue_leases(redis_server):
     outlives the test, so a busy machine cannot expire it; b's is short and b
     never renews it: b "died"."""
     from cluster.record import Cluster
-    from cluster.jobs import ClusterJobs
+    from cluster.job_queue import ClusterJobs
 
     async def main():
         a = Cluster(redis_server.url, "a", prefix="t2")
@@ -209,7 +209,7 @@ def test_redis_down_answers_unreachable(tmp_path):
 
 
 def test_cluster_modules_never_import_tensorflow():
-    code = ("import sys, supervisor, cluster.record, cluster.jobs, cluster.node, "
+    code = ("import sys, supervisor, cluster.record, cluster.job_queue, cluster.node, "
             "frontend.clusterapi; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')]; "
             "print(bad); sys.exit(1 if bad else 0)")

@@ -1,4 +1,4 @@
-"""Cluster mode's prediction log in Redis (cluster/predlog.py).
+"""Cluster mode's prediction log in Redis (cluster/redis_predlog.py).
 
 1. `RedisPredictionLog` on its own against a real redis-server: the
    behaviours tests/test_predlog.py checks for SQLite (add/get/recent/counts,
@@ -64,7 +64,7 @@ def redis_server(tmp_path_factory):
 
 
 def _log(server, **kw):
-    from cluster.predlog import RedisPredictionLog
+    from cluster.redis_predlog import RedisPredictionLog
     return RedisPredictionLog(server.url, prefix=kw.pop("prefix", f"t{next(_prefixes)}"), **kw)
 
 
@@ -267,7 +267,7 @@ def test_a_closed_log_refuses_writes(redis_server):
 
 
 def test_redis_down_fails_fast_with_an_oserror_and_counts_the_drops(tmp_path):
-    from cluster.predlog import PredlogUnreachable
+    from cluster.redis_predlog import PredlogUnreachable
     from state.storage import Storage
 
     server = RedisServer(str(tmp_path))
@@ -290,7 +290,7 @@ def test_redis_down_fails_fast_with_an_oserror_and_counts_the_drops(tmp_path):
             p.flush(10)  # raises when its marker went with the failed write
         except PredlogUnreachable:
             pass
-        # a refused connection fails at once (no retry loop: cluster/predlog.py);
+        # a refused connection fails at once (no retry loop: cluster/redis_predlog.py);
         # NO_HANG only tells that from a hang, it is not a speed claim
         assert time.monotonic() - t0 < NO_HANG and t1 - t0 < NO_HANG
         assert p.dropped == 2 and p.logged == 1

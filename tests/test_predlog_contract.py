@@ -1,5 +1,5 @@
 """The prediction log's contract, run against both backends: SQLite with its
-writer process (state/predlog.py) and Redis streams (cluster/predlog.py).
+writer process (state/predlog.py) and Redis streams (cluster/redis_predlog.py).
 
 Erasure (one request's texts, a model's whole log), and a request id used
 twice keeping its first answer. Real SQLite, a real writer process, a real
@@ -38,7 +38,7 @@ def backend(request, tmp_path):
         p = PredictionLog(str(tmp_path / "p.db"))
         where = str(tmp_path)
     else:
-        from cluster.predlog import RedisPredictionLog
+        from cluster.redis_predlog import RedisPredictionLog
         server = request.getfixturevalue("redis_server")
         p = RedisPredictionLog(server.url, prefix=f"c{next(_prefixes)}")
         where = server.dir
@@ -142,7 +142,7 @@ def test_both_backends_have_the_whole_contract():
     """Each backend defines every member of the Protocol, with its signature."""
     import inspect
 
-    from cluster.predlog import RedisPredictionLog
+    from cluster.redis_predlog import RedisPredictionLog
     from state.predlog import PredictionLog
     from state.predlog_api import PredictionLogBackend
 
