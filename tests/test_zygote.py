@@ -13,19 +13,16 @@ import logging
 import os
 import re
 import signal
-import sys
 import time
 from typing import Any, Awaitable, Callable
 
 import psutil
 import pytest
 
-from helpers import ROOT, Service, pid_gone, wait_for
+from helpers import Service, pid_gone, wait_for
 
-sys.path.insert(0, ROOT)
-
-from control import zygote_client as zmod  # noqa: E402
-from control.workerhandle import State, WorkerHandle  # noqa: E402
+from control import zygote_client as zmod
+from control.workerhandle import State, WorkerHandle
 
 pytestmark = pytest.mark.skipif(not zmod.supported(), reason="needs Linux pidfds (5.3+)")
 
