@@ -217,6 +217,9 @@ def test_the_parts_given_to_each_other_form_no_circle():
             "StatusView", "JobManager", "ClusterNode"} <= set(uses)
     assert "RolloutControl" in uses["Applies"] and "RecordKeeper" in uses["Healer"]
     assert _cycles(uses) == []
+    # the request path reads the serving state and holds no control-plane part:
+    # what it reports goes through the function it was given (`on_failing`)
+    assert uses["Router"] == {"ServingState"}, uses["Router"]
 
 
 def test_the_serving_state_has_one_owner():
