@@ -16,7 +16,8 @@ port's POST /feedback answers 403 `feedback_off`.
 
 `POST /auth/session` (management port, no key) exchanges the one-time code
 of the dashboard URL the service prints at start for a session token with
-the admin scope (state/keys.py KeyRing.session).
+the admin scope (state/keys.py KeyRing.session); `POST /auth/code` (admin
+key) makes a new one-time URL.
 """
 from __future__ import annotations
 
@@ -115,5 +116,18 @@ class SessionHandler(JsonHandler):
                         "expires_in_s": int(keys.session_s)})
 
 
+class CodeHandler(JsonHandler):
+    """POST /auth/code (admin key): a new one-time dashboard URL, for when the
+    start URL's code is used (`textswap dashboard` prints it)."""
+
+    async def post(self) -> None:
+        self.json_object(set(), required=False)
+        keys = getattr(self.sup, "keys", None)
+        if keys is None:
+            raise ApiError(409, "auth_off", "auth is off (auth.enabled: false): no key needed")
+        code = keys.new_code()
+        self.send_json({"code": code, "url": f"http://{self.request.host}/#code={code}"})
+
+
 def routes(kw: dict[str, Any]) -> list[Any]:
-    return [(r"/auth/session", SessionHandler, kw)]
+    return [(r"/auth/session", SessionHandler, kw), (r"/auth/code", CodeHandler, kw)]

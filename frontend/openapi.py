@@ -1005,8 +1005,17 @@ def dashboard_paths(cfg: Any) -> S:
             "401": _err("the code is unknown, used or expired"),
             "409": _err("auth is off (auth.enabled: false)"),
             **_body_errors(cfg)}}
+    code: S = {
+        "summary": "A new one-time dashboard URL (its code works once, for POST "
+                   "/auth/session): for when the start URL's code is used.",
+        "responses": {
+            "200": _json({"type": "object", "properties": {
+                "code": {"type": "string"}, "url": {"type": "string"}}},
+                "the code and the URL with it in its #fragment"),
+            "409": _err("auth is off (auth.enabled: false)"),
+            **_body_errors(cfg)}}
     return {"/feedback": {"post": feedback}, "/try": {"post": predict},
-            "/auth/session": {"post": session}}
+            "/auth/session": {"post": session}, "/auth/code": {"post": code}}
 
 
 def dashboard_schemas(cfg: Any) -> S:

@@ -23,7 +23,7 @@ import pytest
 from helpers import ROOT, Service, free_port, request, wait_for
 
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
-TOKEN = "cli-token"
+TOKEN = "cli-token-of-at-least-32-characters"
 
 # above the fixtures' waits: three train --wait runs of up to 300 s each
 pytestmark = pytest.mark.timeout(1200)

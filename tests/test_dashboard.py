@@ -33,7 +33,7 @@ from helpers import ROOT, Service, wait_for
 
 ARTIFACTS = os.path.join(ROOT, "tests", "artifacts")
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
-TOKEN = "dash-board-token"
+TOKEN = "dash-board-token-of-32-characters-or-more"
 XSS_LABEL = "<script>window.__xss=1</script>"
 CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -33,8 +33,8 @@ import pytest
 from helpers import Service, request, wait_for
 from test_dashboard import ARTIFACTS, Browser, browser, pw  # noqa: F401 (pw: the fixture)
 
-TOKEN = "review-board-token"
-FEEDBACK_TOKEN = "only-for-clients"
+TOKEN = "review-board-token-of-32-characters-or-more"
+FEEDBACK_TOKEN = "only-for-clients-a-key-of-32-characters"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MARKUP = "<img src=x onerror=window.__xss=1> football"
 SINGLE = ["cheap phone deals", "tennis racket battery", "the game was delicious",

@@ -9,7 +9,7 @@ from helpers import request
 
 from helpers import Service
 
-TOKEN = "s3cret-token-value"
+TOKEN = "s3cret-token-value-of-32-characters-or-more"
 
 
 def _config(tmp_path, extra: str = "") -> str:
