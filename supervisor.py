@@ -34,7 +34,7 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.locks import Event
 
 from state.config import Config, ConfigError, load_config, scrub_secret_env
-from state.keys import KeyError_, KeyRing
+from state.keys import KeyError_, KeyRing, configured_keys
 from control.retention import Retention
 from state.predlog import FILENAME as PREDLOG_DB, PredictionLog
 from state.predlog_api import PredictionLogBackend
@@ -235,6 +235,7 @@ def open_keys(config: Config, insecure_no_auth: bool) -> KeyRing | None:
     manage_host = config["server"]["manage_host"]
     if config["auth"]["enabled"]:
         return KeyRing.open(config)
+    configured_keys(config)  # a key too short is an error even while auth is off
     if manage_host not in LOOPBACK:
         if not insecure_no_auth:
             raise ConfigError(f"auth is off (auth.enabled: false) and the management API would "

@@ -11,8 +11,8 @@ Four key names, each a scope (docs/operations.md "Security"):
 A key comes from, first to last: the environment (TEXTSWAP_ADMIN_KEY,
 TEXTSWAP_REVIEW_KEY, TEXTSWAP_FEEDBACK_KEY, TEXTSWAP_PREDICT_KEY), the config
 (`auth.admin_key`, ...; the older `management.token` is the admin key and
-`feedback.token` the feedback key), the key file. With no key configured at
-all, the first start generates admin, review and feedback keys into the key
+`feedback.token` the feedback key), the key file. With none of admin, review
+and feedback configured, the first start generates admin, review and feedback keys into the key
 file (`auth.keys_file`, default `<models_dir>/../.textswap/keys.json`): 0600,
 in a 0700 folder beside the model store, not in it. It is created whole or
 not at all (written to a temp file, then hard-linked to its name, which
@@ -183,7 +183,7 @@ class KeyRing:
         configured = configured_keys(config)
         path = keys_file_of(config)
         session_s = config["auth"]["session_hours"] * 3600.0
-        if not configured and not os.path.exists(path):
+        if not set(configured) & set(GENERATED) and not os.path.exists(path):
             keys = {name: new_key() for name in GENERATED}
             try:
                 made = write_keys_file(path, keys, replace=False)
@@ -201,8 +201,7 @@ class KeyRing:
         else:
             log.info("API keys from the config or environment (%s); no key file at %s",
                      ", ".join(sorted(configured)), path)
-        ring = cls(configured, path if os.path.exists(path) or not configured else None,
-                   session_s)
+        ring = cls(configured, path if os.path.exists(path) else None, session_s)
         if ring.path is not None:
             ring._load(strict=True)
         return ring

@@ -194,7 +194,7 @@ def test_refusals_and_exit_codes(svc, data_csv, tmp_path):
     assert p.returncode == 2 and "no texts" in p.stderr
     # no token: exit 4; nothing listening: exit 3
     p = run(svc, "status", token=None)
-    assert p.returncode == 4 and "TEXTSWAP_MANAGEMENT_TOKEN" in p.stderr
+    assert p.returncode == 4 and "TEXTSWAP_KEY" in p.stderr
     p = run(svc, "--url", f"http://127.0.0.1:{free_port()}", "status")
     assert p.returncode == 3 and "cannot reach" in p.stderr
     # rollback of a model that does not serve: the server's 404, with the reason

@@ -29,7 +29,8 @@ def svc(tiny_store, tmp_path_factory):
     cfg = base / "config.yaml"
     cfg.write_text("training:\n  demo_on_empty_store: false\nrollout:\n  probation_s: 0\n"
                    "worker:\n  standby_pool: 0\n")
-    s = Service(root, args=["--config", str(cfg)], env={"TEXTSWAP_MANAGEMENT_TOKEN": TOKEN})
+    s = Service(root, args=["--config", str(cfg)],
+                env={"TEXTSWAP_MANAGEMENT_TOKEN": TOKEN, "TEXTSWAP_FEEDBACK_KEY": TOKEN + "-feedback"})
     yield s
     s.stop()
 
@@ -102,7 +103,7 @@ def test_train_feedback_folds_the_labels_into_the_last_data(svc):
                             headers={"X-Request-Id": rid})
         assert code == 200, got
         code, fb = request(svc.port, "POST", "/feedback", {"request_id": rid, "label": label},
-                           headers=AUTH)
+                           headers=svc.auth("feedback"))
         assert code == 200 and fb["stored"] == 1, fb
     # no DATA: refused as a usage error unless --feedback
     p = run(svc, "train", name)
