@@ -395,7 +395,10 @@ def test_nodes_starting_together_agree_on_one_key_file(tmp_path):
         p.stdin.write("go")
     for p in procs:
         p.stdin.close()
-    outs = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+    outs = []
+    for p in procs:
+        outs.append(json.loads(p.stdout.read()))
+        assert p.wait(60) == 0
     winners = [keys for won, keys in outs if won]
     assert len(winners) == 1, outs
     with open(path, encoding="utf-8") as fh:
