@@ -11,9 +11,9 @@ Four key names, each a scope (docs/operations.md "Security"):
 A key comes from, first to last: the environment (TEXTSWAP_ADMIN_KEY,
 TEXTSWAP_REVIEW_KEY, TEXTSWAP_FEEDBACK_KEY, TEXTSWAP_PREDICT_KEY), the config
 (`auth.admin_key`, ...; the older `management.token` is the admin key and
-`feedback.token` the feedback key), the key file. With none of admin, review
-and feedback configured, the first start generates admin, review and feedback keys into the key
-file (`auth.keys_file`, default `<models_dir>/../.textswap/keys.json`): 0600,
+`feedback.token` the feedback key), the key file. Those of admin, review and
+feedback that are not configured are generated on the first start, into the
+key file (`auth.keys_file`, default `<models_dir>/../.textswap/keys.json`): 0600,
 in a 0700 folder beside the model store, not in it. It is created whole or
 not at all (written to a temp file, then hard-linked to its name, which
 fails when the name exists), so nodes starting together on one shared store
@@ -183,8 +183,9 @@ class KeyRing:
         configured = configured_keys(config)
         path = keys_file_of(config)
         session_s = config["auth"]["session_hours"] * 3600.0
-        if not set(configured) & set(GENERATED) and not os.path.exists(path):
-            keys = {name: new_key() for name in GENERATED}
+        missing = [name for name in GENERATED if name not in configured]
+        if missing and not os.path.exists(path):
+            keys = {name: new_key() for name in missing}
             try:
                 made = write_keys_file(path, keys, replace=False)
             except OSError as exc:
@@ -194,7 +195,7 @@ class KeyRing:
             log.info("%s API keys (%s) in %s (mode 0600): the management port takes the "
                      "admin or review key, POST /feedback the feedback key",
                      "generated" if made else "another node generated the",
-                     ", ".join(GENERATED), path)
+                     ", ".join(missing), path)
         elif os.path.exists(path):
             log.info("API keys from %s%s", path,
                      f" and the config ({', '.join(sorted(configured))})" if configured else "")
