@@ -144,7 +144,7 @@ DEFAULTS: dict[str, Any] = {
     "metrics": {
         "enabled": True,
         "port": 0,           # 0: no separate port (TorchServe's convention is 8082)
-        "host": "0.0.0.0",  # where that port listens; it has no token
+        "host": "127.0.0.1",  # where that port listens: it takes no key, so loopback by default
     },
     # Drift of live traffic against each version's training-data profile
     # (control/quality.py, docs/loop.md "Live quality and drift"). Thresholds

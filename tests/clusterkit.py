@@ -57,13 +57,13 @@ class Node:
                                      env={**os.environ, "PYTHONUNBUFFERED": "1",
                                           "TEXTSWAP_REDIS_URL": self.redis_url})
         log.close()
+        # the nodes share the store, so the key file beside it (written by the
+        # first node to start): read when a request goes out
+        KEYS_BY_PORT[self.mport] = lambda path: read_keys_file(self.models_dir).get("admin")
+        KEYS_BY_PORT[self.port] = lambda path: read_keys_file(self.models_dir).get(
+            "feedback") if path == "/feedback" else None
         if wait:
             wait_for(lambda: self.get("/healthz")[0] == 200, 60, f"{self.node_id} /healthz")
-        # the nodes share the store, so the key file beside it: one set of keys
-        self.keys = read_keys_file(self.models_dir)
-        KEYS_BY_PORT[self.mport] = lambda path: self.keys.get("admin")
-        KEYS_BY_PORT[self.port] = lambda path: self.keys.get("feedback") \
-            if path == "/feedback" else None
         return self
 
     def get(self, path: str, **kw: Any) -> tuple[int, Any]:
