@@ -352,35 +352,39 @@ def test_a_predict_key_guards_predict_and_v2(tmp_path):
 
 
 def test_nodes_starting_together_agree_on_one_key_file(tmp_path):
-    """Three services started at once on one store: one writes the key file
-    (created whole, exclusively), the others read it; every one takes its keys."""
-    root = str(tmp_path / "models")
-    cfg = _config(tmp_path)
+    """Three services started at once with one key file (as nodes on one shared
+    store find the one beside it; here auth.keys_file names it, each service
+    on a store of its own): one writes it (created whole, exclusively), the
+    others read it; every one takes its keys."""
+    shared = str(tmp_path / "shared" / "keys.json")
+    cfg = _config(tmp_path, f"auth:\n  keys_file: {shared}\n")
     svcs: list[Service] = []
     errors: list[BaseException] = []
 
-    def start() -> None:
+    def start(i: int) -> None:
         try:
-            svcs.append(Service(root, args=["--config", cfg]))
+            (tmp_path / f"node{i}").mkdir()
+            svcs.append(Service(str(tmp_path / f"node{i}" / "models"), args=["--config", cfg]))
         except BaseException as exc:  # reported below
             errors.append(exc)
-    threads = [threading.Thread(target=start) for _ in range(3)]
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     try:
         assert not errors, errors
-        keys = _key_file(svcs[0])
+        with open(shared, encoding="utf-8") as fh:
+            keys = json.load(fh)["keys"]
         for svc in svcs:
-            assert svc.keys == keys
             assert svc.mget("/status", headers={"Authorization": f"Bearer {keys['admin']}"})[0] == 200
+            assert not os.path.exists(keys_file(svc.models_dir))  # the configured file only
         logs = [svc.log() for svc in svcs]
         assert sum("generated API keys" in log for log in logs) == 1, logs
         # the others found it made, while starting or before
         assert sum("another node generated" in log or "API keys from" in log
                    for log in logs) == 2, logs
-        assert not [f for f in os.listdir(os.path.dirname(keys_file(root))) if f.endswith(".tmp")]
+        assert not [f for f in os.listdir(os.path.dirname(shared)) if f.endswith(".tmp")]
     finally:
         for svc in svcs:
             svc.stop()
