@@ -250,10 +250,6 @@ class Config:
     def models_dir(self) -> str:
         return os.path.abspath(self.raw["models_dir"])
 
-    @property
-    def token(self) -> str:
-        return self.raw["management"]["token"]
-
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
     data: dict[str, Any] = {}
