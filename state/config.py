@@ -140,7 +140,7 @@ DEFAULTS: dict[str, Any] = {
                                   # refuses the apply (409), unless "partial"
     },
     # Prometheus metrics (metrics.py): GET /metrics on the management port
-    # (behind its token), and on a port of its own when `port` is set
+    # (behind the admin or review key), and on a port of its own when `port` is set
     "metrics": {
         "enabled": True,
         "port": 0,           # 0: no separate port (TorchServe's convention is 8082)
