@@ -54,9 +54,10 @@ class JsonHandler(RequestHandler):
     # Authorization header (see check_site); routes= kw "guard" or the class
     guarded = False
 
-    # the key check (frontend/auth.py): False for the routes that take no key
-    # (the dashboard's files, the session exchange); True for the routes
-    # where the review key may also POST (the management port's /feedback, /try)
+    # the key check (frontend/auth.py): needs_key is False on the routes that
+    # take no key (the dashboard's files, the session exchange, the OIP
+    # probes); review_may_post is True where the review key may POST too (the
+    # management port's /feedback and /try)
     needs_key = True
     review_may_post = False
 
