@@ -71,7 +71,7 @@ def management_app(sup: Any, config: Any) -> Application:
     from frontend import dashboard  # GET / and /ui/*: the web page (no data, no key)
     routes += dashboard.routes(kw)
     return Application(routes, default_handler_class=NotFoundHandler, default_handler_args=kw,
-                        log_function=_log)
+                        log_function=_audit_log)
 
 
 def _log(handler: Any) -> None:
@@ -79,6 +79,17 @@ def _log(handler: Any) -> None:
     if status >= 400:  # expected refusals (503 while no model serves) are not errors
         log.log(log_level(status, handler.request.path), "%d %s %.1fms", status,
                 handler._request_summary(), 1000.0 * handler.request.request_time())
+
+
+def _audit_log(handler: Any) -> None:
+    """The management port's log: refusals as _log, and every state-changing
+    call with the name of the key that made it (the history records it too,
+    in the entries the call made)."""
+    _log(handler)
+    name = getattr(handler, "key_name", None)
+    if name and handler.request.method not in ("GET", "HEAD", "OPTIONS"):
+        log.info("%d %s %s by the %s key", handler.get_status(), handler.request.method,
+                 handler.request.path, name)
 
 
 def start_servers(sup: Any, config: Any) -> list[HTTPServer]:

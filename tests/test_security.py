@@ -323,6 +323,7 @@ def test_generated_keys_file_and_each_keys_scope_on_each_port(tmp_path):
         svc.stop()
     log = svc.log()
     assert path in log and not any(k in log for k in keys.values())
+    assert "POST /apply by the admin key" in log  # every state-changing call, by key name
 
 
 def test_a_predict_key_guards_predict_and_v2(tmp_path):
