@@ -444,6 +444,12 @@ def test_keys_rotate_takes_effect_without_a_restart(tmp_path):
                            capture_output=True, text=True, timeout=60, cwd=ROOT,
                            env={**env, "TEXTSWAP_KEYS_FILE": path})
         assert p.returncode == 0 and json.loads(p.stdout)["supervisor"], p.stderr
+        p = subprocess.run([sys.executable, "-m", "textswap_cli", "--url",
+                            f"http://127.0.0.1:{svc.mport}", "dashboard"],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT,
+                           env={**env, "TEXTSWAP_KEYS_FILE": path})
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.startswith(f"http://127.0.0.1:{svc.mport}/#code="), p.stdout
     finally:
         svc.stop()
     assert not any(k in svc.log() for k in [*old.values(), *new.values()])
