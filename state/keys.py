@@ -29,7 +29,6 @@ Nothing here logs a key or puts one in an error message.
 from __future__ import annotations
 
 import contextvars
-import errno
 import hmac
 import json
 import logging
