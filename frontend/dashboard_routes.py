@@ -2,15 +2,14 @@
 
 The dashboard page is served by the management port and may only call its
 own origin (its Content-Security-Policy says ``connect-src 'self'``), with the
-one token it knows: the management token. Two of its panels need what lives
-on the inference port, so the management port answers them itself, through
-the same code:
+one key it knows: the admin or review key (or a session with the admin
+scope). Two of its panels need what lives on the inference port, so the
+management port answers them itself, through the same code:
 
 - ``POST /feedback``: the very handler of the inference port's POST /feedback
-  (frontend/loop_handlers.py, the prediction log's methods), but behind the
-  management token. The management token can already train and apply any
-  model, so it may also send the labels that feed training; the inference
-  port's own rule (feedback.token, else the management token) is unchanged.
+  (frontend/loop_handlers.py, the prediction log's methods), but taking the
+  admin or review key (labelling the review queue is what the review key is
+  for); the inference port's /feedback takes only the feedback key.
   The Review panel posts ``{"request_id", "index", "label"}`` here.
 - ``POST /try``: a /predict body (text or texts, model, top_k, min_score,
   explain) answered by the same ``predictions.predict`` as /predict, but NOT
@@ -20,8 +19,8 @@ the same code:
   "Try it" box uses it with ``explain``.
 
 Why not CORS from the page to the inference port: the page would need that
-port's address (which a proxy or another host may hide), a second token
-when feedback.token is set, and a looser CSP; and its Try-it texts would be
+port's address (which a proxy or another host may hide), the feedback key
+(never given to a person's page), and a looser CSP; and its Try-it texts would be
 logged as traffic.
 """
 from __future__ import annotations
@@ -34,13 +33,16 @@ from frontend.loop_handlers import FeedbackHandler
 
 
 class ManagementFeedbackHandler(FeedbackHandler):
-    """POST /feedback on the management port: the management token (when set)."""
+    """POST /feedback on the management port: the admin or review key."""
 
-    _check_token = JsonHandler._check_token  # the management realm and message
+    review_may_post = True
 
 
 class TryHandler(JsonHandler):
-    """POST /try: a prediction for a person to look at (not logged)."""
+    """POST /try: a prediction for a person to look at (not logged); the admin
+    or review key."""
+
+    review_may_post = True
 
     async def post(self) -> None:
         from frontend import predictions

@@ -41,8 +41,10 @@ _OIP_INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 class PredictRouter(httputil.HTTPServerConnectionDelegate):
     """The inference server's delegate: POST /predict here, the rest to `app`."""
 
-    def __init__(self, app: Application, supervisor: Any, config: Any) -> None:
+    def __init__(self, app: Application, supervisor: Any, config: Any,
+                 access: Any = None) -> None:
         self.app = app
+        self.access = access  # frontend.auth.Access of the predict key; None: open
         self.sup = supervisor
         self.limits = config["limits"]
         self.metrics = getattr(supervisor, "metrics", None)
@@ -113,6 +115,8 @@ class _Predict(httputil.HTTPMessageDelegate):
     async def _answer(self) -> None:
         status, rid = 200, None
         try:
+            if self.router.access is not None:
+                self.router.access.check("POST", self.headers)
             rid = loop.request_id(self.headers)
             if self.too_large:
                 raise ApiError(413, "body_too_large", self.too_large)
@@ -148,6 +152,8 @@ class _Predict(httputil.HTTPMessageDelegate):
         with the same answers as its RequestHandler, less the overhead."""
         status, headers, model = 200, {"Content-Type": _JSON}, _NO_MODEL
         try:
+            if self.router.access is not None:
+                self.router.access.check("POST", self.headers)
             if self.too_large:
                 raise ApiError(413, "body_too_large", self.too_large)
             try:  # as Tornado decodes path arguments

@@ -1,7 +1,6 @@
 """The learning loop's routes (docs/loop.md).
 
-Inference port:  POST /feedback                (its own bearer token: feedback.token,
-                                                else the management token, else none)
+Inference port:  POST /feedback                (the feedback key: frontend/auth.py)
 Multi-label models (the version's meta.json says multi_label): the truth of a
 text is a label set, `"labels": [...]` for one text (a single-text request,
 or with "index"), `"labels": [[...], [...]]` for the whole batch; free
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
-import hmac
 import logging
 import math
 import sqlite3
@@ -43,12 +41,6 @@ FEEDBACK_FIELDS = {"request_id", "index", "label", "labels", "model", "examples"
 MAX_LABEL_CHARS = 200
 STRATEGIES = ("uncertain", "random")
 MAX_REVIEW = 1000
-
-
-def feedback_token(config: Any) -> str | None:
-    """feedback.token (or TEXTSWAP_FEEDBACK_TOKEN), else the management token, else none."""
-    token = config["feedback"]["token"]  # TEXTSWAP_FEEDBACK_TOKEN read into it at start
-    return token or config.token or None
 
 
 class RateLimit:
@@ -172,16 +164,6 @@ class FeedbackHandler(JsonHandler):
     """POST /feedback: true labels for logged predictions, or free examples."""
 
     guarded = True  # on the public port too: labels train models
-
-    def _check_token(self) -> None:
-        got = self.request.headers.get("Authorization", "")
-        scheme, _, value = got.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-                value.strip().encode(), self.token.encode()):  # type: ignore[union-attr]  # called only with a token
-            self.set_header("WWW-Authenticate", 'Bearer realm="textswap-feedback"')
-            raise ApiError(401, "unauthorized", "POST /feedback needs 'Authorization: Bearer "
-                                                "<token>' (feedback.token, else the "
-                                                "management token)")
 
     def _caller(self) -> str:
         auth = self.request.headers.get("Authorization", "")
@@ -578,7 +560,7 @@ def name_of(value: Any) -> str:
 
 
 def inference_routes(kw: dict[str, Any], config: Any) -> list[Any]:
-    return [(r"/feedback", FeedbackHandler, {**kw, "token": feedback_token(config)})]
+    return [(r"/feedback", FeedbackHandler, kw)]  # kw's auth: the feedback key
 
 
 def management_routes(kw: dict[str, Any]) -> list[Any]:

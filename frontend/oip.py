@@ -412,11 +412,15 @@ class ServerMetadataHandler(OipHandler):
 
 
 class LiveHandler(OipHandler):
+    needs_key = False  # a probe, like /healthz: no predict key
+
     def get(self) -> None:
         self.oip_json({"live": True})
 
 
 class ServerReadyHandler(OipHandler):
+    needs_key = False  # a probe, like /readyz: no predict key
+
     def get(self) -> None:
         # the protocol: 200 means ready, a 4xx means not (Triton answers 400)
         ready = bool(self.sup.ready)

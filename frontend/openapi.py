@@ -89,15 +89,23 @@ def _doc(title: str, description: str, paths: S, schemas: S, security: bool) -> 
     if security:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         doc["security"] = [{"bearer": []}]
-    unauthorized = _err("missing or wrong 'Authorization: Bearer <token>'")
+    unauthorized = _err("no 'Authorization: Bearer <key>', or a key that is none of this "
+                        "service's")
+    wrong_key = _err("a key of another scope (wrong_key): GET routes take the admin or "
+                     "review key, the others the admin key (POST /feedback and /try: admin "
+                     "or review)")
     for path, item in paths.items():
         for method, op in item.items():
             if method == "parameters":
                 continue
             # e.g. GET /models/{name} -> get_models_name; links refer to these
             op["operationId"] = "_".join([method, *re.findall(r"\w+", path)])
-            if security:
+            no_key = op.pop("x-no-key", None)  # e.g. POST /auth/session
+            if security and no_key:
+                op["security"] = []
+            elif security:
                 op["responses"]["401"] = unauthorized
+                op["responses"]["403"] = wrong_key
     return doc
 
 
@@ -696,7 +704,8 @@ def management_spec(cfg: Any) -> S:
                 "train.", paths,
                 {"TrainRequest": _train_request_loop(_train_request()),
                  "TrainParams": _params_schema(),
-                 "Job": _job_schema(), **dashboard_schemas(cfg)}, security=bool(cfg.token))
+                 "Job": _job_schema(), **dashboard_schemas(cfg)},
+                security=bool(cfg["auth"]["enabled"]))
 
 
 # -- live quality and drift (frontend/quality_handlers.py, control/quality.py) ------------
@@ -835,14 +844,16 @@ def loop_inference_paths(cfg: Any, text: S) -> S:
         "description": "By request id (and index inside a batch), for a whole batch "
                        "('labels', in order), or free examples for a model. Feedback for "
                        "the same (request id, index) replaces the earlier one. It becomes "
-                       "training data: it takes feedback.token, else the management token "
-                       "(none when neither is set).",
+                       "training data: it takes the feedback key (with auth off, "
+                       "auth.enabled: false, it is off: 403 feedback_off).",
         "requestBody": _body({"anyOf": [on_prediction, on_prediction_set, on_batch, free]}),
         "responses": {
             "200": _json(answer, "stored (committed before this answer)"),
             "400": _err("not JSON, unknown field, malformed request id, a bad label, 'labels' "
                         "of the wrong length, or a batch's label without 'index'"),
-            "401": _err("missing or wrong 'Authorization: Bearer <token>'"),
+            "401": _err("no 'Authorization: Bearer <key>', or not a key of this service"),
+            "403": _err("a key of another scope (wrong_key; only the feedback key is taken "
+                        "here), a foreign Host or Origin, or auth off (feedback_off)"),
             "404": _err("no logged prediction has this request id (or index), or no such "
                         "model"),
             "409": _err("the prediction log is off (predictions.log: false)"),
@@ -855,9 +866,8 @@ def loop_inference_paths(cfg: Any, text: S) -> S:
 
 
 def loop_security(doc: S, cfg: Any) -> S:
-    """POST /feedback's bearer token, when one applies."""
-    from frontend.loop_handlers import feedback_token
-    if feedback_token(cfg):
+    """POST /feedback's key (the feedback key), when auth is on."""
+    if cfg["auth"]["enabled"]:
         doc["components"].setdefault("securitySchemes", {})["bearer"] = {
             "type": "http", "scheme": "bearer"}
         doc["paths"]["/feedback"]["post"]["security"] = [{"bearer": []}]
@@ -961,16 +971,18 @@ def loop_management_paths(name_param: S) -> S:
 
 # -- the dashboard's routes on the management port (frontend/dashboard_routes.py) ---------
 def dashboard_paths(cfg: Any) -> S:
-    """POST /feedback (the inference port's, behind the management token) and
-    POST /try (a /predict that is not logged)."""
+    """POST /feedback (the inference port's, taking the admin or review key),
+    POST /try (a /predict that is not logged) and POST /auth/session (the
+    start URL's one-time code for a session token)."""
     inference = inference_spec(cfg)
     feedback = copy.deepcopy(inference["paths"]["/feedback"]["post"])
     feedback.pop("security", None)
     feedback.pop("operationId", None)
     feedback["description"] = ("The inference port's POST /feedback (same bodies, same "
-                               "answers), behind the management token: the dashboard's "
+                               "answers), taking the admin or review key: the dashboard's "
                                "Review panel posts here.")
     feedback["responses"].pop("401", None)  # the management document adds its own
+    feedback["responses"].pop("403", None)
     predict = copy.deepcopy(inference["paths"]["/predict"]["post"])
     predict.pop("operationId", None)
     predict["summary"] = ("Try a model: the /predict body and answer, not logged (no "
@@ -978,7 +990,32 @@ def dashboard_paths(cfg: Any) -> S:
     ok = predict["responses"]["200"]
     ok.pop("headers", None)
     ok["content"][JSON]["schema"] = {"$ref": "#/components/schemas/TryResponse"}
-    return {"/feedback": {"post": feedback}, "/try": {"post": predict}}
+    session: S = {
+        "summary": "The one-time code of the dashboard URL printed at start, for a session "
+                   "token (admin scope; a code works once). No key needed.",
+        "x-no-key": True,
+        "requestBody": _body({"type": "object", "additionalProperties": False,
+                              "required": ["code"], "properties": {"code": {"type": "string"}}}),
+        "responses": {
+            "200": _json({"type": "object", "properties": {
+                "token": {"type": "string"}, "scope": {"type": "string"},
+                "expires_in_s": {"type": "integer"}}}, "the session token (send it as "
+                                                       "'Authorization: Bearer <token>')"),
+            "400": _err("not JSON, or no code"),
+            "401": _err("the code is unknown, used or expired"),
+            "409": _err("auth is off (auth.enabled: false)"),
+            **_body_errors(cfg)}}
+    code: S = {
+        "summary": "A new one-time dashboard URL (its code works once, for POST "
+                   "/auth/session): for when the start URL's code is used.",
+        "responses": {
+            "200": _json({"type": "object", "properties": {
+                "code": {"type": "string"}, "url": {"type": "string"}}},
+                "the code and the URL with it in its #fragment"),
+            "409": _err("auth is off (auth.enabled: false)"),
+            **_body_errors(cfg)}}
+    return {"/feedback": {"post": feedback}, "/try": {"post": predict},
+            "/auth/session": {"post": session}, "/auth/code": {"post": code}}
 
 
 def dashboard_schemas(cfg: Any) -> S:
