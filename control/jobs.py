@@ -120,6 +120,8 @@ class Job:
                 log.info("job %s (%s): %s", self.id, self.name, _progress_line(info))
         elif kind == "done":
             self.result = {"name": self.name, "version": msg["version"]}
+            if msg.get("warnings"):  # e.g. labels with a single example (never tested)
+                self.result["warnings"] = list(msg["warnings"])
             self.metrics = msg.get("metrics")
         elif kind == "failed":
             self.error = msg.get("message")

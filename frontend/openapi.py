@@ -263,12 +263,13 @@ def _data_schema() -> S:
     data: S = {
         "type": "object", "additionalProperties": False,
         "description": "exactly one of 'path' (a UTF-8 .jsonl/.csv/.tsv file under the "
-                       "configured data roots) or inline 'examples'; at least two labels "
-                       "with two examples each",
+                       "configured data roots) or inline 'examples'; at least two labels, "
+                       "one of them with two examples or more (a label with a single "
+                       "example trains, is never tested, and is warned about)",
         "oneOf": [{"required": ["path"]}, {"required": ["examples"]}],
         "properties": {
             "path": {"type": "string", "minLength": 1, "pattern": r"\S"},
-            "examples": {"type": "array", "minItems": 2 * dataset.MIN_PER_LABEL,
+            "examples": {"type": "array", "minItems": dataset.CV_MIN_PER_LABEL + 1,
                          "maxItems": dataset.MAX_EXAMPLES, "items": example},
             "label_separator": {"type": "string", "minLength": 1, "default": "|",
                                 "description": "splits a CSV 'labels' column into a "

@@ -150,11 +150,19 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
         }
         if result.report is not None:
             meta["report"] = result.report
+        if result.warnings:
+            meta["warnings"] = result.warnings
         profile_labels = labels
         if result.metrics.get("multi_label"):  # answered by frontend/predictions.py
             meta.update(multi_label=True, thresholds=result.report["thresholds"],  # type: ignore[index]  # set by auto
                         min_labels=result.report["min_labels"])  # type: ignore[index]  # set by auto
-            profile_labels = textmodel.top_true_labels(labels, result.labels, result.held_out_probs)  # type: ignore[arg-type]  # set by auto
+            rows = [int(i) for i in (result.held_out_rows if result.held_out_rows is not None
+                                     else range(len(labels)))]
+            assert result.held_out_probs is not None  # set by auto
+            top = dict(zip(rows, textmodel.top_true_labels([labels[i] for i in rows], result.labels,
+                                                           result.held_out_probs)))
+            # a text no fold tested (it holds a single-example label): its first label
+            profile_labels = [top.get(i, labs[0]) for i, labs in enumerate(labels)]
         # what drift detection compares live traffic with (control/quality.py)
         profile.write(staged, texts, profile_labels, result.labels, result.held_out_probs,
                       result.held_out_on)
@@ -163,7 +171,8 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
         shutil.rmtree(staged, ignore_errors=True)
         raise
     protocol.write_frame(sock, {"t": "done", "version": version, "metrics": result.metrics,
-                                "labels": result.labels, "train_seconds": train_s})
+                                "labels": result.labels, "train_seconds": train_s,
+                                "warnings": result.warnings})
 
 
 def main(sock: socket.socket, spec: dict[str, Any],
