@@ -297,7 +297,15 @@ def _train_request_loop(schema: S) -> S:
                        "how many rows came from feedback and how many were new labels"}
     schema["properties"]["data"]["description"] = (
         "leave out to reuse the data (and, without params, the parameters) of the model's "
-        "last training")
+        "last training, or to train a zero-shot version from 'labels'")
+    schema["properties"]["labels"] = {
+        "type": "object", "minProperties": 2, "additionalProperties": {
+            "type": "string", "minLength": 1, "pattern": r"\S"},
+        "description": "{label: description}. Without 'data': a zero-shot version (architecture "
+                       "'zero_shot'): a text's scores are softmax(cosine(text, description) / "
+                       "0.05) of mean pretrained word vectors, uncalibrated (no labelled data); "
+                       "422 when the pretrained view is off or the descriptions are CJK. With "
+                       "'data': each description is one more example of its label"}
     return schema
 
 

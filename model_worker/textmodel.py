@@ -309,6 +309,9 @@ def train_model(
     params = validate_params(params)
     if len(texts) != len(labels):
         raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+    if params["architecture"] == "zero_shot":  # the trainer calls model_worker.zeroshot
+        raise ValueError("architecture 'zero_shot' trains with model_worker.zeroshot.train "
+                         "(one description per label), not from labelled examples")
     multi = bool(labels) and isinstance(labels[0], (list, tuple))
     tally = Counter(x for one in labels for x in one) if multi else Counter(labels)
     single = sorted(k for k, v in tally.items() if v == 1)

@@ -104,11 +104,18 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
     if spec["params"].get("architecture") == "auto":
         # then one frame per candidate: {candidate, of, name, score, best, best_score}
         protocol.write_frame(sock, {"t": "progress", "phase": "search"})
+    elif spec["params"].get("architecture") == "zero_shot":  # embeds the descriptions
+        protocol.write_frame(sock, {"t": "progress", "phase": "zero_shot"})
     else:
         protocol.write_frame(sock, {"t": "progress", "phase": "training", "epoch": 0,
                                     "epochs": spec["params"]["epochs"]})
     t0 = time.monotonic()
-    result = textmodel.train_model(texts, labels, spec["params"], on_epoch=on_epoch)
+    if spec["params"].get("architecture") == "zero_shot":  # texts: one description per label
+        from model_worker import zeroshot
+
+        result = zeroshot.train(texts, labels, spec["params"])
+    else:
+        result = textmodel.train_model(texts, labels, spec["params"], on_epoch=on_epoch)
     train_s = time.monotonic() - t0
     protocol.write_frame(sock, {"t": "progress", "phase": "publishing"})
 

@@ -207,7 +207,7 @@ def _label_set(at: str, value: Any) -> list[str]:
 
 
 def check_examples(rows: list[tuple[int, Any]], source: str,
-                   declared: list[str] | None = None) -> Dataset:
+                   declared: list[str] | None = None, partial: bool = False) -> Dataset:
     if not rows:
         raise DataError("the data has no examples")
     if len(rows) > MAX_EXAMPLES:
@@ -268,12 +268,70 @@ def check_examples(rows: list[tuple[int, Any]], source: str,
         extra = [x for x in counts if x not in declared]
         if extra:
             raise DataError(f"examples use undeclared label(s) {extra[:10]}")
-    _check_counts(counts)
+    if not partial:
+        _check_counts(counts)
     return Dataset(texts, labels, source, counts, multi)
 
 
-def load(spec: Any, roots: list[str]) -> Dataset:
-    """Read and check the 'data' field of a /train request."""
+# -- label descriptions: zero-shot versions, or one extra example per label ---------------
+MAX_DESCRIBED_LABELS = 1000
+MAX_DESCRIPTION_CHARS = 2000
+
+
+def check_descriptions(value: Any) -> dict[str, str]:
+    """The 'labels' field of a /train request: {label: description}, 2 to
+    MAX_DESCRIBED_LABELS labels, both non-empty strings (stripped); DataError."""
+    if not isinstance(value, dict):
+        raise DataError("'labels' must be an object: {\"<label>\": \"<description>\", ...}")
+    if not 2 <= len(value) <= MAX_DESCRIBED_LABELS:
+        raise DataError(f"'labels' must describe between 2 and {MAX_DESCRIBED_LABELS} labels; "
+                        f"it has {len(value)}")
+    out: dict[str, str] = {}
+    for label, description in value.items():
+        name = label.strip()
+        if not name:
+            raise DataError("'labels' has an empty label")
+        if not isinstance(description, str) or not description.strip():
+            raise DataError(f"'labels': the description of {name[:80]!r} must be a non-empty "
+                            f"string")
+        if len(description) > MAX_DESCRIPTION_CHARS:
+            raise DataError(f"'labels': the description of {name[:80]!r} has "
+                            f"{len(description)} characters; the limit is "
+                            f"{MAX_DESCRIPTION_CHARS}")
+        try:
+            name.encode("utf-8")
+            description.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DataError("'labels' contains an unpaired surrogate, not valid Unicode") from None
+        if name in out:
+            raise DataError(f"'labels' names {name[:80]!r} twice (labels are compared "
+                            f"after trimming spaces)")
+        out[name] = description.strip()
+    return out
+
+
+def from_descriptions(descriptions: dict[str, str]) -> Dataset:
+    """A zero-shot job's data: one row per label, its description as the text
+    (control/jobs.py; model_worker/zeroshot.py embeds them)."""
+    names = sorted(descriptions)
+    return Dataset([descriptions[n] for n in names], names, "descriptions", {n: 1 for n in names})
+
+
+def add_descriptions(data: Dataset, descriptions: dict[str, str]) -> Dataset:
+    """The data with each description as one more example of its label (a label
+    that only a description names becomes a single-example label)."""
+    texts, labels = list(data.texts), list(data.labels)
+    for name in sorted(descriptions):
+        texts.append(descriptions[name])
+        labels.append([name] if data.multi_label else name)
+    tally = (collections.Counter(x for one in labels for x in one) if data.multi_label
+             else collections.Counter(labels))
+    return Dataset(texts, labels, data.source, dict(sorted(tally.items())), data.multi_label)
+
+
+def load(spec: Any, roots: list[str], partial: bool = False) -> Dataset:
+    """Read and check the 'data' field of a /train request. partial: the label
+    counts are checked later (merge_feedback folds feedback in first)."""
     if not isinstance(spec, dict):
         raise DataError("'data' must be an object: {\"path\": ...} or {\"examples\": [...]}")
     unknown = set(spec) - {"path", "examples", "labels", "label_separator"}
@@ -292,9 +350,9 @@ def load(spec: Any, roots: list[str]) -> Dataset:
         if not isinstance(examples, list):
             raise DataError("'data.examples' must be a list of {\"text\", \"label\"} "
                             "(or {\"text\", \"labels\": [...]}) objects")
-        return check_examples(list(enumerate(examples)), "inline", declared)
+        return check_examples(list(enumerate(examples)), "inline", declared, partial)
     path = resolve_path(spec["path"], roots)
-    return check_examples(read_file(path, separator), path, declared)
+    return check_examples(read_file(path, separator), path, declared, partial)
 
 
 # -- feedback labels: one label, or a label set stored as one string ------------------------
