@@ -303,7 +303,7 @@ def _train_request_loop(schema: S) -> S:
             "type": "string", "minLength": 1, "pattern": r"\S"},
         "description": "{label: description}. Without 'data': a zero-shot version (architecture "
                        "'zero_shot'): a text's scores are softmax(cosine(text, description) / "
-                       "0.05) of mean pretrained word vectors, uncalibrated (no labelled data); "
+                       "0.07) of mean pretrained word vectors, uncalibrated (no labelled data); "
                        "422 when the pretrained view is off or the descriptions are CJK. With "
                        "'data': each description is one more example of its label"}
     return schema

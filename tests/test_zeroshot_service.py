@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from helpers import Service, request, wait_for
+from helpers import ROOT, Service, request, wait_for
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -158,3 +160,16 @@ def test_a_single_example_label_trains_and_is_warned_about(svc):
     assert "single example ('sport')" in job["result"]["warnings"][0], job["result"]
     meta = _meta(svc, "films", job["result"]["version"])
     assert meta["warnings"] == meta["report"]["warnings"] == job["result"]["warnings"]
+
+
+def test_the_cli_trains_a_zero_shot_version_from_a_labels_file(svc, tmp_path):
+    path = tmp_path / "descriptions.json"
+    path.write_text(json.dumps(DESCRIPTIONS), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TEXTSWAP_")}
+    env.update(TEXTSWAP_URL=f"http://127.0.0.1:{svc.mport}", PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "textswap_cli", "--json", "train", "news",
+                           "--labels-file", str(path), "--wait"], capture_output=True,
+                          text=True, timeout=400, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    job = json.loads(proc.stdout)["job"]
+    assert job["state"] == "succeeded" and job["params"]["architecture"] == "zero_shot", job
