@@ -672,7 +672,10 @@ def management_spec(cfg: Any) -> S:
                             "links": {op: {"operationId": op,
                                            "parameters": {"id": "$response.body#/job/id"}}
                                       for op in ("get_train_id", "delete_train_id")}},
-                    "400": _err("not JSON, unknown field, invalid name, params or data"),
+                    "400": _err("not JSON, unknown field, invalid name, params, data or "
+                                "labels"),
+                    "422": _err("zero-shot ('labels' without 'data') is unavailable: the "
+                                "pretrained view is off, or the descriptions are CJK text"),
                     **_body_errors(cfg)}},
             "get": {"summary": "Recent jobs, newest first.",
                     "responses": {"200": _json({

@@ -65,3 +65,16 @@ def test_auto_trains_and_predicts_the_single_example_label():
     probs = textmodel.predict_proba(textmodel.make_predict_fn(res.model),
                                     ["a late goal won the football match", "a lovely story", "tedious"])
     assert [res.labels[i] for i in probs.argmax(1)] == ["sport", "pos", "neg"], probs
+
+
+def test_multi_label_auto_keeps_the_single_example_row_out_of_the_tests():
+    from model_worker import textmodel
+
+    texts = POS + NEG + [SPORT]
+    label_sets = [["pos"]] * len(POS) + [["neg"]] * len(NEG) + [["pos", "sport"]]
+    res = textmodel.train_model(texts, label_sets, {"architecture": "auto", "time_budget_s": 20,
+                                                    "views": ["word"]})
+    assert res.labels == ["neg", "pos", "sport"] and res.metrics["multi_label"]
+    assert res.report is not None and "single example ('sport')" in res.report["warnings"][0]
+    assert res.held_out_rows is not None and len(texts) - 1 not in list(res.held_out_rows)
+    assert res.held_out_probs is not None and len(res.held_out_probs) == len(texts) - 1
