@@ -15,6 +15,9 @@
 3. An ensemble of the two best (averaged calibrated probabilities) is kept
    only when cross-validation says it beats the best single candidate.
 4. Calibration: one temperature fitted on the out-of-fold decision values.
+   A label with a single example is on the training side of every fold and
+   tested by none (cv_folds); calibration and the out-of-fold figures cover
+   the tested rows (Search.tested) only.
 5. The winner is refitted on every row and transplanted into one Keras
    graph (counting branches -> TermWeighting -> SparseLinear -> softmax).
 

@@ -52,8 +52,8 @@ TEMPERATURE = 0.07
 # bench/zeroshot.py's set: 30,000 words cover 87.5 % of the test texts' running
 # words (accuracy 0.563), 100,000 cover 92.7 % (0.585, the package's own
 # mean-vector cosine rule on whole texts: 0.586), 200,000 cover 94.3 % (0.597).
-# 100,000 float16 rows of 256 are 51 MB in the artifact and about twice that in
-# a worker (see docs/models.md); a retrain on labels goes back to auto's table.
+# 100,000 float16 rows of 256: model.keras is 50 MB, and a process that loads it
+# holds 67 MB more (docs/models.md); a retrain on labels goes back to auto's table.
 FREQUENT_WORDS = 100_000
 
 

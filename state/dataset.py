@@ -12,6 +12,11 @@ Multi-label data (several labels per text): JSONL/inline rows with
 "label_separator" (default "|"). Every row then gives a non-empty label set;
 a row with "label" among them is an error (one convention per data set).
 
+The request's own "labels" (beside "data", not in it) describes each label:
+{"<label>": "<description>"} (check_descriptions); without data it is a
+zero-shot training's data, one row per label (from_descriptions), with data
+one more example per label (add_descriptions).
+
 Everything that can be known up front is checked here, in the supervisor,
 so the caller gets a 400 naming the problem instead of a failed job later.
 Imports no TensorFlow.
@@ -294,6 +299,9 @@ def check_descriptions(value: Any) -> dict[str, str]:
         if not isinstance(description, str) or not description.strip():
             raise DataError(f"'labels': the description of {name[:80]!r} must be a non-empty "
                             f"string")
+        if not any(ch.isalnum() for ch in description):
+            raise DataError(f"'labels': the description of {name[:80]!r} has no word (only "
+                            f"punctuation or symbols)")
         if len(description) > MAX_DESCRIPTION_CHARS:
             raise DataError(f"'labels': the description of {name[:80]!r} has "
                             f"{len(description)} characters; the limit is "

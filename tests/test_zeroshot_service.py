@@ -71,6 +71,7 @@ def test_bad_labels_are_refused(svc):
            ({"labels": {"sports": "games"}}, 400, "invalid_labels"),
            ({"labels": {"sports": "games", "politics": ""}}, 400, "invalid_labels"),
            ({"labels": {"sports": "games", "politics": 3}}, 400, "invalid_labels"),
+           ({"labels": {"sports": "games", "politics": "?!"}}, 400, "invalid_labels"),
            ({"labels": {"sports": "games", " ": "votes"}}, 400, "invalid_labels"),
            ({"labels": {"sports": "games", "sports ": "votes"}}, 400, "invalid_labels"),
            ({"labels": None}, 400, "invalid_labels"),
