@@ -145,17 +145,23 @@ def test_zero_shot_version_predicts_takes_feedback_and_the_policy_retrains_it(sv
     assert code == 200 and pred["model"]["version"] == 2, pred
 
 
-def test_a_single_example_label_trains_and_is_warned_about(svc):
+def test_a_single_example_label_trains_and_is_warned_about_and_descriptions_add_examples(svc):
     pos = ["a wonderful film", "great acting and a lovely story", "I loved every minute",
            "brilliant and moving", "a delight from start to end", "superb cast, great fun"]
     neg = ["a dreadful film", "boring and far too long", "I hated every minute",
            "awful acting, a weak story", "a waste of time", "dull, flat and silly"]
     rows = ([{"text": t, "label": "pos"} for t in pos] + [{"text": t, "label": "neg"} for t in neg]
             + [{"text": "the football match ended with a late goal", "label": "sport"}])
+    # with data, a description is one more example of its label
+    described = {"pos": "a good film, loved it", "neg": "a bad film, hated it"}
     code, body = svc.mpost("/train", {"name": "films", "data": {"examples": rows},
+                                      "labels": described,
                                       "params": {"architecture": "auto", "time_budget_s": 15}})
     assert code == 202, body
-    assert body["job"]["data"]["single_example_labels"] == ["sport"]
+    data = body["job"]["data"]
+    assert data["examples"] == len(rows) + 2 and data["label_counts"] == {"neg": 7, "pos": 7, "sport": 1}
+    assert data["descriptions"] == described and "zero_shot" not in data
+    assert data["single_example_labels"] == ["sport"]
     job = _wait_job(svc, body["job"]["id"])
     assert job["state"] == "succeeded", job
     assert "single example ('sport')" in job["result"]["warnings"][0], job["result"]
