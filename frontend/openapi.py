@@ -271,12 +271,13 @@ def _data_schema() -> S:
     data: S = {
         "type": "object", "additionalProperties": False,
         "description": "exactly one of 'path' (a UTF-8 .jsonl/.csv/.tsv file under the "
-                       "configured data roots) or inline 'examples'; at least two labels "
-                       "with two examples each",
+                       "configured data roots) or inline 'examples'; at least two labels, "
+                       "one of them with two examples or more (a label with a single "
+                       "example trains, is never tested, and is warned about)",
         "oneOf": [{"required": ["path"]}, {"required": ["examples"]}],
         "properties": {
             "path": {"type": "string", "minLength": 1, "pattern": r"\S"},
-            "examples": {"type": "array", "minItems": 2 * dataset.MIN_PER_LABEL,
+            "examples": {"type": "array", "minItems": dataset.CV_MIN_PER_LABEL + 1,
                          "maxItems": dataset.MAX_EXAMPLES, "items": example},
             "label_separator": {"type": "string", "minLength": 1, "default": "|",
                                 "description": "splits a CSV 'labels' column into a "
@@ -304,7 +305,15 @@ def _train_request_loop(schema: S) -> S:
                        "how many rows came from feedback and how many were new labels"}
     schema["properties"]["data"]["description"] = (
         "leave out to reuse the data (and, without params, the parameters) of the model's "
-        "last training")
+        "last training, or to train a zero-shot version from 'labels'")
+    schema["properties"]["labels"] = {
+        "type": "object", "minProperties": 2, "additionalProperties": {
+            "type": "string", "minLength": 1, "pattern": r"\S"},
+        "description": "{label: description}. Without 'data': a zero-shot version (architecture "
+                       "'zero_shot'): a text's scores are softmax(cosine(text, description) / "
+                       "0.07) of mean pretrained word vectors, uncalibrated (no labelled data); "
+                       "422 when the pretrained view is off or the descriptions are CJK. With "
+                       "'data': each description is one more example of its label"}
     return schema
 
 
@@ -671,7 +680,10 @@ def management_spec(cfg: Any) -> S:
                             "links": {op: {"operationId": op,
                                            "parameters": {"id": "$response.body#/job/id"}}
                                       for op in ("get_train_id", "delete_train_id")}},
-                    "400": _err("not JSON, unknown field, invalid name, params or data"),
+                    "400": _err("not JSON, unknown field, invalid name, params, data or "
+                                "labels"),
+                    "422": _err("zero-shot ('labels' without 'data') is unavailable: the "
+                                "pretrained view is off, or the descriptions are CJK text"),
                     **_body_errors(cfg)}},
             "get": {"summary": "Recent jobs, newest first.",
                     "responses": {"200": _json({

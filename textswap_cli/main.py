@@ -18,7 +18,8 @@ from textswap_cli import loopcmds, render
 from textswap_cli.client import (DEFAULT_PREDICT_URL, DEFAULT_URL, EXIT_INTERRUPTED, EXIT_OK,
                                  EXIT_REFUSED, EXIT_USAGE, Api, CliError, find_key,
                                  keys_file_path, quote, read_keys_file)
-from textswap_cli.data import InputError, iter_texts, parse_params, read_examples
+from textswap_cli.data import (InputError, iter_texts, parse_params, read_descriptions,
+                               read_examples)
 
 TERMINAL = ("succeeded", "failed", "cancelled", "interrupted")
 
@@ -216,19 +217,27 @@ def dashboard(ctx: Ctx) -> None:
 @click.option("--wait", is_flag=True, help="Follow the job until it ends (progress bar).")
 @click.option("--server-path", is_flag=True,
               help="DATA is a path on the server (under its data roots), not a local file.")
+@click.option("--labels-file", "labels_file", metavar="FILE",
+              help="A JSON object {label: description}: without DATA a zero-shot version "
+                   "(scores: uncalibrated similarities); with DATA one more example per label.")
 @command
 def train(ctx: Ctx, name: str, data: str | None, params: tuple[str, ...], apply_: bool,
-          wait: bool, server_path: bool, feedback: bool = False) -> None:
+          wait: bool, server_path: bool, feedback: bool = False,
+          labels_file: str | None = None) -> None:
     """Train model NAME on DATA (a CSV with text,label columns, or JSONL).
 
     DATA is read here and sent inline, so the service may be remote.
     """
     body: dict[str, Any] = {"name": name, "apply": apply_,
-                            "params": parse_params(params) if params or data else None}
+                            "params": parse_params(params) if params or data or labels_file
+                            else None}
+    if labels_file is not None:
+        body["labels"] = read_descriptions(labels_file)
     if feedback:
         body["feedback"] = True
-    elif data is None:
-        raise click.UsageError("DATA is needed (or --feedback: the last training's data)")
+    elif data is None and labels_file is None:
+        raise click.UsageError("DATA is needed (or --feedback: the last training's data; "
+                               "or --labels-file: a zero-shot version)")
     if data is not None:
         body["data"] = {"path": data} if server_path else {"examples": read_examples(data)}
     try:
