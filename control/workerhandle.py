@@ -105,6 +105,7 @@ class ChildProcess:
         self.forked = zygote is not None
         self.pid: int = 0
         self.process: Any = None
+        self._uss: tuple[float, int, int | None] = (0.0, 0, None)  # (read at, pid, bytes)
         self._pidfd: int | None = None
         self._launch: Any = None
         self._zygote = zygote
@@ -292,14 +293,18 @@ class ChildProcess:
         """Private memory (unique set size), refreshed at most every max_age s:
         reading it walks the process's page maps, too slow for every call."""
         now = time.monotonic()
-        if now - getattr(self, "_uss", (0.0, None))[0] > max_age:
+        at, pid, value = self._uss
+        if now - at > max_age or pid != self.pid or value is None:
+            # a process not started yet, or one that could not be read, is
+            # asked again at the next call: no None kept for max_age seconds
+            value = None
             try:
-                value = (psutil.Process(self.pid).memory_full_info().uss
-                         if self.alive and self.pid else None)
+                if self.alive and self.pid:
+                    value = psutil.Process(self.pid).memory_full_info().uss
             except psutil.Error:
-                value = None
-            self._uss = (now, value)
-        return self._uss[1]
+                pass
+            self._uss = (now, self.pid, value)
+        return value
 
     def rss(self) -> int | None:
         try:
@@ -325,7 +330,6 @@ class WorkerHandle(ChildProcess):
         self.served = 0
         self.slot: Any = None  # the Slot it serves in, once it does
         self.recycle_after = 0.0
-        self._uss: tuple[float, int | None] = (0.0, None)
         self.loads = 0  # models loaded by this process (a standby may preload a guess)
         self.booted: Future[Any] = Future()
         self.ready: Future[Any] = Future()
