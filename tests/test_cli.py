@@ -247,38 +247,53 @@ def test_export_writes_the_artifact(svc, reviews, tmp_path):
     assert p.returncode == 2 and "not empty" in p.stderr
 
 
+class OlderServer:
+    """An older server: every request answers the 404 the real service gives for
+    an unknown endpoint (`answer`), and its path is recorded."""
+
+    def __init__(self, answer: dict) -> None:
+        body = json.dumps(answer).encode()
+        self.paths: list[str] = []
+        paths = self.paths
+
+        class Older(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                paths.append(self.path)
+                self.send_response(404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer  # noqa: N815 (http.server's names)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Older)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        """The CLI against this server (both ports)."""
+        try:
+            return run(types.SimpleNamespace(port=self.port, mport=self.port), *args)
+        finally:
+            self.server.shutdown()
+            self.server.server_close()
+
+
 def test_export_refused_by_a_server_without_the_route(svc, tmp_path):
     """A server without the artifact route (an older one) answers the CLI with
     the 404 the real service gives for an unknown endpoint: `export` says the
     server does not support it, exits 1 and writes nothing."""
     code, missing = request(svc.mport, "GET", "/no/such/route", headers=AUTH)
     assert code == 404 and missing["error"]["message"].startswith("no such endpoint"), missing
-    answer = json.dumps(missing).encode()
-    paths: list[str] = []
-
-    class Older(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            paths.append(self.path)
-            self.send_response(404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Older)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        port = server.server_address[1]
-        out = tmp_path / "exported"
-        p = run(types.SimpleNamespace(port=port, mport=port), "export", "reviews", "1", str(out))
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert paths == ["/models/reviews/1/artifact"], paths
+    older = OlderServer(missing)
+    out = tmp_path / "exported"
+    p = older.run("export", "reviews", "1", str(out))
+    assert older.paths == ["/models/reviews/1/artifact"], older.paths
     assert p.returncode == 1 and "does not support artifact export" in p.stderr, p.stderr
     assert not out.exists()
 
@@ -288,32 +303,9 @@ def test_rollback_on_a_server_without_the_route(svc):
     itself: `rollback` says the server does not support it and exits 1."""
     code, missing = request(svc.mport, "POST", "/no/such/route", {}, headers=AUTH)
     assert code == 404 and missing["error"]["message"].startswith("no such endpoint"), missing
-    answer = json.dumps(missing).encode()
-    paths: list[str] = []
-
-    class Older(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (http.server's name)
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            paths.append(self.path)
-            self.send_response(404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Older)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        port = server.server_address[1]
-        p = run(types.SimpleNamespace(port=port, mport=port), "rollback", "rb")
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert paths == ["/rollback"], paths
+    older = OlderServer(missing)
+    p = older.run("rollback", "rb")
+    assert older.paths == ["/rollback"], older.paths
     assert p.returncode == 1 and "does not support rollback" in p.stderr, p.stderr
 
 
