@@ -1,6 +1,7 @@
 """Test helpers: run the real service as a subprocess and talk HTTP to it."""
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import psutil
 
@@ -246,3 +247,38 @@ class ClientLoad:
         self._stop.set()
         for t in self._threads:
             t.join()
+
+
+# -- a small disk that fills up (tests/test_faults_disk.py, tests/test_predlog_disk.py) ---
+@contextlib.contextmanager
+def small_disk(path: str, size: str) -> Iterator[str]:
+    """A tmpfs of `size` (e.g. "16m") mounted at `path`, unmounted after; the
+    test is skipped where mounting is not allowed (it needs root)."""
+    import pytest
+
+    os.makedirs(path, exist_ok=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+                         capture_output=True)
+    if res.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", path], capture_output=True)
+
+
+def fill_disk(folder: str) -> str:
+    """Fill the file system of `folder` to the last byte (a real ENOSPC for
+    every write after it); returns the filler file, whose removal frees it."""
+    filler = os.path.join(folder, "filler")
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for chunk in (1 << 20, 65536, 4096, 512, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler

@@ -21,18 +21,11 @@ import subprocess
 
 import pytest
 
-from helpers import Service, request, wait_for
+from helpers import Service, fill_disk, request, small_disk, wait_for
 from test_dashboard import ARTIFACTS, Browser, browser
 
 FIU_RUN = shutil.which("fiu-run")
 FIU_CTRL = shutil.which("fiu-ctrl")
-
-
-def _mount_tmpfs(path: str, size: str) -> bool:
-    os.makedirs(path, exist_ok=True)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
-                         capture_output=True)
-    return res.returncode == 0
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +33,10 @@ def disk(tiny_store, tmp_path_factory):
     if FIU_RUN is None or FIU_CTRL is None:
         pytest.skip("fiu-utils (fiu-run, fiu-ctrl) not installed: apt-get install fiu-utils")
     base = tmp_path_factory.mktemp("disk")
-    mnt = str(base / "mnt")
-    if not _mount_tmpfs(mnt, "16m"):
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    store = os.path.join(mnt, "models")
-    shutil.copytree(tiny_store, store)
-    yield {"store": store, "mnt": mnt, "base": str(base)}
-    subprocess.run(["umount", "-l", mnt], capture_output=True)
+    with small_disk(str(base / "mnt"), "16m") as mnt:
+        store = os.path.join(mnt, "models")
+        shutil.copytree(tiny_store, store)
+        yield {"store": store, "mnt": mnt, "base": str(base)}
 
 
 class Disk:
@@ -87,18 +77,7 @@ class Disk:
 
     def fill(self) -> str:
         """Fill the tmpfs to the last byte: a real ENOSPC for every write."""
-        filler = os.path.join(self.d["mnt"], "filler")
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            for chunk in (1 << 20, 65536, 4096, 512, 1):
-                try:
-                    while True:
-                        os.write(fd, b"\0" * chunk)
-                except OSError:
-                    pass
-        finally:
-            os.close(fd)
-        return filler
+        return fill_disk(self.d["mnt"])
 
     def integrity(self) -> str:
         db = os.path.join(self.d["store"], ".state.db")

@@ -1,6 +1,7 @@
 """The prediction log's writer process on a failing disk, then a recovered
-one, on the real service (docs/loop.md): the model store is a small tmpfs that a filler file fills up (a real
-ENOSPC, no fault library: the writer is a child process of its own).
+one, on the real service (docs/loop.md): the model store is a small tmpfs
+that a filler file fills up (a real ENOSPC, no fault library: the writer is
+a child process of its own).
 Predictions are still answered, the texts of the failed write are counted
 as dropped, /status `storage` names the prediction log; once the disk takes
 writes again the writer's probe clears the error and logging resumes.
@@ -10,28 +11,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import uuid
 
 import pytest
 
-from helpers import Service, request, wait_for
-
-
-def _mount_tmpfs(path: str, size: str) -> bool:
-    os.makedirs(path, exist_ok=True)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
-                         capture_output=True)
-    return res.returncode == 0
+from helpers import Service, fill_disk, request, small_disk, wait_for
 
 
 @pytest.fixture(scope="module")
 def svc(tiny_store, tmp_path_factory):
     base = tmp_path_factory.mktemp("plogdisk")
-    mnt = str(base / "mnt")
-    if not _mount_tmpfs(mnt, "32m"):
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
+    with small_disk(str(base / "mnt"), "32m") as mnt:
         store = os.path.join(mnt, "models")
         shutil.copytree(tiny_store, store)
         cfg = base / "config.yaml"
@@ -45,8 +35,6 @@ def svc(tiny_store, tmp_path_factory):
             yield s
         finally:
             s.stop()
-    finally:
-        subprocess.run(["umount", "-l", mnt], capture_output=True)
 
 
 def _flushed(s: Service) -> dict:
@@ -56,21 +44,6 @@ def _flushed(s: Service) -> dict:
                          {"request_id": f"flush-{uuid.uuid4().hex[:8]}", "label": "pos"})
     assert code == 404 and body["error"]["code"] == "unknown_request_id", body
     return s.status()["prediction_log"]
-
-
-def _fill(mnt: str) -> str:
-    filler = os.path.join(mnt, "filler")
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        for chunk in (1 << 20, 65536, 4096, 512, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * chunk)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    return filler
 
 
 def _plog_error(s: Service) -> dict | None:
@@ -84,7 +57,7 @@ def test_a_full_disk_drops_and_counts_then_logging_resumes(svc):
     before = _flushed(svc)
     assert _plog_error(svc) is None
     big = [f"满盘 {i} " + "很好" * 4000 for i in range(40)]  # ~1 MB: the WAL must grow
-    filler = _fill(svc.mnt)
+    filler = fill_disk(svc.mnt)
     try:
         code, got = svc.predict({"texts": big})
         assert code == 200 and len(got["predictions"]) == 40, got  # serving goes on
