@@ -282,3 +282,21 @@ def fill_disk(folder: str) -> str:
     finally:
         os.close(fd)
     return filler
+
+
+# -- the learning loop's reports (tests/test_drift.py, tests/test_drift_signals.py) -----
+def predict_in_batches(svc: "Service", model: str, texts: list[str], batch: int = 100) -> None:
+    """POST /predict every text for `model`, `batch` at a time (each answered 200)."""
+    for i in range(0, len(texts), batch):
+        code, body = svc.predict({"model": model, "texts": texts[i:i + batch]})
+        assert code == 200, body
+
+
+def quality_once_logged(svc: "Service", model: str, predictions: int) -> dict[str, Any]:
+    """GET /models/<model>/quality once the log holds `predictions` texts of its
+    newest version (the log is written off the request path)."""
+    def logged() -> Any:
+        code, body = svc.mget(f"/models/{model}/quality")
+        assert code == 200, body
+        return body["versions"][0]["predictions"] >= predictions and body
+    return wait_for(logged, 60, f"{predictions} logged predictions of {model}", interval=0.2)

@@ -21,7 +21,7 @@ import shutil
 
 import pytest
 
-from helpers import ROOT, Service, request, wait_for
+from helpers import ROOT, Service, predict_in_batches, quality_once_logged, request, wait_for
 from bench import drift as traffic
 from state.config import DEFAULTS
 
@@ -59,22 +59,6 @@ def svc(tiny_store, tmp_path_factory):
     s.stop()
 
 
-def _send(svc: Service, model: str, texts: list[str], batch: int = 100) -> None:
-    for i in range(0, len(texts), batch):
-        code, body = svc.predict({"model": model, "texts": texts[i:i + batch]})
-        assert code == 200, body
-
-
-def _quality(svc: Service, model: str, predictions: int) -> dict:
-    """The report once the log holds `predictions` rows of the newest version
-    (the log is written off the request path)."""
-    def logged():
-        code, body = svc.mget(f"/models/{model}/quality")
-        assert code == 200, body
-        return body["versions"][0]["predictions"] >= predictions and body
-    return wait_for(logged, 60, f"{predictions} logged predictions of {model}", interval=0.2)
-
-
 def test_the_trainer_writes_a_profile(svc):
     with open(os.path.join(svc.models_dir, "rev", "1", "profile.json"), encoding="utf-8") as fh:
         prof = json.load(fh)
@@ -86,8 +70,8 @@ def test_the_trainer_writes_a_profile(svc):
 
 
 def test_in_domain_is_quiet_then_english_raises_the_alert(svc):
-    _send(svc, "rev", svc.reviews[:1000])
-    v = _quality(svc, "rev", 1000)["versions"][0]
+    predict_in_batches(svc, "rev", svc.reviews[:1000])
+    v = quality_once_logged(svc, "rev", 1000)["versions"][0]
     d = v["drift"]
     assert v["version"] == 1 and d["texts"] == 1000
     assert d["alert"] is False and d["over"] == [], d
@@ -96,8 +80,8 @@ def test_in_domain_is_quiet_then_english_raises_the_alert(svc):
 
     english = traffic.english_texts(500)
     assert len(english) == 500
-    _send(svc, "rev", english)
-    d = _quality(svc, "rev", 1500)["versions"][0]["drift"]
+    predict_in_batches(svc, "rev", english)
+    d = quality_once_logged(svc, "rev", 1500)["versions"][0]["drift"]
     assert d["texts"] == LIMITS["window"] == 1000  # the last 1,000: half reviews, half English
     assert d["alert"] is True and "unknown_ngram_excess" in d["over"], d
     assert d["unknown_ngram_share"] > d["expected_unknown_ngram_share"] + 0.2
@@ -126,18 +110,18 @@ def test_another_chinese_domain_raises_the_alert(svc):
         json.dump({**meta, "name": "rev2"}, fh)
     code, body = svc.mpost("/apply", {"name": "rev2", "default": False})
     assert code == 200, body
-    _send(svc, "rev2", svc.reviews[1000:2000])
-    d = _quality(svc, "rev2", 1000)["versions"][0]["drift"]
+    predict_in_batches(svc, "rev2", svc.reviews[1000:2000])
+    d = quality_once_logged(svc, "rev2", 1000)["versions"][0]["drift"]
     assert d["alert"] is False, d
-    _send(svc, "rev2", software)
-    d = _quality(svc, "rev2", 1500)["versions"][0]["drift"]
+    predict_in_batches(svc, "rev2", software)
+    d = quality_once_logged(svc, "rev2", 1500)["versions"][0]["drift"]
     assert d["alert"] is True and "unknown_ngram_excess" in d["over"], d
 
 
 def test_a_version_without_profile_reports_drift_null(svc):
     code, body = svc.mpost("/apply", {"name": "sent", "default": False})
     assert code == 200, body
-    _send(svc, "sent", ["很好", "太差了", "喜欢"] * 100)
-    v = _quality(svc, "sent", 300)["versions"][0]
+    predict_in_batches(svc, "sent", ["很好", "太差了", "喜欢"] * 100)
+    v = quality_once_logged(svc, "sent", 300)["versions"][0]
     assert v["version"] == 2 and v["drift"] is None and v["predictions"] >= 300
     assert v["live"]["accuracy"] is None  # nothing fed back

@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 
-from helpers import Service, wait_for
+from helpers import Service, predict_in_batches, quality_once_logged, wait_for
 from model_worker import profile as prof
 from state.config import DEFAULTS
 from test_rollouts import _copy_version
@@ -50,32 +50,22 @@ def svc(tiny_store, tmp_path_factory):
     s.stop()
 
 
-def _send(svc: Service, model: str, texts: list[str], batch: int = 100) -> None:
-    for i in range(0, len(texts), batch):
-        code, body = svc.predict({"model": model, "texts": texts[i:i + batch]})
-        assert code == 200, body
-
-
 def _drift(svc: Service, model: str, predictions: int) -> dict:
     """The drift report once the log holds `predictions` texts of the version."""
-    def logged():
-        code, body = svc.mget(f"/models/{model}/quality")
-        assert code == 200, body
-        v = body["versions"][0]
-        return v["predictions"] >= predictions and v["drift"]
-    return wait_for(logged, 60, f"{predictions} logged predictions of {model}", interval=0.2)
+    return wait_for(lambda: quality_once_logged(svc, model, predictions)["versions"][0]["drift"],
+                    60, f"the drift report of {model}", interval=0.2)
 
 
 def test_a_moved_label_mix_raises_the_alert_on_label_js(svc):
     code, body = svc.mpost("/apply", {"name": "dlab", "default": False})
     assert code == 200, body
     # in-domain: the training texts in their own mix; quiet
-    _send(svc, "dlab", [t for t, _ in TRAIN] * 15)
+    predict_in_batches(svc, "dlab", [t for t, _ in TRAIN] * 15)
     d = _drift(svc, "dlab", 210)
     assert d["texts"] == 210 and d["alert"] is False and d["over"] == [], d
     assert d["label_js"] < 0.01 and d["top_score_js"] < 0.01, d
     # then only positive texts: the last 1,000 are all predicted "pos"
-    _send(svc, "dlab", EXAMPLES["pos"] * 143)
+    predict_in_batches(svc, "dlab", EXAMPLES["pos"] * 143)
     d = _drift(svc, "dlab", 210 + 1001)
     assert d["texts"] == LIMITS["window"] and d["label_distribution"]["pos"] == 1.0, d
     assert d["label_js"] > LIMITS["max_label_js"], d
@@ -96,7 +86,7 @@ def test_a_less_sure_model_raises_the_alert_on_top_score_js(svc):
     k = min(len(v) for v in unsure.values())
     assert k >= 3, {lab: len(v) for lab, v in unsure.items()}
     traffic = (unsure["neg"][:k] + unsure["pos"][:k]) * (-(-210 // (2 * k)))
-    _send(svc, "dtop", traffic)
+    predict_in_batches(svc, "dtop", traffic)
     d = _drift(svc, "dtop", len(traffic))
     assert d["texts"] == len(traffic) >= LIMITS["min_texts"]
     assert d["label_distribution"] == {"neg": 0.5, "pos": 0.5}, d
