@@ -14,6 +14,7 @@ from frontend import metrics_http
 from frontend import artifact, clusterapi, loop_handlers, oip, openapi
 from frontend import dashboard_routes
 from frontend.base import NotFoundHandler, log_level
+from frontend.pipeline import PredictPipeline
 
 log = logging.getLogger("textswap.http")
 
@@ -24,14 +25,16 @@ log = logging.getLogger("textswap.http")
 _MIN_TRANSPORT_CAP = 64 * 1024 * 1024
 
 
-def inference_app(sup: Any, config: Any) -> Application:
+def inference_app(sup: Any, config: Any, pipeline: PredictPipeline | None = None
+                  ) -> Application:
     kw = {"supervisor": sup, "config": config}
+    pipeline = pipeline or PredictPipeline.of(sup, config)
     return Application([
-        (r"/predict", h.PredictHandler, kw),
+        (r"/predict", h.PredictHandler, {**kw, "pipeline": pipeline}),
         (r"/healthz", h.HealthHandler, kw),
         (r"/readyz", h.ReadyHandler, kw),
         (r"/openapi.json", openapi.InferenceSpecHandler, kw),
-        *oip.routes(kw),  # Open Inference Protocol v2
+        *oip.routes(kw, pipeline),  # Open Inference Protocol v2
         *loop_handlers.inference_routes(kw, config),  # POST /feedback (docs/loop.md)
     ], default_handler_class=NotFoundHandler, default_handler_args=kw,
         log_function=metrics_http.counting(sup, _log))  # counts what fastpath.py does not
@@ -55,7 +58,7 @@ def management_app(sup: Any, config: Any) -> Application:
         *metrics_http.routes(kw),  # GET /metrics (Prometheus)
         *clusterapi.routes(kw),  # GET /cluster (cluster mode; 404 otherwise)
         *loop_handlers.management_routes(kw),  # review queue, retrain policy
-        *dashboard_routes.routes(kw),  # POST /feedback, /try for the dashboard's panels
+        *dashboard_routes.routes(kw, PredictPipeline.of(sup, config)),  # POST /feedback, /try for the dashboard's panels
     ]
     try:
         from frontend import training
@@ -82,10 +85,11 @@ def start_servers(sup: Any, config: Any) -> list[HTTPServer]:
                     "can apply and train models; set management.token or "
                     "TEXTSWAP_MANAGEMENT_TOKEN", s["manage_host"])
     servers = []
-    inference: Any = inference_app(sup, config)
+    pipeline = PredictPipeline.of(sup, config)
+    inference: Any = inference_app(sup, config, pipeline)
     if s["fast_predict"]:
         from frontend.fastpath import PredictRouter
-        inference = PredictRouter(inference, sup, config)
+        inference = PredictRouter(inference, pipeline, config)
     for app, host, port in ((inference, s["host"], s["port"]),
                             (management_app(sup, config), s["manage_host"], s["manage_port"])):
         cap = max(_MIN_TRANSPORT_CAP, 2 * config["limits"]["max_body_bytes"])

@@ -13,8 +13,8 @@ the same code:
   port's own rule (feedback.token, else the management token) is unchanged.
   The Review panel posts ``{"request_id", "index", "label"}`` here.
 - ``POST /try``: a /predict body (text or texts, model, top_k, min_score,
-  explain) answered by the same ``predictions.predict`` as /predict, but NOT
-  logged: a text typed by a person to look at a model is not traffic, and
+  explain) answered by the same pipeline as /predict (frontend/pipeline.py,
+  with the wire ``predictions.TRY``), but NOT logged: a text typed by a person to look at a model is not traffic, and
   must not enter the prediction log, the review queue, live quality or the
   drift window. No request id either (nothing to give feedback on). The
   "Try it" box uses it with ``explain``.
@@ -28,9 +28,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from frontend import predictions
 from frontend.base import JsonHandler
-from frontend.handlers import PREDICT_FIELDS, predict_request
 from frontend.loop_handlers import FeedbackHandler
+from frontend.pipeline import PipelineHandler, PredictPipeline
 
 
 class ManagementFeedbackHandler(FeedbackHandler):
@@ -39,18 +40,15 @@ class ManagementFeedbackHandler(FeedbackHandler):
     _check_token = JsonHandler._check_token  # the management realm and message
 
 
-class TryHandler(JsonHandler):
-    """POST /try: a prediction for a person to look at (not logged)."""
+class TryHandler(PipelineHandler):
+    """POST /try: a prediction for a person to look at (not logged). The body
+    is read as on every management route (a body not declared JSON only with
+    the token)."""
 
     async def post(self) -> None:
-        from frontend import predictions
-
-        data = self.json_object(PREDICT_FIELDS)
-        texts, top_k, model = predict_request(data, self.limits)
-        self.send_json(await predictions.predict(self.sup, texts, top_k, model,
-                                                 predictions.predict_options(data)))
+        await self.answer(predictions.TRY, data=self.json_object(predictions.PREDICT_FIELDS))
 
 
-def routes(kw: dict[str, Any]) -> list[Any]:
+def routes(kw: dict[str, Any], pipeline: PredictPipeline) -> list[Any]:
     return [(r"/feedback", ManagementFeedbackHandler, kw),
-            (r"/try", TryHandler, kw)]
+            (r"/try", TryHandler, {**kw, "pipeline": pipeline})]
