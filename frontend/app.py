@@ -13,6 +13,7 @@ from frontend import quality_handlers
 from frontend import metrics_http
 from frontend import artifact, clusterapi, loop_handlers, oip, openapi
 from frontend import dashboard_routes
+from control.feedback import FeedbackService
 from frontend.base import NotFoundHandler, log_level
 from frontend.pipeline import PredictPipeline
 
@@ -25,22 +26,25 @@ log = logging.getLogger("textswap.http")
 _MIN_TRANSPORT_CAP = 64 * 1024 * 1024
 
 
-def inference_app(sup: Any, config: Any, pipeline: PredictPipeline | None = None
-                  ) -> Application:
+def inference_app(sup: Any, config: Any, pipeline: PredictPipeline | None = None,
+                  feedback: FeedbackService | None = None) -> Application:
     kw = {"supervisor": sup, "config": config}
     pipeline = pipeline or PredictPipeline.of(sup, config)
+    feedback = feedback or FeedbackService.of(sup, config)
     return Application([
         (r"/predict", h.PredictHandler, {**kw, "pipeline": pipeline}),
         (r"/healthz", h.HealthHandler, kw),
         (r"/readyz", h.ReadyHandler, kw),
         (r"/openapi.json", openapi.InferenceSpecHandler, kw),
         *oip.routes(kw, pipeline),  # Open Inference Protocol v2
-        *loop_handlers.inference_routes(kw, config),  # POST /feedback (docs/loop.md)
+        *loop_handlers.inference_routes(kw, config, feedback),  # POST /feedback (docs/loop.md)
     ], default_handler_class=NotFoundHandler, default_handler_args=kw,
         log_function=metrics_http.counting(sup, _log))  # counts what fastpath.py does not
 
 
-def management_app(sup: Any, config: Any) -> Application:
+def management_app(sup: Any, config: Any, feedback: FeedbackService | None = None
+                   ) -> Application:
+    feedback = feedback or FeedbackService.of(sup, config)
     # guard: Host and Origin checked, no cross-site bodies (frontend/base.py check_site)
     kw = {"supervisor": sup, "config": config, "token": config.token or None, "guard": True}
     routes: list[Any] = [
@@ -57,8 +61,8 @@ def management_app(sup: Any, config: Any) -> Application:
         *quality_handlers.routes(kw),  # GET /models/<name>/quality (live quality, drift)
         *metrics_http.routes(kw),  # GET /metrics (Prometheus)
         *clusterapi.routes(kw),  # GET /cluster (cluster mode; 404 otherwise)
-        *loop_handlers.management_routes(kw),  # review queue, retrain policy
-        *dashboard_routes.routes(kw, PredictPipeline.of(sup, config)),  # POST /feedback, /try for the dashboard's panels
+        *loop_handlers.management_routes(kw, feedback),  # review queue, retrain policy
+        *dashboard_routes.routes(kw, PredictPipeline.of(sup, config), feedback),  # POST /feedback, /try for the dashboard's panels
     ]
     try:
         from frontend import training
@@ -86,12 +90,14 @@ def start_servers(sup: Any, config: Any) -> list[HTTPServer]:
                     "TEXTSWAP_MANAGEMENT_TOKEN", s["manage_host"])
     servers = []
     pipeline = PredictPipeline.of(sup, config)
-    inference: Any = inference_app(sup, config, pipeline)
+    feedback = FeedbackService.of(sup, config)  # one for both ports (its label cache)
+    inference: Any = inference_app(sup, config, pipeline, feedback)
     if s["fast_predict"]:
         from frontend.fastpath import PredictRouter
         inference = PredictRouter(inference, pipeline, config)
     for app, host, port in ((inference, s["host"], s["port"]),
-                            (management_app(sup, config), s["manage_host"], s["manage_port"])):
+                            (management_app(sup, config, feedback), s["manage_host"],
+                             s["manage_port"])):
         cap = max(_MIN_TRANSPORT_CAP, 2 * config["limits"]["max_body_bytes"])
         server = HTTPServer(app, max_body_size=cap, xheaders=False)
         server.listen(port, address=host)

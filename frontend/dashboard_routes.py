@@ -7,7 +7,7 @@ on the inference port, so the management port answers them itself, through
 the same code:
 
 - ``POST /feedback``: the very handler of the inference port's POST /feedback
-  (frontend/loop_handlers.py, the prediction log's methods), but behind the
+  (frontend/loop_handlers.py, control/feedback.py's FeedbackService), but behind the
   management token. The management token can already train and apply any
   model, so it may also send the labels that feed training; the inference
   port's own rule (feedback.token, else the management token) is unchanged.
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from control.feedback import FeedbackService
 from frontend import predictions
 from frontend.base import JsonHandler
 from frontend.loop_handlers import FeedbackHandler
@@ -49,6 +50,7 @@ class TryHandler(PipelineHandler):
         await self.answer(predictions.TRY, data=self.json_object(predictions.PREDICT_FIELDS))
 
 
-def routes(kw: dict[str, Any], pipeline: PredictPipeline) -> list[Any]:
-    return [(r"/feedback", ManagementFeedbackHandler, kw),
+def routes(kw: dict[str, Any], pipeline: PredictPipeline, feedback: FeedbackService
+           ) -> list[Any]:
+    return [(r"/feedback", ManagementFeedbackHandler, {**kw, "feedback": feedback}),
             (r"/try", TryHandler, {**kw, "pipeline": pipeline})]

@@ -5,14 +5,13 @@ one and logs it under it; feedback and erasure name it.
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Any
 
+from control.feedback import ID_RE
 from frontend.base import ApiError
 
 HEADER = "X-Request-Id"
-ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
 _PREFIX = os.urandom(4).hex()  # this process's ids, apart from other restarts and nodes
 
 
