@@ -138,6 +138,7 @@ class PredictPipeline:
         self.limits = limits
         self.sample = sample
         self._info: dict[tuple[str, Any], dict[str, Any]] = {}
+        self._broken: set[tuple[str, str]] = set()  # (model, min_score) already reported
 
     @classmethod
     def of(cls, sup: Any, config: Any) -> PredictPipeline:
@@ -223,8 +224,10 @@ class PredictPipeline:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 0.0 < value <= 1.0):
-            log.error("the policy of %s has min_score %r, not a number in (0, 1]: its "
-                      "predictions are refused until the policy is fixed", model, value)
+            if (model, repr(value)) not in self._broken:  # once, not once per request
+                self._broken.add((model, repr(value)))
+                log.error("the policy of %s has min_score %r, not a number in (0, 1]: its "
+                          "predictions are refused until the policy is fixed", model, value)
             raise ApiError(500, "broken_policy", f"the retrain policy of model {model!r} has "
                                                  f"an invalid min_score {value!r}; fix it with "
                                                  f"PUT /models/{model}/policy")
