@@ -1,14 +1,14 @@
 """The supervisor's CPU per single-text request, of two trees of the code side by side.
 
     .venv/bin/python bench/pipeline_cpu.py BEFORE_ROOT [AFTER_ROOT]
-        [--requests 4000] [--rounds 10] [--concurrency 16] [--path /predict]
+        [--requests 4000] [--rounds 10] [--concurrency 16] [--rate R] [--path /predict]
 
 Each root is a checkout of this repository (e.g. `git worktree add /tmp/before
 <commit>`); AFTER_ROOT defaults to this one. Both run as services at once, on
 copies of one model store holding one tiny model (tests/tinymodels.py), with
 the default configuration (prediction log on, the lean path). A round sends
 exactly N single-text POST /predict requests (keep-alive connections, from a
-client process of its own) to one service, then to the other, alternating
+client process of its own; as fast as answered, or paced at --rate) to one service, then to the other, alternating
 which goes first; each side's figure is the supervisor process's own CPU
 time (utime + stime from /proc/<pid>/stat, not its workers or log writer)
 over those N requests, divided by N. Reported: the medians of each side, the
@@ -109,7 +109,7 @@ class Side:
 
 
 # -- the client: exactly n requests, keep-alive, in its own process ----------------------------
-def client(port: int, path: str, conc: int, n: int) -> None:
+def client(port: int, path: str, conc: int, n: int, rate: float = 0.0) -> None:
     bodies = [json.dumps({"text": t}).encode() for t in TEXTS]
     reqs = [(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: "
              f"application/json\r\nContent-Length: {len(b)}\r\n\r\n").encode() + b
@@ -117,10 +117,17 @@ def client(port: int, path: str, conc: int, n: int) -> None:
     left = [n]
     bad = [0]
 
-    async def one(k: int) -> None:
+    async def one(k: int, t0: float) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         i = k
+        gap = conc / rate if rate else 0.0  # each connection's share of the rate
+        due = t0 + k * gap / conc
         while left[0] > 0:
+            if gap:
+                wait = due - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                due += gap
             left[0] -= 1
             i += 1
             writer.write(reqs[i % len(reqs)])
@@ -136,17 +143,18 @@ def client(port: int, path: str, conc: int, n: int) -> None:
 
     async def main() -> float:
         t0 = time.monotonic()
-        await asyncio.gather(*(one(k) for k in range(conc)))
+        await asyncio.gather(*(one(k, t0) for k in range(conc)))
         return time.monotonic() - t0
 
     dt = asyncio.run(main())
     print(json.dumps({"seconds": dt, "bad": bad[0]}), flush=True)
 
 
-def run_load(side: Side, path: str, conc: int, n: int) -> dict[str, float]:
+def run_load(side: Side, path: str, conc: int, n: int, rate: float = 0.0
+             ) -> dict[str, float]:
     c0 = side.cpu_s()
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--client",
-                          json.dumps([side.port, path, conc, n])],
+                          json.dumps([side.port, path, conc, n, rate])],
                          capture_output=True, text=True, timeout=600, check=True).stdout
     c1 = side.cpu_s()
     res = json.loads(out.strip().splitlines()[-1])
@@ -163,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--path", default="/predict")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="requests a second, paced (0: as fast as the service answers); "
+                        "under the service's capacity both sides see the same load, so "
+                        "their CPU per request is not swayed by how much the IOLoop "
+                        "could batch at the throughput each happened to reach")
     p.add_argument("--client", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.client:
@@ -184,11 +197,11 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copytree(store, os.path.join(tmp, f"models-{label}"))
             sides.append(Side(label, root, os.path.join(tmp, f"models-{label}"), tmp))
         for s in sides:  # warm-up: the worker's first calls, the supervisor's caches
-            run_load(s, args.path, args.concurrency, min(args.requests, 1000))
+            run_load(s, args.path, args.concurrency, min(args.requests, 1000), args.rate)
         runs: dict[str, list[dict[str, float]]] = {s.label: [] for s in sides}
         for r in range(args.rounds):
             for s in (sides if r % 2 == 0 else sides[::-1]):
-                res = run_load(s, args.path, args.concurrency, args.requests)
+                res = run_load(s, args.path, args.concurrency, args.requests, args.rate)
                 runs[s.label].append(res)
                 log(f"round {r + 1} {s.label}: {res['cpu_us']:.1f} us CPU a request, "
                     f"{res['rps']:.0f} req/s")
@@ -201,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     paired = [a["cpu_us"] / b["cpu_us"] for a, b in zip(runs["after"], runs["before"])]
     out = {"before_root": os.path.abspath(args.before), "after_root": os.path.abspath(args.after),
            "requests_per_round": args.requests, "rounds": args.rounds,
-           "concurrency": args.concurrency, "path": args.path,
+           "concurrency": args.concurrency, "rate": args.rate, "path": args.path,
            "cpu_us_per_request_median": {k: round(v, 2) for k, v in med.items()},
            "ratio_after_before": round(med["after"] / med["before"], 4),
            "paired_ratio_median": round(statistics.median(paired), 4),
