@@ -139,6 +139,7 @@ class PredictPipeline:
         self.sample = sample
         self._info: dict[tuple[str, Any], dict[str, Any]] = {}
         self._broken: set[tuple[str, str]] = set()  # (model, min_score) already reported
+        self._broken_meta: set[tuple[str, Any]] = set()  # versions whose meta.json failed
 
     @classmethod
     def of(cls, sup: Any, config: Any) -> PredictPipeline:
@@ -202,8 +203,10 @@ class PredictPipeline:
         try:
             meta = self.store.meta(model["name"], int(model["version"]))
         except StoreError as exc:
-            log.warning("answering %s v%s as a single-label model: %s", model["name"],
-                        model["version"], exc)
+            if key not in self._broken_meta:  # once, not once per request
+                self._broken_meta.add(key)
+                log.warning("answering %s v%s as a single-label model: %s", model["name"],
+                            model["version"], exc)
             return describe_meta({})
         info = describe_meta(meta)
         if len(self._info) >= _INFO_CAP:
