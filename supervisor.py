@@ -2,25 +2,26 @@
 
     python supervisor.py --config config.yaml
 
-`Supervisor` holds the shared state (the slots by model name, the default
-model, the record, the pool, jobs, events, the state DB) and composes the
-objects that act on it, each in its own module of `control/`:
+`Supervisor` picks the backends once (the applied record and the job queue:
+a file and this service's own, or Redis shared by a cluster's nodes; the
+prediction log: SQLite and its writer process, or Redis streams) and builds
+the parts, giving each only what it uses:
 
+    serving     control/serving.py          the slots, the default model, the record
+    keeper      control/records.py          persist, then switch (the record's one writer)
     router      control/routing.py          requests to workers; the swap
     provision   control/provision.py        workers for a slot: obtain, ready, retire
-    applies     control/applies.py          apply, unload, the applied record
+    applies     control/applies.py          apply, unload, following the record
     rollouts    control/rollout_control.py  probation, rollback, gate, shadow, canary
     healer      control/healing.py          worker exits, recovery, sweep, recycling
     statusview  control/status.py           /status and the durable history
 
 All state changes happen on the IOLoop (rule 2 of ARCHITECTURE.md): HTTP
 handlers, worker exit callbacks, the watcher thread and signal handlers only
-call or post to the Supervisor. This process never imports TensorFlow.
+call or post to the parts. This process never imports TensorFlow.
 """
 from __future__ import annotations
 
-import argparse
-import collections
 import gc
 import logging
 import os
@@ -33,7 +34,8 @@ from tornado import gen
 from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.locks import Event
 
-from state.config import Config, ConfigError, load_config, scrub_secret_env
+from state.config import Config, ConfigError, scrub_secret_env
+from state.options import build_config, parse_args
 from control.retention import Retention
 from state.predlog import FILENAME as PREDLOG_DB, PredictionLog
 from state.predlog_api import PredictionLogBackend
@@ -44,17 +46,18 @@ from control import metrics
 from control.applies import Applies
 from control.events import Events
 from control.healing import Healer
-from control.jobs import JobManager
+from control.jobs import JobManager, JobQueue
 from control.policies import Policies
 from control.pool import WorkerPool
 from control.quality import Quality
+from control.records import FileRecords, RecordBackend, RecordKeeper
 from control.provision import Provisioner
 from control.rollout_control import RolloutControl
-from control.rollouts import GoldenSets
+from control.rollout_state import GoldenSets
 from control.routing import Router
+from control.serving import ServingState
 from control.slots import Slot
 from control.status import StatusView
-from control.watcher import RecordWatcher
 from control.workerhandle import State
 
 log = logging.getLogger("textswap.supervisor")
@@ -65,105 +68,111 @@ DEMO_PARAMS: dict[str, Any] = {"architecture": "bow"}  # fixed and fast: predict
 
 
 class Supervisor:
-    """Owns the shared state; composes routing, applies, rollouts, healing, status."""
+    """The composition root: builds the parts, picks the backends, starts and stops."""
 
     def __init__(self, config: Config) -> None:
         self.cfg = config
         self.wcfg = config["worker"]
         self.store = ModelStore(config.models_dir)
         self.storage = Storage(self.store.root)  # durable writes off the IOLoop; health
-        self.loop = IOLoop.current()
-        self.pool = WorkerPool(config, self.store, lambda w: self.healer.on_worker_exit(w),
-                               lambda: self.provision.preload_guesses())
-        # the shared state: the parts below read and change it on the IOLoop
-        self.slots: dict[str, Slot] = {}
-        self.default_name: str | None = None
-        self.previous_default: str | None = None  # the default before the last change
-        self.record: dict[str, Any] = {"default": None, "models": {}, "revision": 0}
+        self.loop = loop = IOLoop.current()
+        self.serving = state = ServingState()  # slots, the default model, the record
+        self.pool = pool = WorkerPool(config, self.store, lambda w: self.healer.on_worker_exit(w),
+                                      lambda: self.provision.preload_guesses())
         self.events = Events()
         self.golden = GoldenSets(self.store.root)
-        self.started = time.time()
-        self.stopping = False
         self.stopped = Event()
-        self.restarts = 0
-        self.exits: collections.deque[Any] = collections.deque(maxlen=20)
-        self.failed_models: dict[str, dict[str, Any]] = {}
-        self.last_apply: dict[str, Any] | None = None
-        self._demo_training = False
-        self.watcher: RecordWatcher | None = None
-        # the parts of the control plane
-        self.router = Router(self)
-        self.provision = Provisioner(self)
-        self.applies = Applies(self)
-        self.rollouts = RolloutControl(self)
-        self.healer = Healer(self)
-        self.statusview = StatusView(self)
-        self.metrics = metrics.build(self, config)  # Prometheus figures (control/metrics.py)
-        self.quality = Quality(self)  # live quality and drift per version (control/quality.py)
-        # what the handlers, jobs and the cluster node call
+        # the backends, chosen once: the applied record and the job queue (a
+        # file and this service's own, or Redis shared by the cluster's nodes),
+        # the state db, the prediction log (SQLite and its writer, or Redis)
+        pcfg = config["predictions"]  # the learning loop (docs/loop.md)
+        self.records: RecordBackend
+        self.predlog: PredictionLogBackend
+        queue: JobQueue | None = None
+        node = None
+        if config["cluster"]["redis_url"]:
+            from cluster.node import ClusterNode, node_state_path
+            from cluster.redis_predlog import RedisPredictionLog
+            node = ClusterNode(config, state, self.store, self.events)
+            self.records, queue = node, node.training
+            state_path = node_state_path(self.store.root, node.node_id)  # the store is shared
+            ccfg = config["cluster"]  # one log: feedback sent to any node finds the prediction
+            self.predlog = RedisPredictionLog(ccfg["redis_url"], prefix=ccfg["key_prefix"],
+                                              enabled=pcfg["log"], max_rows=pcfg["max_rows"])
+        else:
+            self.records = FileRecords(self.store, self.storage, loop, config["watcher"])
+            state_path = os.path.join(self.store.root, STATE_DB)
+            self.predlog = PredictionLog(os.path.join(self.store.root, PREDLOG_DB),
+                                         enabled=pcfg["log"], max_rows=pcfg["max_rows"])
+        self.state = StateDB(state_path)  # jobs, history
+        self.state.health = self.predlog.health = self.storage
+        # the parts of the control plane, each given what it uses
+        self.metrics = metrics.build(config, self.events)  # Prometheus (control/metrics.py)
+        self.router = Router(state, config, loop, lambda: self.rollouts.check_probations())
+        self.provision = Provisioner(state, config, loop, self.store, pool)
+        self.keeper = keeper = RecordKeeper(state, loop, self.records)  # persist, then switch
+        self.rollouts = RolloutControl(state, config, loop, self.store, pool, self.events,
+                                       self.golden, self.provision, self.router, keeper)
+        self.applies = Applies(state, config, loop, self.store, pool, self.events,
+                               self.records, keeper, self.provision, self.router, self.rollouts)
+        self.rollouts.apply = self.applies.apply
+        self.provision.end_probation = self.rollouts.cancel_probation
+        self.healer = Healer(state, config, loop, self.store, pool, self.events,
+                             self.provision, self.applies, self.rollouts, keeper)
+        self.quality = Quality(config["drift"], self.store, self.predlog, state, loop)
+        self.policies = Policies(config.raw.get("policies") or {}, self.store.root, state,
+                                 self.predlog, self.state, self.applies.apply)
+        self.jobs = JobManager(config, self.store, state, self.state, pool, self.policies,
+                               self.predlog, self.applies.apply, queue)
+        self.policies.submit = self.jobs.submit
+        self.rollouts.gate_set = self.policies.gate_set
+        if node is not None:
+            node.jobs, node.provision, node.pool = self.jobs, self.provision, pool
+        self.statusview = StatusView(state, self.store, pool, self.state, self.storage,
+                                     keeper, self.jobs, self.records, self.predlog)
+        self.events.subscribe(self.statusview.to_history)
+        self.metrics.attach(metrics.Sources(state, pool, self.storage, self.jobs, self.quality))
+        self._sweeper = PeriodicCallback(self.healer.sweep, 1000)
+        self.retention = Retention(self.predlog, config["predictions"])  # max_age_days
+        # what the handlers call
         self.predict = self.router.predict
-        self.serving_names, self.serving_model = self.router.serving_names, self.router.serving_model
+        self.serving_names, self.serving_model = state.serving_names, state.serving_model
         self.apply, self.unload = self.applies.apply, self.applies.unload
         self.rollback, self.promote = self.rollouts.rollback, self.rollouts.promote
         self.abort, self.rollout_status = self.rollouts.abort, self.rollouts.rollout_status
         self.status, self.history = self.statusview.status, self.statusview.history
-        # cluster mode (cluster.redis_url; cluster/node.py): the record lives in
-        # Redis and stands in for the file watcher; jobs queue in Redis; each
-        # node keeps its own state db (the store is shared)
-        self.cluster: Any = None
-        state_path = os.path.join(self.store.root, STATE_DB)
-        if config["cluster"]["redis_url"]:
-            from cluster.node import ClusterNode, node_state_path
-            self.cluster = ClusterNode(self)
-            state_path = node_state_path(self.store.root, self.cluster.node_id)
-        self.state = StateDB(state_path)  # jobs, history
-        pcfg = config["predictions"]  # the learning loop (docs/loop.md)
-        self.predlog: PredictionLogBackend  # chosen here, once (state/predlog_api.py)
-        if self.cluster is None:
-            self.predlog = PredictionLog(os.path.join(self.store.root, PREDLOG_DB),
-                                         enabled=pcfg["log"], max_rows=pcfg["max_rows"])
-        else:  # one log for the cluster: feedback sent to any node finds the prediction
-            from cluster.predlog import RedisPredictionLog
-            ccfg = config["cluster"]
-            self.predlog = RedisPredictionLog(ccfg["redis_url"], prefix=ccfg["key_prefix"],
-                                              enabled=pcfg["log"], max_rows=pcfg["max_rows"])
-        self.policies = Policies(self)  # retrain policies; `policies` in config
-        self.state.health = self.predlog.health = self.storage
-        self.events.subscribe(self.statusview.to_history)
-        self.jobs = JobManager(self, self.state)
-        if self.cluster is not None:
-            self.jobs.cluster = self.cluster.training
-        self._sweeper = PeriodicCallback(self.healer.sweep, 1000)
-        self.retention = Retention(self.predlog, config["predictions"])  # max_age_days
+
+    # the serving state, read by the handlers
+    @property
+    def slots(self) -> dict[str, Slot]:
+        return self.serving.slots
+
+    @property
+    def default_name(self) -> str | None:
+        return self.serving.default_name
+
+    @property
+    def stopping(self) -> bool:
+        return self.serving.stopping
 
     @property
     def ready(self) -> bool:
         """The default model serves (what /readyz reports)."""
-        return self.router.ready
-
-    def refresh_preload(self) -> None:
-        self.pool.refresh()
+        return self.serving.ready
 
     # -- start and stop -----------------------------------------------------------
     async def start(self) -> None:
-        self.store.ensure(wipe_tmp=self.cluster is None)  # other nodes' staging is theirs
+        self.store.ensure(wipe_tmp=self.records.wipe_tmp)
         self.pool.ensure(nice=False)  # first worker: full speed
         try:
-            record = (self.store.read_record() if self.cluster is None
-                      else await self.cluster.load())  # Redis, else this node's cache
+            record = await self.records.load()  # cluster: Redis, else this node's cache
         except StoreError as exc:
             log.error("%s; starting without a model", exc)
             record = None
         if record:
-            self.record = record
-            self.default_name = record["default"]
-        if self.cluster is not None:  # follows the Redis record instead of the file
-            self.watcher = self.cluster
-            self.cluster.start(record)
-        elif self.cfg["watcher"]["enabled"]:
-            self.watcher = RecordWatcher(self.store, self.loop, self.cfg["watcher"]["interval"],
-                                         self.applies.on_record_change)
-            self.watcher.start(record)
+            self.serving.record = record
+            self.serving.default_name = record["default"]
+        self.records.start(record, self.applies.on_record_change)
         self._sweeper.start()
         self.retention.start()
         if record and record["models"]:
@@ -179,41 +188,39 @@ class Supervisor:
     async def _train_demo(self) -> None:
         """First start on an empty store: train and apply the bundled demo."""
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), DEMO_DATA)
-        if self.cluster is not None and not await self.cluster.claim_demo():
+        if not await self.records.claim_demo():
             log.info("cluster: the first-start demo is trained once, by another node")
             return
-        self._demo_training = True
+        self.serving.demo_training = True
         try:
             job = await self.jobs.submit(DEMO_NAME, {"path": path}, DEMO_PARAMS, True,
                                          trusted_path=True)
         except Exception as exc:
-            self._demo_training = False
+            self.serving.demo_training = False
             log.error("could not start the demo training: %s", exc)
             return
         log.info("empty model store: training the bundled demo model (job %s); "
                  "/predict answers once it is applied", job.id)
 
     async def shutdown(self) -> None:
-        if self.stopping:
+        if self.serving.stopping:
             await self.stopped.wait()
             return
-        self.stopping = True
+        self.serving.stopping = True
         self.pool.stopping = True
         log.info("shutting down")
         self._sweeper.stop()
         self.retention.stop()
-        if self.watcher:
-            self.watcher.stop()
+        self.records.stop()
         await self.jobs.shutdown()
-        if self.cluster is not None:
-            await self.cluster.close()
+        await self.records.close()
         timeout = self.wcfg["stop_timeout"]
-        serving = [w for s in self.slots.values() for w in s.replicas]
+        serving = [w for s in self.serving.slots.values() for w in s.replicas]
         for w in serving:
             w.set_state(State.DRAINING)
         await gen.multi([w.wait_idle(min(self.wcfg["drain_timeout"], 5.0)) for w in serving])
         await gen.multi([w.stop(timeout) for w in list(self.pool.workers.values())])
-        for s in self.slots.values():
+        for s in self.serving.slots.values():
             s.replicas = []
         self.state.close()  # commits the pending job and history writes
         self.predlog.close()  # and the queued predictions and feedback
@@ -223,42 +230,6 @@ class Supervisor:
 
 
 # -- entry point ---------------------------------------------------------------------
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description="textswap: train short-text classifiers and serve them with "
-                    "zero-downtime model switching.")
-    p.add_argument("--config", help="YAML config file (built-in defaults when omitted)")
-    p.add_argument("--host", help="inference API bind address (default 0.0.0.0)")
-    p.add_argument("--port", type=int, help="inference API port (default 8080)")
-    p.add_argument("--manage-host", help="management API bind address (default 127.0.0.1)")
-    p.add_argument("--manage-port", type=int, help="management API port (default 8081)")
-    p.add_argument("--models-dir", help="model store folder (default ./models)")
-    p.add_argument("--redis-url", help="cluster mode: the cluster store, e.g. "
-                                       "redis://host:6379/0 (default: off)")
-    p.add_argument("--node-id", help="cluster mode: this node's name (default hostname:port)")
-    p.add_argument("--log-level", type=str.upper,
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-                   help="log level (default INFO); debug also shows TensorFlow's C++ logs "
-                        "of workers and trainers")
-    return p.parse_args(argv)
-
-
-def build_config(args: argparse.Namespace) -> Config:
-    server = {k: v for k, v in (("host", args.host), ("port", args.port),
-                                ("manage_host", args.manage_host),
-                                ("manage_port", args.manage_port)) if v is not None}
-    overrides: dict[str, Any] = {"server": server} if server else {}
-    if args.models_dir:
-        overrides["models_dir"] = args.models_dir
-    cluster = {k: v for k, v in (("redis_url", args.redis_url), ("node_id", args.node_id))
-               if v is not None}
-    if cluster:
-        overrides["cluster"] = cluster
-    if getattr(args, "log_level", None):
-        overrides["log_level"] = args.log_level
-    return load_config(args.config, overrides)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if os.environ.pop("TEXTSWAP_PRELOAD_SUPERVISOR_ONLY", None):

@@ -1,16 +1,16 @@
 """Cluster mode, the supervisor's side: the record backend and the job queue glue.
 
-`ClusterNode` is what the Supervisor holds as ``sup.cluster`` when
-``cluster.redis_url`` is set. It stands in for the file record and its
-watcher (same calls: ``start(record)``, ``note_record(record, changed)``,
-``stop()``), so the supervisor keeps one code path:
+`ClusterNode` is the record backend (control/records.py `RecordBackend`)
+that supervisor.py chooses when ``cluster.redis_url`` is set, in place of
+the file record and its watcher; its `training` is the job queue
+(control/jobs.py `JobQueue`):
 
 - load(): the record at start: from Redis, else (Redis down) from this
   node's cache file of the last record it saw;
-- the follower (cluster.py) hands every newer revision to the supervisor's
-  ``_on_record_change``, exactly what the file watcher does for an edited
+- the follower (cluster/record.py) hands every newer revision to the
+  applies' ``on_record_change``, exactly what the file watcher does for an edited
   ``.applied.json``: each node applies locally, ready-gated and drained;
-- note_record(): after a local apply/unload, the one slot that changed (and
+- write() (note_record()): after a local apply/unload, the one slot that changed (and
   the default) is written into the Redis record atomically, merged with
   whatever other nodes wrote meanwhile; the writes go out in order from one
   task, and ``after_change`` waits for them (the /apply answer names the
@@ -23,7 +23,7 @@ Applies go in two phases (cluster/twophase.py): every live node prepares
 the version first, then the record write flips them all (``prepare_all``,
 called by Applies.apply before its local switch).
 
-Training (`ClusterTraining`): jobs are queued in Redis (clusterjobs.py);
+Training (`ClusterTraining`): jobs are queued in Redis (cluster/job_queue.py);
 each node claims one when it has a free training slot and runs it with the
 ordinary JobManager machinery, mirroring the job's state into Redis.
 Imports no TensorFlow.
@@ -37,12 +37,22 @@ import re
 import shutil
 import socket
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster.record import Cluster, ClusterUnreachable
-from cluster.jobs import ClusterJobs
+from cluster.job_queue import ClusterJobs
 from cluster.twophase import PREPARED, TwoPhase
 from control.jobs import JobError
+
+if TYPE_CHECKING:
+    from state.config import Config
+    from state.store import ModelStore
+    from control.events import Events
+    from control.jobs import JobManager
+    from control.pool import WorkerPool
+    from control.provision import Provisioner
+    from control.records import OnChange
+    from control.serving import ServingState
 
 log = logging.getLogger("textswap.cluster")
 
@@ -66,18 +76,27 @@ def check_store_writable(root: str) -> None:
 
 
 class ClusterNode:
-    def __init__(self, sup: Any, node_id: str | None = None) -> None:
-        cfg = sup.cfg["cluster"]
-        self.sup = sup
-        self.node_id = node_id or cfg["node_id"] or default_node_id(sup.cfg["server"]["port"])
+    """The record in Redis and this node's part in the cluster (RecordBackend)."""
+
+    wipe_tmp = False  # other nodes' staging in the shared store is theirs
+
+    def __init__(self, config: "Config", state: "ServingState", store: "ModelStore",
+                 events: "Events", node_id: str | None = None) -> None:
+        cfg = config["cluster"]
+        self.cfg, self.state, self.store, self.events = config, state, store, events
+        # set at composition: made after the node (they take its queue)
+        self.jobs: "JobManager"
+        self.provision: "Provisioner"
+        self.pool: "WorkerPool"
+        self.node_id = node_id or cfg["node_id"] or default_node_id(config["server"]["port"])
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.node_id)
         self.cluster = Cluster(
             cfg["redis_url"], self.node_id, prefix=cfg["key_prefix"],
-            cache_path=os.path.join(sup.store.root, ".cluster", f"{safe}.record.json"),
+            cache_path=os.path.join(store.root, ".cluster", f"{safe}.record.json"),
             poll_interval=cfg["poll_interval"], heartbeat_interval=cfg["poll_interval"],
             heartbeat_ttl=cfg["heartbeat_ttl"])
         self.training = ClusterTraining(self, ClusterJobs(self.cluster, cfg["job_lease"],
-                                                          sup.cfg["training"]["keep_jobs"]))
+                                                          config["training"]["keep_jobs"]))
         self.twophase = TwoPhase(self)
         self._writes: asyncio.Queue[Any] = asyncio.Queue()
         self._writer: asyncio.Task[Any] | None = None
@@ -101,10 +120,10 @@ class ClusterNode:
             self._delivered = rec["revision"]  # start() applies it; no second delivery
         return rec
 
-    def start(self, record: dict[str, Any] | None, on_change: Any = None) -> None:
-        self._on_change = on_change or self.sup.applies.on_record_change
+    def start(self, record: dict[str, Any] | None, on_change: "OnChange") -> None:
+        self._on_change = on_change
         self._writer = asyncio.ensure_future(self._write_loop())
-        self.sup.events.subscribe(self._on_event)
+        self.events.subscribe(self._on_event)
         self.cluster.start(self._deliver, self._describe, self._tick, self.twophase.on_message)
 
     def _tick(self) -> None:
@@ -126,6 +145,14 @@ class ClusterNode:
         if self._writer is not None:
             self._writer.cancel()
         await self.cluster.stop()
+
+    async def write(self, record: dict[str, Any], changed: str | None, strict: bool) -> None:
+        """Queued for the writer task (after_change waits for it); the switch
+        goes ahead at once: the node follows the cluster's record."""
+        self.note_record(record, changed)
+
+    def status(self) -> dict[str, Any]:
+        return self.cluster.status()
 
     def note_record(self, record: dict[str, Any], changed: str | None = None) -> None:
         """The node changed the slot `changed` (None: everything, e.g. a
@@ -154,7 +181,7 @@ class ClusterNode:
                 rec = await self.cluster.update_record(mutate)
                 self._write_error = None
                 self._written = rec["revision"]  # holds this node's change
-                self.sup.record = rec
+                self.state.record = rec
                 self._delivered = max(self._delivered, rec["revision"])
                 self._check_applied()
             except ClusterUnreachable as exc:
@@ -183,11 +210,11 @@ class ClusterNode:
             self._on_change(rec)
 
     def _busy(self) -> bool:
-        return any(s.busy or s.applying for s in self.sup.slots.values())
+        return any(s.busy or s.applying for s in self.state.slots.values())
 
     def matches(self, rec: dict[str, Any]) -> bool:
         """This node serves exactly what rec asks for."""
-        slots = {n: s for n, s in self.sup.slots.items() if s.replicas}
+        slots = {n: s for n, s in self.state.slots.items() if s.replicas}
         if set(slots) != set(rec["models"]):
             return False
         for name, entry in rec["models"].items():
@@ -196,7 +223,7 @@ class ClusterNode:
                 return False
             if entry["replicas"] and len(s.replicas) != entry["replicas"]:
                 return False
-        return rec["default"] == self.sup.default_name
+        return rec["default"] == self.state.default_name
 
     def stale(self, name: str, version: int) -> bool:
         """A queued watcher apply of (name, version) that the newest record
@@ -223,12 +250,12 @@ class ClusterNode:
         self._check_applied()  # apply, unload, rollback, crash...: still on the record?
 
     def _describe(self) -> dict[str, Any]:
-        s = self.sup.cfg["server"]
+        s = self.cfg["server"]
         return {"inference": f"{s['host']}:{s['port']}", "pid": os.getpid(),
-                "default": self.sup.default_name,
+                "default": self.state.default_name,
                 "serving": {n: {"version": sl.version, "replicas": len(sl.replicas)}
-                            for n, sl in sorted(self.sup.slots.items()) if sl.replicas},
-                "training": [j.id for j in self.sup.jobs.jobs.values()
+                            for n, sl in sorted(self.state.slots.items()) if sl.replicas},
+                "training": [j.id for j in self.jobs.jobs.values()
                              if j.state == "running"]}
 
     # -- hooks for /apply ------------------------------------------------------------------
@@ -291,9 +318,11 @@ class ClusterTraining:
         self._ticking = False
         self._pushes: set[asyncio.Future[Any]] = set()
 
+    shared_store = True  # the nodes' job data and staging are in one store
+
     @property
-    def jobs(self) -> Any:
-        return self.node.sup.jobs
+    def jobs(self) -> "JobManager":
+        return self.node.jobs
 
     def tick(self) -> None:
         if not self._ticking:
@@ -318,7 +347,7 @@ class ClusterTraining:
                     if job.process is not None:
                         await job.process.stop(2.0)
             await self.q.reap()
-            if self.node.sup.stopping:
+            if self.node.state.stopping:
                 return
             while sum(1 for j in mgr.jobs.values() if j.state == "running") < \
                     mgr.cfg["max_concurrent"]:
@@ -332,7 +361,7 @@ class ClusterTraining:
                     continue
                 log.info("job %s (%s) claimed by this node", doc["id"], doc["name"])
                 if doc.get("first_start_demo"):
-                    self.node.sup._demo_training = True
+                    self.node.state.demo_training = True
                 mgr.run_claimed(doc)
         except ClusterUnreachable:
             pass
@@ -357,20 +386,21 @@ class ClusterTraining:
         except ClusterUnreachable as exc:
             raise JobError(503, exc.code, str(exc)) from None
 
-    async def enqueue(self, job: Any) -> None:
+    async def enqueue(self, job: Any) -> bool:
         doc = job.describe()
-        sup = self.node.sup
-        if sup._demo_training and job.name == "demo":
+        state = self.node.state
+        if state.demo_training and job.name == "demo":
             # the first-start demo: the node that runs it marks its slot as the
             # demo (retired once another model is the default), not this one
             doc["first_start_demo"] = True
-            sup._demo_training = False
+            state.demo_training = False
         try:
             await self.q.enqueue(doc)
         except ClusterUnreachable as exc:
             shutil.rmtree(job.dir, ignore_errors=True)
             raise JobError(503, exc.code, str(exc)) from None
         self.tick()  # this node may have room: claim at once
+        return True
 
     def changed(self, job: Any) -> None:
         """A job this node runs (or just queued) changed: mirror it."""

@@ -43,12 +43,15 @@ import contextvars
 import json
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster.record import Cluster, ClusterUnreachable
 from control.slots import MAX_REPLICAS
 from state.errors import Conflict, InvalidName, ServiceError, StoreError
 from state.store import check_name
+
+if TYPE_CHECKING:
+    from cluster.node import ClusterNode
 
 log = logging.getLogger("textswap.cluster")
 
@@ -74,11 +77,10 @@ class Held:
 
 
 class TwoPhase:
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: "ClusterNode") -> None:
         self.node = node
-        self.sup = node.sup
         self.c: Cluster = node.cluster
-        self.timeout = float(self.sup.cfg["cluster"]["prepare_timeout"])
+        self.timeout = float(node.cfg["cluster"]["prepare_timeout"])
         self.k_open = self.c.key("preps")
         self._seen: dict[str, float] = {}           # prepare ids this node handled
         self._inflight: dict[tuple[str, int, int], asyncio.Future[Any]] = {}
@@ -111,7 +113,7 @@ class TwoPhase:
         this node's own error when it cannot prepare: nothing has switched."""
         if mode not in (None, "normal"):
             return None  # shadow and canary switch nothing: one phase, as on one node
-        version, _ = self.sup.store.resolve(name, version)
+        version, _ = self.node.store.resolve(name, version)
         t0 = time.monotonic()
         me = self.c.node_id
         nodes = {b["node"] for b in await self.c.nodes()} | {me}
@@ -343,7 +345,7 @@ class TwoPhase:
         'serving' (a follower already serves exactly that: its apply is a
         no-op), 'probation' (still loaded from before: the apply reuses it)
         or 'prepared' (workers held READY among the standbys)."""
-        slot = self.sup.slots.get(name)
+        slot = self.node.state.slots.get(name)
         if (not coordinator and slot is not None and slot.replicas
                 and slot.version == version and len(slot.replicas) == replicas):
             return "serving"
@@ -354,7 +356,7 @@ class TwoPhase:
         key = (name, version, replicas)
         task = self._inflight.get(key)
         if task is None:
-            task = asyncio.ensure_future(self.sup.provision.prepare(
+            task = asyncio.ensure_future(self.node.provision.prepare(
                 name, version, replicas, make_room=make_room))
             self._inflight[key] = task
 
@@ -380,7 +382,7 @@ class TwoPhase:
         self._trim()
 
     def _trim(self) -> None:
-        pool = self.sup.pool
+        pool = self.node.pool
         now = time.time()
         keep: list[Held] = []
         for h in self._held:
@@ -389,9 +391,9 @@ class TwoPhase:
             if not live:
                 continue  # taken by the apply (or gone)
             if h.published and now < h.until:
-                slot = self.sup.slots.get(h.name)
+                slot = self.node.state.slots.get(h.name)
                 try:
-                    newest = self.sup.store.versions(h.name)[-1]
+                    newest = self.node.store.versions(h.name)[-1]
                 except (StoreError, IndexError):
                     newest = None
                 if (slot is not None and slot.replicas and slot.version is not None
@@ -414,8 +416,8 @@ class TwoPhase:
     async def _on_published(self, name: str, version: int) -> None:
         """A version reached the shared store: a node serving an older one of
         that name preloads it within its free budget (ends no probation)."""
-        slot = self.sup.slots.get(name)
-        if (self.sup.stopping or slot is None or not slot.replicas or slot.version is None
+        slot = self.node.state.slots.get(name)
+        if (self.node.state.stopping or slot is None or not slot.replicas or slot.version is None
                 or version <= slot.version):
             return
         replicas = slot.wanted or len(slot.replicas)

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from tornado import gen
-from tornado.locks import Lock
 
 from state.errors import ApplyFailed, Conflict, ServiceError, StorageFailed, UnknownModel
 from state.store import InvalidArtifact, StoreError, check_name
@@ -23,23 +22,31 @@ from control.slots import Slot
 from control.workerhandle import State
 
 if TYPE_CHECKING:
-    from supervisor import Supervisor
+    from state.config import Config
+    from control.events import Events
+    from control.pool import WorkerPool
+    from control.provision import Provisioner
+    from control.records import RecordBackend, RecordKeeper
+    from control.rollout_control import RolloutControl
+    from control.routing import Router
+    from control.serving import ServingState
+    from state.store import ModelStore
+    from tornado.ioloop import IOLoop
 
 log = logging.getLogger("textswap.supervisor")
-
-KEEP: Any = object()  # commit(): leave this part of the record as it is
 
 
 class Applies:
     """Switches slots to versions, unloads them, and keeps the record."""
 
-    def __init__(self, sup: "Supervisor") -> None:
-        self.sup = sup
-        self.cfg, self.wcfg, self.loop = sup.cfg, sup.wcfg, sup.loop
-        self.store, self.pool, self.events = sup.store, sup.pool, sup.events
-        self._commit_lock = Lock()
-        self.dirty = False  # the last record write failed: the sweep tries again
-        self._commits = 0  # commits running or waiting for the lock
+    def __init__(self, state: "ServingState", cfg: "Config", loop: "IOLoop",
+                 store: "ModelStore", pool: "WorkerPool", events: "Events",
+                 records: "RecordBackend", keeper: "RecordKeeper", provision: "Provisioner",
+                 router: "Router", rollouts: "RolloutControl") -> None:
+        self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg["worker"], loop
+        self.store, self.pool, self.events = store, pool, events
+        self.records, self.keeper, self.provision = records, keeper, provision
+        self.router, self.rollouts = router, rollouts
 
     def on_record_change(self, record: dict[str, Any]) -> None:
         """The record was edited from outside: converge on it, name by name.
@@ -52,9 +59,9 @@ class Applies:
             except StoreError as exc:
                 log.error("ignoring the applied-model record: %s", exc)
                 return
-        self.sup.record = record
+        self.state.record = record
         for name, entry in wanted.items():
-            slot = self.sup.slots.get(name)
+            slot = self.state.slots.get(name)
             replicas = entry["replicas"] or (slot.wanted if slot else None)
             if (slot is None or not slot.replicas or slot.version != entry["version"]
                     or (replicas and replicas != slot.wanted)):
@@ -63,12 +70,12 @@ class Applies:
                     continue  # "latest" of a serving model: no change asked
                 self.loop.spawn_callback(self.apply_logged, name, entry["version"], "watcher",
                                          replicas=entry["replicas"], explicit=entry["explicit"])
-        for name in list(self.sup.slots):
+        for name in list(self.state.slots):
             if name not in wanted:
                 self.loop.spawn_callback(self.unload_logged, name, "watcher")
-        if record["default"] != self.sup.default_name:
+        if record["default"] != self.state.default_name:
             log.info("default model is now %s (record changed)", record["default"])
-            self.sup.default_name = record["default"]
+            self.state.set_default(record["default"])
 
     async def apply_logged(self, name: str, version: int | None, source: str,
                             **kw: Any) -> None:
@@ -100,31 +107,33 @@ class Applies:
         check_name(name)
         self.store.resolve(name, version)  # fail fast: 404 before queueing
         t_call = time.monotonic()
-        slot = self.sup.slots.get(name)
+        slot = self.state.slots.get(name)
         created = slot is None
         if slot is None:
-            slot = self.sup.slots[name] = Slot(name)
+            slot = self.state.slots[name] = Slot(name)
         if replicas is None:
             replicas = slot.wanted if not created else self.cfg["serving"]["replicas"]
-        if self.sup.cluster is not None and persist and source == "api":
-            await self.sup.cluster.check()  # 503 while the cluster store is unreachable
+        if persist and source == "api":
+            await self.records.check()  # cluster: 503 while its store is unreachable
         slot.applying += 1
         try:
             partial = rollout.pop("partial", False)  # cluster: let the ready nodes switch alone
-            if self.sup.cluster is not None and persist and source in ("api", "train"):
-                await self.sup.cluster.prepare_all(name, version, replicas, partial,
-                                                   rollout.get("mode"))  # cluster/twophase.py
+            if persist and source in ("api", "train"):  # cluster: cluster/twophase.py
+                await self.records.prepare_all(name, version, replicas, partial,
+                                               rollout.get("mode"))
             async with slot.lock:
                 result = await self.apply_locked(slot, version, replicas, default, explicit,
                                                   source, persist, t_call, **rollout)
-            if self.sup.cluster is not None and persist and not result.get("unchanged"):
-                result["cluster"] = await self.sup.cluster.after_change()  # revision, nodes
+            if persist and not result.get("unchanged"):
+                after = await self.records.after_change()  # cluster: revision, nodes
+                if after is not None:
+                    result["cluster"] = after
             return result
         finally:
             slot.applying -= 1
             if (not slot.replicas and not slot.busy and slot.version is None
-                    and self.sup.slots.get(name) is slot):
-                del self.sup.slots[name]  # a first apply that failed leaves no slot behind
+                    and self.state.slots.get(name) is slot):
+                del self.state.slots[name]  # a first apply that failed leaves no slot behind
                 slot.unloaded = True
             slot.wake_all()
 
@@ -135,7 +144,7 @@ class Applies:
                             gate: bool = True, min_accuracy: float | None = None
                             ) -> dict[str, Any]:
         name = slot.name
-        if self.sup.stopping:
+        if self.state.stopping:
             raise ServiceError("service is shutting down", 503, "stopping")
         if slot.unloaded:
             raise ServiceError(f"model {name!r} was unloaded while this apply waited", 409,
@@ -150,13 +159,13 @@ class Applies:
         if source == "api":  # an operator's explicit choice gets a fresh start
             slot.crashes.pop(version, None)
             slot.rolled_back.pop(version, None)
-            self.sup.failed_models.pop(f"{name} v{version}", None)
+            self.state.failed_models.pop(f"{name} v{version}", None)
         elif version in slot.rolled_back and slot.rolled_back[version].get("auto"):
             raise ServiceError(f"{name} v{version} was rolled back automatically "
                                f"({slot.rolled_back[version]['reason']}); only an explicit "
                                "POST /apply brings it back", 409, "rolled_back")
         if mode != "normal":
-            return await self.sup.rollouts.start_candidate(slot, version, path, replicas, mode,
+            return await self.rollouts.start_candidate(slot, version, path, replicas, mode,
                                                fraction, keep_examples, source, t_call)
         phases: dict[str, float] = {"queued": time.monotonic() - t_call}
         old = list(slot.replicas)
@@ -164,7 +173,7 @@ class Applies:
         if (old and slot.version == version and len(old) == replicas
                 and source in ("watcher", "startup")):
             return {"previous": previous, "current": previous, "unchanged": True}
-        if source == "watcher" and self.sup.cluster is not None and self.sup.cluster.stale(name, version):
+        if source == "watcher" and self.records.stale(name, version):
             # cluster mode: a newer record (maybe this node's own apply, which
             # held the lock) superseded the one this apply was queued for
             return {"previous": previous, "current": previous, "unchanged": True}
@@ -174,15 +183,15 @@ class Applies:
                   and all(w.usable for w in p.workers))
         if reused:  # the version in probation is still loaded: the swap is all there is
             assert p is not None
-            self.sup.rollouts.cancel_probation(slot)
+            self.rollouts.cancel_probation(slot)
             ready = [(w, w.ready.result() if w.ready.done() else {}, True) for w in p.workers]
         else:
             what = (f"applying {name} v{version} with {replicas} "
                     f"replica{'s' if replicas != 1 else ''}")
-            await self.sup.provision.make_room(replicas, what)
-            new = self.sup.provision.obtain(name, version, replicas, what)
+            await self.provision.make_room(replicas, what)
+            new = self.provision.obtain(name, version, replicas, what)
             try:
-                ready = list(await gen.multi([self.sup.provision.make_ready(w, name, version, path)
+                ready = list(await gen.multi([self.provision.make_ready(w, name, version, path)
                                               for w in new]))
             except ApplyFailed as exc:
                 for w in new:
@@ -199,12 +208,12 @@ class Applies:
         if source in ("api", "train"):
             t = time.monotonic()
             try:
-                gate_info = await self.sup.rollouts.quality_gate(slot, version, workers, gate, min_accuracy)
+                gate_info = await self.rollouts.quality_gate(slot, version, workers, gate, min_accuracy)
             except Conflict as exc:
                 if reused:
                     for w in workers:
                         w.set_state(State.DRAINING)
-                self.loop.spawn_callback(self.sup.provision.retire, workers)
+                self.loop.spawn_callback(self.provision.retire, workers)
                 self.events.emit("gate_refused", name=name, version=version, source=source,
                                  from_version=slot.version, reason=str(exc),
                                  details=exc.details)
@@ -215,18 +224,18 @@ class Applies:
         new_explicit = slot.explicit
         if explicit is not None:
             new_explicit = explicit
-        elif source == "api" or (source == "train" and not self.sup._demo_training):
+        elif source == "api" or (source == "train" and not self.state.demo_training):
             new_explicit = True
         elif source == "train":
             new_explicit = False
         make_default = default if default is not None else source in ("api", "train")
-        old_default = self.sup.default_name
+        old_default = self.state.default_name
 
         def new_default() -> str | None:
-            if make_default or self.sup.default_name is None and source not in (
+            if make_default or self.state.default_name is None and source not in (
                     "startup", "watcher"):
                 return name
-            return self.sup.default_name
+            return self.state.default_name
         seen: dict[str, Any] = {}
 
         def switch() -> None:
@@ -236,21 +245,19 @@ class Applies:
             seen["old"] = list(slot.replicas)
             seen["previous"] = {"name": name, "version": slot.version} if seen["old"] else None
             if source == "train" and explicit is None and not new_explicit:
-                self.sup._demo_training = False
+                self.state.demo_training = False
             slot.explicit = new_explicit
-            self.sup.router.swap(slot, workers, version, replicas)
-            before, self.sup.default_name = self.sup.default_name, new_default()
-            if before != self.sup.default_name:
-                self.sup.previous_default = before
+            self.router.swap(slot, workers, version, replicas)
+            self.state.set_default(new_default())
         if persist:
             try:
-                await self.commit(name, {"version": version, "replicas": replicas,
+                await self.keeper.commit(name, {"version": version, "replicas": replicas,
                                          "explicit": new_explicit},
                                   default=new_default, switch=switch,
                                   strict=source != "fallback")
             except StorageFailed as exc:
                 # nothing switched: the new workers go, the old ones serve on
-                self.loop.spawn_callback(self.sup.provision.retire, workers)
+                self.loop.spawn_callback(self.provision.retire, workers)
                 self.events.emit("apply_failed", name=name, version=version, source=source,
                                  reason=str(exc))
                 exc.args = (f"{exc}; {name} still serves {serving_now}",)
@@ -263,10 +270,10 @@ class Applies:
                  len(workers), ", ".join(str(w.pid) for w in workers), source)
         self.pool.ensure(delay=2.0)
         self.pool.refresh()
-        if self.sup.default_name != old_default and old_default:
+        if self.state.default_name != old_default and old_default:
             self.retire_demo(old_default)
         t = time.monotonic()
-        ended = await self.sup.rollouts.after_swap(slot, old, previous, version)
+        ended = await self.rollouts.after_swap(slot, old, previous, version)
         phases["drain_stop"] = time.monotonic() - t
         preloaded = all(p for _, _, p in ready)
         first = ready[0][1]
@@ -274,7 +281,7 @@ class Applies:
             "previous": previous,
             "current": {"name": name, "version": version},
             "replicas": len(workers),
-            "default": self.sup.default_name == name,
+            "default": self.state.default_name == name,
             "worker": {"generation": workers[0].generation, "pid": workers[0].pid},
             "workers": [{"generation": w.generation, "pid": w.pid} for w in workers],
             "phases_s": {k: round(v, 4) for k, v in phases.items()},
@@ -289,7 +296,7 @@ class Applies:
             "source": source,
             "total_s": round(time.monotonic() - t_call, 4),
         }
-        slot.last_apply = self.sup.last_apply = result
+        slot.last_apply = self.state.last_apply = result
         self.events.emit("apply", name=name, version=version, source=source,
                          from_version=previous["version"] if previous else None,
                          phases=result["phases_s"], replicas=len(workers),
@@ -300,119 +307,50 @@ class Applies:
     def retire_demo(self, name: str) -> None:
         """The first-start demo is a convenience, not a tenant: once another
         model is the default, its slot goes (unless someone applied it)."""
-        slot = self.sup.slots.get(name)
+        slot = self.state.slots.get(name)
         if slot is not None and not slot.explicit:
             log.info("the first-start demo model %r is no longer the default: unloading it "
                      "(apply it explicitly to keep it)", name)
             self.loop.spawn_callback(self.unload_logged, name, "demo_retired")
-
-    async def commit(self, changed: str | None, entry: Any = KEEP, *, default: Any = KEEP,
-                     switch: Callable[[], None] | None = None, strict: bool = True) -> None:
-        """Persist, then switch. The record as it will be (every slot as it
-        serves, slot `changed` set to `entry` or removed when `entry` is None,
-        the default set to `default`, a name or a function of no arguments
-        giving it) is written durably, off the IOLoop; then `switch()` changes
-        routing, in the same IOLoop step as the write's completion. Commits
-        are serialized (each record is built from what the previous one left).
-
-        strict (an operator's or a job's change): a failed write raises
-        StorageFailed (507 disk full, 503 other I/O errors) and nothing
-        switches. Not strict (the service's own moves: fallback, automatic
-        rollback, a FAILED default): switch anyway, serving comes first, and
-        the sweep writes the record again until a write succeeds."""
-        self._commits += 1
-        try:
-            await self._commit(changed, entry, default=default, switch=switch, strict=strict)
-        finally:
-            self._commits -= 1
-
-    async def _commit(self, changed: str | None, entry: Any = KEEP, *, default: Any = KEEP,
-                      switch: Callable[[], None] | None = None, strict: bool = True) -> None:
-        async with self._commit_lock:
-            models = {n: {"version": s.version, "replicas": s.wanted, "explicit": s.explicit}
-                      for n, s in sorted(self.sup.slots.items()) if s.version is not None}
-            if changed is not None and entry is not KEEP:
-                if entry is None:
-                    models.pop(changed, None)
-                else:
-                    models[changed] = dict(entry)
-            want = self.sup.default_name if default is KEEP else (
-                default() if callable(default) else default)
-            record = {"default": want if want in models else None,
-                      "models": dict(sorted(models.items())),
-                      "revision": self.sup.record.get("revision", 0) + 1}
-            if self.sup.cluster is not None:  # merged into the Redis record (that slot only)
-                if switch is not None:
-                    switch()
-                self.sup.record = record
-                self.sup.cluster.note_record(record, changed)
-                return
-            watcher, before = self.sup.watcher, self.sup.record
-            if watcher:
-                watcher.note_record(record)  # our own write: not a change to follow
-            try:
-                await self.sup.storage.write("the applied-model record", self.store.record_path,
-                                             self.store.write_record, record)
-                self.dirty = False
-            except StorageFailed:
-                if strict:
-                    if watcher:
-                        watcher.note_record(before)
-                    raise
-                self.dirty = True
-                log.error("serving changed without a durable record: it is written again "
-                          "once the store accepts writes")
-            self.sup.record = record
-            if switch is not None:
-                switch()
-
-    def save_later(self, changed: str | None = None) -> None:
-        """After a switch the service made on its own (an automatic rollback):
-        write the record as things serve now, without holding anything up."""
-        self.loop.spawn_callback(self.commit, changed, strict=False)
-
-    def retry_dirty(self) -> None:
-        """From the sweep: a record that failed to write is written again."""
-        if self.dirty and not self._commits:  # none running or waiting: it would write
-            self.dirty = False  # set again by the commit if it fails again
-            self.save_later()
 
     async def unload(self, name: str, *, source: str = "api", persist: bool = True
                      ) -> dict[str, Any]:
         """Stop serving a model: out of routing at once, then drain and stop.
         The store keeps every version."""
         check_name(name)
-        slot = self.sup.router.slot_for(name)
-        if self.sup.cluster is not None and persist and source == "api":
-            await self.sup.cluster.check()  # 503 while the cluster store is unreachable
+        slot = self.router.slot_for(name)
+        if persist and source == "api":
+            await self.records.check()  # cluster: 503 while its store is unreachable
         async with slot.lock:
-            if self.sup.slots.get(name) is not slot:
+            if self.state.slots.get(name) is not slot:
                 raise UnknownModel(f"model {name!r} is not serving here")
             seen: dict[str, Any] = {}
 
             def switch() -> None:
-                del self.sup.slots[name]
+                del self.state.slots[name]
                 slot.unloaded = True
                 seen["old"], slot.replicas = slot.replicas, []
                 # the version kept in probation stops too (it held its workers,
                 # and so the memory budget, until probation_s ran out)
-                seen["old"] += self.sup.rollouts.cancel_probation(slot)
+                seen["old"] += self.rollouts.cancel_probation(slot)
                 slot.wake_all()
-                seen["was_default"] = self.sup.default_name == name
+                seen["was_default"] = self.state.default_name == name
                 if seen["was_default"]:
-                    self.sup.default_name = None
+                    self.state.default_name = None
             if persist:
-                await self.commit(name, None, switch=switch, default=lambda: (
-                    None if self.sup.default_name == name else self.sup.default_name))
+                await self.keeper.commit(name, None, switch=switch, default=lambda: (
+                    None if self.state.default_name == name else self.state.default_name))
             else:
                 switch()
             old, was_default = seen["old"], seen["was_default"]
             log.info("unloaded %s v%s (%s)", name, slot.version, source)
             self.events.emit("unload", name=name, version=slot.version, source=source)
-            ended = await self.sup.provision.retire(old)
+            ended = await self.provision.retire(old)
         self.pool.ensure()
         out = {"unloaded": {"name": name, "version": slot.version}, "workers": ended,
-               "default": self.sup.default_name, "was_default": was_default}
-        if self.sup.cluster is not None and persist:
-            out["cluster"] = await self.sup.cluster.after_change()
+               "default": self.state.default_name, "was_default": was_default}
+        if persist:
+            after = await self.records.after_change()
+            if after is not None:
+                out["cluster"] = after
         return out

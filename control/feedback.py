@@ -97,12 +97,6 @@ class FeedbackService:
         self.max_text_chars = max_text_chars
         self._meta: dict[tuple[str, int | None], dict[str, Any]] = {}
 
-    @classmethod
-    def of(cls, sup: Any, config: Any) -> FeedbackService:
-        """The service of a running supervisor (frontend/app.py)."""
-        return cls(sup.predlog, sup.store, sup.policies, config["feedback"]["max_items"],
-                   config["limits"]["max_text_chars"])
-
     @property
     def path(self) -> str:
         """Where the log is, for storage errors ("" for Redis)."""

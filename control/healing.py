@@ -23,7 +23,17 @@ from control.slots import Slot
 from control.workerhandle import State, WorkerHandle
 
 if TYPE_CHECKING:
-    from supervisor import Supervisor
+    from tornado.ioloop import IOLoop
+
+    from state.config import Config
+    from state.store import ModelStore
+    from control.applies import Applies
+    from control.events import Events
+    from control.pool import WorkerPool
+    from control.records import RecordKeeper
+    from control.provision import Provisioner
+    from control.rollout_control import RolloutControl
+    from control.serving import ServingState
 
 log = logging.getLogger("textswap.supervisor")
 
@@ -31,16 +41,20 @@ log = logging.getLogger("textswap.supervisor")
 class Healer:
     """Replaces dead workers, kills hung ones, recycles old ones."""
 
-    def __init__(self, sup: "Supervisor") -> None:
-        self.sup = sup
-        self.cfg, self.wcfg, self.loop = sup.cfg, sup.wcfg, sup.loop
-        self.store, self.pool, self.events = sup.store, sup.pool, sup.events
+    def __init__(self, state: "ServingState", cfg: "Config", loop: "IOLoop",
+                 store: "ModelStore", pool: "WorkerPool", events: "Events",
+                 provision: "Provisioner", applies: "Applies",
+                 rollouts: "RolloutControl", keeper: "RecordKeeper") -> None:
+        self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg["worker"], loop
+        self.store, self.pool, self.events = store, pool, events
+        self.provision, self.applies, self.rollouts = provision, applies, rollouts
+        self.keeper = keeper
 
     def on_worker_exit(self, w: WorkerHandle) -> None:
-        self.sup.exits.append({"generation": w.generation, "pid": w.pid, "exitcode": w.exitcode,
+        self.state.exits.append({"generation": w.generation, "pid": w.pid, "exitcode": w.exitcode,
                            "state": w.state.value, "model": w.model, "error": w.error,
                            "at": time.time()})
-        if self.sup.stopping:
+        if self.state.stopping:
             return
         slot: Slot | None = getattr(w, "slot", None)
         if slot is None:
@@ -49,7 +63,7 @@ class Healer:
         if p is not None and w in p.workers:  # an idle previous version died
             p.workers.remove(w)
             if not p.workers:
-                self.sup.rollouts.cancel_probation(slot)
+                self.rollouts.cancel_probation(slot)
             return
         if c is not None and w in c.workers:
             c.workers.remove(w)
@@ -63,7 +77,7 @@ class Healer:
             return
         if not slot.remove_replica(w):
             return
-        self.sup.restarts += 1
+        self.state.restarts += 1
         log.error("%s replica gen %d (pid %d) died: exit code %s; %d replica(s) left",
                   w.model_label, w.generation, w.pid, w.exitcode, len(slot.replicas))
         self.events.emit("crash", name=slot.name, version=slot.version, pid=w.pid,
@@ -72,7 +86,7 @@ class Healer:
                 and all(x.usable for x in p.workers)):
             # a crash of the version in probation: back to the previous one at
             # once; the dead worker's requests are retried there
-            self.sup.rollouts.rollback_now(slot, f"worker crashed (exit code {w.exitcode}) during "
+            self.rollouts.rollback_now(slot, f"worker crashed (exit code {w.exitcode}) during "
                                "probation", auto=True,
                                figures={"exitcode": w.exitcode, "error": w.error,
                                         "new_version": p.new_stats.describe()})
@@ -91,7 +105,7 @@ class Healer:
         version = dead.model["version"]
         window = self.wcfg["restart_window"]
         try:
-            while not self.sup.stopping and not slot.unloaded and slot.version == version:
+            while not self.state.stopping and not slot.unloaded and slot.version == version:
                 n = slot.count_crash(version, window)
                 if n > self.wcfg["max_restarts"]:
                     await self.give_up(slot, version, f"worker crashed {n} times within "
@@ -123,9 +137,9 @@ class Healer:
         """One more serving replica of `version` (a crash replacement or a
         recycling successor); None if the slot moved on meanwhile."""
         version, path = self.store.resolve(slot.name, version)
-        (w,) = self.sup.provision.obtain(slot.name, version, 1, f"a {why} of {slot.name} v{version}")
-        w, _, _ = await self.sup.provision.make_ready(w, slot.name, version, path)
-        if slot.unloaded or slot.version != version or self.sup.stopping:
+        (w,) = self.provision.obtain(slot.name, version, 1, f"a {why} of {slot.name} v{version}")
+        w, _, _ = await self.provision.make_ready(w, slot.name, version, path)
+        if slot.unloaded or slot.version != version or self.state.stopping:
             self.loop.spawn_callback(w.stop, self.wcfg["stop_timeout"])
             return None
         slot.add_replica(w)
@@ -139,7 +153,7 @@ class Healer:
     async def give_up(self, slot: Slot, version: int, reason: str) -> None:
         log.error("model %s v%s marked FAILED: %s", slot.name, version, reason)
         info = {"name": slot.name, "version": version, "reason": reason, "at": time.time()}
-        self.sup.failed_models[f"{slot.name} v{version}"] = info
+        self.state.failed_models[f"{slot.name} v{version}"] = info
         self.events.emit("failed", name=slot.name, version=version, reason=reason)
         if slot.replicas:
             return  # other replicas of it still answer; an operator decides
@@ -147,24 +161,24 @@ class Healer:
         fallback = slot.previous
         if fallback and fallback != version:
             log.info("falling back to %s v%s, served before", slot.name, fallback)
-            await self.sup.applies.apply_logged(slot.name, fallback, "fallback", default=False)
-        elif self.sup.default_name == slot.name and self.sup.previous_default in self.sup.slots and (
-                self.sup.slots[self.sup.previous_default].replicas):
+            await self.applies.apply_logged(slot.name, fallback, "fallback", default=False)
+        elif self.state.default_name == slot.name and self.state.previous_default in self.state.slots and (
+                self.state.slots[self.state.previous_default].replicas):
             # no earlier version to go back to: the model that was the default
             # before it (still serving in its own slot) answers again
             log.info("default model %s FAILED: %s is the default again", slot.name,
-                     self.sup.previous_default)
-            back = self.sup.previous_default
+                     self.state.previous_default)
+            back = self.state.previous_default
 
             def switch() -> None:
-                self.sup.default_name, self.sup.previous_default = back, None
-            await self.sup.applies.commit(None, default=back, switch=switch, strict=False)
+                self.state.default_name, self.state.previous_default = back, None
+            await self.keeper.commit(None, default=back, switch=switch, strict=False)
 
     def sweep(self) -> None:
         """Once a second: fail requests past their deadline, kill hung workers,
         judge versions in probation, recycle workers past their limits."""
-        self.sup.rollouts.check_probations()
-        self.sup.applies.retry_dirty()
+        self.rollouts.check_probations()
+        self.keeper.retry_dirty()
         limit = self.wcfg["hang_timeout"]
         for w in list(self.pool.workers.values()):
             w.expire(self.wcfg["request_timeout"])
@@ -178,7 +192,7 @@ class Healer:
         if not (max_requests or max_rss):
             return
         now = time.monotonic()
-        for slot in self.sup.slots.values():
+        for slot in self.state.slots.values():
             for w in slot.replicas:
                 if getattr(w, "recycle_after", 0.0) > now:
                     continue
@@ -202,4 +216,4 @@ class Healer:
             w.recycle_after = time.monotonic() + 30.0
             return
         if new is not None and slot.remove_replica(w):
-            await self.sup.provision.retire([w])
+            await self.provision.retire([w])

@@ -23,17 +23,25 @@ import os
 import re
 import shutil
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 from tornado.ioloop import IOLoop
 
 from state import dataset
-from state.statedb import FILENAME as STATE_FILE, StateDB
+from state.statedb import StateDB
 from model_worker.params import ParamError, multi_label_refusal, validate_params
 from state.errors import InvalidName
 from state.store import TMP, check_name
 from control.childlog import is_tensorflow_line
 from control.workerhandle import ChildProcess
+
+if TYPE_CHECKING:
+    from state.config import Config
+    from state.predlog_api import PredictionLogBackend
+    from state.store import ModelStore
+    from control.policies import Policies
+    from control.pool import WorkerPool
+    from control.serving import ServingState
 
 log = logging.getLogger("textswap.jobs")
 
@@ -41,7 +49,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "interrupted")
 FINISHED = ("succeeded", "failed", "cancelled", "interrupted")
 ACTIVE = ("queued", "running")
-# the ids this service makes (Job, cluster/jobs.py new_id): a time, a counter
+# the ids this service makes (Job, cluster/job_queue.py new_id): a time, a counter
 JOB_ID = re.compile(r"[0-9]{14}-[1-9][0-9]{0,17}")
 
 
@@ -174,21 +182,85 @@ def _progress_line(info: dict[str, Any]) -> str:
         f" val_accuracy {info.get('val_accuracy')}"
 
 
+class JobQueue(Protocol):
+    """Where submitted jobs queue and how every job is read (chosen at start):
+    this service's own (`LocalJobs`), or the cluster's in Redis
+    (cluster/node.py ClusterTraining), where any node with room runs a job."""
+    shared_store: bool  # other services' job data and staging live in this store too
+
+    async def new_id(self) -> str | None:
+        """A job id unique where jobs are queued (None: the manager makes one)."""
+
+    async def enqueue(self, job: "Job") -> bool:
+        """True: queued elsewhere (not run by this manager's own schedule)."""
+
+    def changed(self, job: "Job") -> None:
+        """A job this service runs changed."""
+
+    async def list(self) -> list[dict[str, Any]]: ...
+
+    async def get(self, job_id: str) -> dict[str, Any] | None: ...
+
+    async def cancel(self, job_id: str) -> tuple[str, dict[str, Any] | None]:
+        """("cancelled", job) / ("done:<state>", job) / ("missing", None)."""
+
+
+class LocalJobs:
+    """The queue of a single service: its JobManager's own jobs."""
+
+    shared_store = False
+
+    def __init__(self) -> None:
+        self.manager: "JobManager"  # set by the manager it serves
+
+    async def new_id(self) -> str | None:
+        return None
+
+    async def enqueue(self, job: "Job") -> bool:
+        return False
+
+    def changed(self, job: "Job") -> None:
+        return None
+
+    async def list(self) -> list[dict[str, Any]]:
+        return self.manager.list()
+
+    async def get(self, job_id: str) -> dict[str, Any] | None:
+        job = self.manager.jobs.get(job_id)
+        return None if job is None else job.describe()
+
+    async def cancel(self, job_id: str) -> tuple[str, dict[str, Any] | None]:
+        job = self.manager.jobs.get(job_id)
+        if job is None:
+            return "missing", None
+        if job.state not in ("queued", "running"):
+            return f"done:{job.state}", job.describe()
+        await self.manager.cancel(job_id)
+        return "cancelled", job.describe()
+
+
 class JobManager:
-    def __init__(self, supervisor: Any, state: StateDB | None = None) -> None:
-        self.sup = supervisor
-        self.cfg = supervisor.cfg["training"]
+    def __init__(self, cfg: "Config", store: "ModelStore", serving: "ServingState",
+                 state: StateDB, pool: "WorkerPool", policies: "Policies",
+                 predlog: "PredictionLogBackend",
+                 apply: Callable[..., Awaitable[dict[str, Any]]],
+                 queue: JobQueue | None = None) -> None:
+        """state: the db shared with the rollout history; apply: the applies'
+        apply (a job that asks for it applies its version); queue: LocalJobs
+        unless given."""
+        self.cfg = cfg["training"]
+        self.log_level = cfg["log_level"]
+        self.store, self.serving, self.pool = store, serving, pool
+        self.policies, self.predlog, self.apply = policies, predlog, apply
         self.jobs: "collections.OrderedDict[str, Job]" = collections.OrderedDict()
         self.loop = IOLoop.current()
-        self.root = os.path.join(supervisor.store.root, TMP, "jobs")
-        # the supervisor normally passes the db it shares with the rollout history
-        self._owns_state = state is None
-        self.state = state or StateDB(os.path.join(supervisor.store.root, STATE_FILE))
-        # cluster mode (clusternode.py): jobs are queued in Redis and other nodes'
-        # job data and staging live in this same store, so nothing shared is
-        # wiped here; the supervisor sets `cluster` to its ClusterTraining
-        self.cluster: Any = None
-        self.shared_store = bool(supervisor.cfg.raw.get("cluster", {}).get("redis_url"))
+        self.root = os.path.join(store.root, TMP, "jobs")
+        self.state = state
+        if queue is None:
+            queue = LocalJobs()
+            queue.manager = self
+        self.queue: JobQueue = queue
+        self.shared_store = queue.shared_store  # nothing shared is wiped here
         self._recover()
 
     @property
@@ -196,7 +268,7 @@ class JobManager:
         """Where /train may read files: the store's data/ folder (a relative
         path is read from there) and training.data_roots; never the working
         directory (it holds the service's own files)."""
-        return [os.path.join(self.sup.store.root, "data"), *self.cfg["data_roots"]]
+        return [os.path.join(self.store.root, "data"), *self.cfg["data_roots"]]
 
     # -- persistence -------------------------------------------------------------------
     def _recover(self) -> None:
@@ -223,7 +295,7 @@ class JobManager:
         Job._ids = itertools.count(seq + 1)
         if not self.shared_store:
             shutil.rmtree(self.root, ignore_errors=True)  # interrupted jobs' data and logs
-            self.sup.store.clean_staging()  # and what their trainers were publishing
+            self.store.clean_staging()  # and what their trainers were publishing
         self._trim()
 
     def _mark_interrupted(self, job: Job, reason: str, when: float | None = None) -> None:
@@ -241,21 +313,20 @@ class JobManager:
             self.state.save_job(job.record())
         except Exception as exc:  # the db is closed or broken: serve on, say so
             log.error("job %s: cannot persist: %s", job.id, exc)
-        if self.cluster is not None:  # every node's GET /train/<id> reads it there
-            self.cluster.changed(job)
+        self.queue.changed(job)  # cluster: every node's GET /train/<id> reads it there
 
     # -- API -----------------------------------------------------------------------
     async def _check_space(self, name: str) -> None:
         """The low-space guard: a job starts only with twice the size of the
         model's newest version free in the store (it stages, then publishes)."""
-        need = 2 * await self.loop.run_in_executor(None, self.sup.store.version_bytes, name)
+        need = 2 * await self.loop.run_in_executor(None, self.store.version_bytes, name)
         try:
-            free = shutil.disk_usage(self.sup.store.root).free
+            free = shutil.disk_usage(self.store.root).free
         except OSError:
             return
         if need and free < need:
             raise JobError(507, "insufficient_storage",
-                           f"the model store ({self.sup.store.root}) has {free} bytes free; "
+                           f"the model store ({self.store.root}) has {free} bytes free; "
                            f"training {name} needs about {need} (twice its newest version)")
 
     async def submit(self, name: Any, data_spec: Any, params: Any, apply: Any,
@@ -267,7 +338,7 @@ class JobManager:
             check_name(name)
         except Exception as exc:
             raise JobError(400, "invalid_name", str(exc)) from None
-        policies = getattr(self.sup, "policies", None)
+        policies = self.policies
         given_spec = data_spec
         if data_spec is None:  # the data (and parameters) of the last training
             last = (await self.loop.run_in_executor(None, policies.last_training, name)
@@ -303,9 +374,8 @@ class JobManager:
             raise JobError(400, "invalid_params", multi_label_refusal(full["architecture"]))
         base = data
         if feedback is True:
-            plog = getattr(self.sup, "predlog", None)
-            feedback = (await self.loop.run_in_executor(None, plog.feedback_examples, name)
-                        if plog is not None else [])
+            feedback = await self.loop.run_in_executor(None, self.predlog.feedback_examples,
+                                                       name)
             watermark = time.time() if watermark is None else watermark
         folded = None
         if feedback is not None:
@@ -325,7 +395,7 @@ class JobManager:
             except OSError as exc:
                 log.error("cannot remember the data of %s's training: %s", name, exc)
         # cluster mode: an id unique across nodes (JobError 503 when Redis is down)
-        job_id = await self.cluster.new_id() if self.cluster is not None else None
+        job_id = await self.queue.new_id()
         await self._check_space(name)
         job = Job(name, full, summary, apply, job_id=job_id)
         job.dir = self.job_dir(job.id)
@@ -337,8 +407,7 @@ class JobManager:
             shutil.rmtree(job.dir, ignore_errors=True)
             raise JobError(507, "insufficient_storage",
                            f"cannot write the job's data into the model store: {exc}") from None
-        if self.cluster is not None:  # queued in Redis: a node with room runs it
-            await self.cluster.enqueue(job)
+        if await self.queue.enqueue(job):  # queued in Redis: a node with room runs it
             log.info("job %s queued in the cluster: train %s", job.id, name)
             return job
         job.on_change = self._save
@@ -433,8 +502,6 @@ class JobManager:
                 job.error = "the service stopped while the job was running"
                 if job.process is not None:
                     await job.process.stop(2.0)
-        if self._owns_state:
-            self.state.close()
 
     # -- running -------------------------------------------------------------------
     def _trim(self) -> None:
@@ -452,7 +519,7 @@ class JobManager:
     def _schedule(self) -> None:
         running = sum(1 for j in self.jobs.values() if j.state == "running")
         for job in self.jobs.values():
-            if running >= self.cfg["max_concurrent"] or self.sup.stopping:
+            if running >= self.cfg["max_concurrent"] or self.serving.stopping:
                 return
             if job.state == "queued":
                 self._start(job)
@@ -464,15 +531,14 @@ class JobManager:
         spec = {"job_id": job.id, "name": job.name, "params": job.params,
                 "data_file": os.path.join(job.dir, "data.jsonl"),
                 "log_file": os.path.join(job.dir, "train.log"),
-                "data_summary": job.data_summary, "models_dir": self.sup.store.root,
+                "data_summary": job.data_summary, "models_dir": self.store.root,
                 "nice": self.cfg["nice"],
                 "idle_priority": self.cfg["idle_priority"], "threads": self.cfg["threads"], "root": ROOT,
                 "parent_pid": os.getpid(),
-                "log_level": getattr(self.sup, "cfg", {}).get("log_level", "INFO")}
+                "log_level": self.log_level}
         # forked from the workers' zygote like them: the trainer sets its own
         # nice, SCHED_IDLE and thread caps after the fork, as a spawned one did
-        pool = getattr(self.sup, "pool", None)
-        job.process = TrainerProcess(job, spec, self._on_exit, getattr(pool, "zygote", None))
+        job.process = TrainerProcess(job, spec, self._on_exit, self.pool.zygote)
         self._save(job)
 
     def _on_exit(self, proc: TrainerProcess) -> None:
@@ -484,10 +550,10 @@ class JobManager:
             self._finish(job, "succeeded")
             log.info("job %s succeeded: %s v%s, accuracy %s", job.id, job.name,
                      job.result["version"], (job.metrics or {}).get("accuracy"))
-            if job.apply and not self.sup.stopping:
+            if job.apply and not self.serving.stopping:
                 self.loop.spawn_callback(self._apply, job)
             else:
-                self.sup.refresh_preload()
+                self.pool.refresh()
         else:
             job.error = job.error or f"trainer process exited with code {proc.exitcode}"
             self._finish(job, "failed")
@@ -506,7 +572,7 @@ class JobManager:
         self._trim()
         # a cancelled or crashed trainer may leave a staging folder behind
         if not self._any_running() and not self.shared_store:
-            self.sup.store.clean_staging()
+            self.store.clean_staging()
 
     def _any_running(self) -> bool:
         return any(j.state == "running" for j in self.jobs.values())
@@ -527,7 +593,7 @@ class JobManager:
     async def _apply(self, job: Job) -> None:
         assert job.result is not None
         try:
-            job.applied = await self.sup.apply(job.name, job.result["version"], source="train")
+            job.applied = await self.apply(job.name, job.result["version"], source="train")
         except Exception as exc:
             job.applied = {"error": str(exc)}
             log.error("job %s: apply of %s v%s failed: %s", job.id, job.name,

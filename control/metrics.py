@@ -25,7 +25,16 @@ from __future__ import annotations
 import bisect
 import time
 from collections import defaultdict
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+if TYPE_CHECKING:
+    from state.storage import Storage
+    from control.events import Events
+    from control.jobs import JobManager
+    from control.pool import WorkerPool
+    from control.quality import Quality
+    from control.serving import ServingState
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -70,8 +79,18 @@ def _noop(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+@dataclass
+class Sources:
+    """What a scrape reads besides the counters (given at composition)."""
+    state: "ServingState"  # slots: requests queued per model
+    pool: "WorkerPool"  # worker processes: state, memory, requests in flight
+    storage: "Storage"  # durable writes' health
+    jobs: "JobManager"  # training jobs by state
+    quality: "Quality"  # live quality and drift per version
+
+
 class Metrics:
-    """The service's figures. `sup` (the Supervisor) is read at scrape time.
+    """The service's figures; `sources` are read at scrape time.
 
     Counting calls, for the frontend and the supervisor:
       observe_request(api, model, version, status, seconds)  one HTTP answer
@@ -80,8 +99,9 @@ class Metrics:
     With `enabled` false they do nothing, and /metrics is not served.
     """
 
-    def __init__(self, sup: Any = None, enabled: bool = True) -> None:
-        self.sup = sup
+    def __init__(self, sources: Sources | None = None, events: "Events | None" = None,
+                 enabled: bool = True) -> None:
+        self.sources = sources
         self.enabled = enabled
         self.started = time.time()
         # (api, model, version) -> [answers by status code, end-to-end latency]
@@ -101,10 +121,15 @@ class Metrics:
         ProcessCollector(registry=self.registry)  # the supervisor's own CPU, RSS, fds
         PlatformCollector(registry=self.registry)
         self.registry.register(self)  # a custom collector
-        events = getattr(sup, "events", None)
         if events is not None:
             events.subscribe(self.on_event)
-        if sup is not None:  # batch figures arrive in the workers' result frames
+        if sources is not None:
+            self.attach(sources)
+
+    def attach(self, sources: Sources) -> None:
+        """Read `sources` at each scrape, and count the workers' batches."""
+        self.sources = sources
+        if self.enabled:  # batch figures arrive in the workers' result frames
             from control.workerhandle import WorkerHandle
 
             WorkerHandle.on_batch = self.observe_batch
@@ -191,13 +216,12 @@ class Metrics:
         yield c
         yield _hist("apply_phase_seconds", "duration of each phase of a successful apply",
                     ["phase"], {(k,): h for k, h in self.apply_phases.items()})
-        if self.sup is not None:
-            yield from self._supervisor_gauges()
-            yield from self._quality_families()
+        if self.sources is not None:
+            yield from self._supervisor_gauges(self.sources)
+            yield from self._quality_families(self.sources)
 
-    def _supervisor_gauges(self) -> Iterator[Any]:
-        sup = self.sup
-        workers = _workers(sup)
+    def _supervisor_gauges(self, src: Sources) -> Iterator[Any]:
+        workers = list(src.pool.workers.values())
         by_state: dict[str, int] = defaultdict(int)
         inflight: dict[tuple[str, str], int] = defaultdict(int)
         labels: Sequence[str]
@@ -232,17 +256,14 @@ class Metrics:
         yield g
         g = GaugeMetricFamily(PREFIX + "requests_queued", "requests waiting for room on a "
                               "worker (all replicas at max_inflight)", labels=["model"])
-        for name, n in sorted(_queued(sup).items()):
+        for name, n in sorted((n, s.waiters) for n, s in src.state.slots.items()):
             g.add_metric([name], n)
         yield g
-        yield from self._storage_families()
-        yield from self._job_families()
+        yield from self._storage_families(src)
+        yield from self._job_families(src)
 
-    def _storage_families(self) -> Iterator[Any]:
-        storage = getattr(self.sup, "storage", None)
-        if storage is None:
-            return
-        h = storage.health()
+    def _storage_families(self, src: Sources) -> Iterator[Any]:
+        h = src.storage.health()
         g = GaugeMetricFamily(PREFIX + "storage_ok", "1 while the last durable write "
                               "(record, state db, golden sets) succeeded, 0 after a failure")
         g.add_metric([], 1 if h["ok"] else 0)
@@ -256,9 +277,8 @@ class Metrics:
         c.add_metric([], h["failures"])
         yield c
 
-    def _job_families(self) -> Iterator[Any]:
-        jobs = getattr(self.sup, "jobs", None)
-        listing = jobs.list() if jobs is not None else []
+    def _job_families(self, src: Sources) -> Iterator[Any]:
+        listing = src.jobs.list()
         states: dict[str, int] = defaultdict(int)
         for job in listing:
             states[job["state"]] += 1
@@ -279,11 +299,10 @@ class Metrics:
         yield _hist("training_seconds", "run time of training jobs finished since start, "
                     "by final state", ["state"], {(k,): h for k, h in self.train_seconds.items()})
 
-    def _quality_families(self) -> Iterator[Any]:
+    def _quality_families(self, src: Sources) -> Iterator[Any]:
         """Live quality and drift per version: control/quality.py's latest reports
         (refreshed every drift.refresh_s and by GET /models/<name>/quality)."""
-        quality = getattr(self.sup, "quality", None)
-        latest = dict(getattr(quality, "latest", None) or {})
+        latest = dict(src.quality.latest)
         labels = ["model", "version"]
         fams: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
             "feedback": CounterMetricFamily(PREFIX + "feedback", "true labels fed back on "
@@ -340,21 +359,13 @@ def _hist(name: str, doc: str, labels: list[str], data: dict[Any, Hist]) -> Any:
     return fam
 
 
-# -- what the supervisor holds ---------------------------------------------------------------
-def _workers(sup: Any) -> list[Any]:
-    return list(sup.pool.workers.values())
-
-
-def _queued(sup: Any) -> dict[str, int]:
-    return {name: s.waiters for name, s in sup.slots.items()}
-
-
-def build(sup: Any, config: Any) -> Metrics:
-    """The service's Metrics from its config (`metrics.enabled`)."""
+def build(config: Any, events: "Events | None" = None) -> Metrics:
+    """The service's Metrics from its config (`metrics.enabled`); its
+    sources are set once the parts they are made of exist."""
     section: dict[str, Any] = {}
     try:
         section = config["metrics"]
     except KeyError:
         pass
-    return Metrics(sup, enabled=bool(section.get("enabled", True)))
+    return Metrics(None, events, enabled=bool(section.get("enabled", True)))
 

@@ -1,6 +1,6 @@
 """Per-model retrain policies and the retraining that folds feedback in (docs/loop.md).
 
-``sup.policies`` (class Policies):
+``Policies``:
 
     get(name) -> dict | None        the model's policy: config ``policies.<name>``
                                     overlaid by what PUT /models/<name>/policy stored
@@ -35,13 +35,18 @@ import math
 import os
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from tornado.ioloop import IOLoop
 
 from state.config import ConfigError
 from state.dataset import is_label_set
 from state.store import check_name
+
+if TYPE_CHECKING:
+    from state.predlog_api import PredictionLogBackend
+    from state.statedb import StateDB
+    from control.serving import ServingState
 
 log = logging.getLogger("textswap.policies")
 
@@ -110,14 +115,20 @@ def _write_atomic(path: str, data: Any) -> None:
 
 
 class Policies:
-    def __init__(self, sup: Any) -> None:
-        self.sup = sup
-        self.root = sup.store.root
+    def __init__(self, config: dict[str, Any], root: str, serving: "ServingState",
+                 predlog: "PredictionLogBackend", db: "StateDB",
+                 apply: Callable[..., Awaitable[dict[str, Any]]]) -> None:
+        """config: the `policies` section; root: the model store's folder;
+        apply: the applies' apply (a retrained version goes through the gate)."""
+        self.serving, self.predlog, self.db, self.apply = serving, predlog, db, apply
+        # the jobs' submit (set at composition: the job manager holds this object)
+        self.submit: Callable[..., Awaitable[Any]]
+        self.root = root
         self.path = os.path.join(self.root, FILENAME)
         self.dir = os.path.join(self.root, LOOP_DIR)
         self._lock = threading.Lock()
         self.config: dict[str, dict[str, Any]] = {}
-        for name, p in (sup.cfg.raw.get("policies") or {}).items():
+        for name, p in (config or {}).items():
             try:
                 check_name(name)
                 self.config[name] = validate(p, f"policies.{name}")
@@ -229,7 +240,7 @@ class Policies:
         p = self.get(name)
         if not p or not p.get("retrain_after_labels") or name in self.running:
             return
-        if getattr(self.sup, "stopping", False):
+        if self.serving.stopping:
             return
         self.running[name] = "checking"
         IOLoop.current().spawn_callback(self._maybe_retrain, name, p)
@@ -239,7 +250,7 @@ class Policies:
         try:
             state = await loop.run_in_executor(None, self.model_state, name)
             since = state.get("trained_at")
-            n = await loop.run_in_executor(None, self.sup.predlog.feedback_count, name, since)
+            n = await loop.run_in_executor(None, self.predlog.feedback_count, name, since)
             if n < p["retrain_after_labels"]:
                 return
             await self.retrain(name, p, n)
@@ -254,13 +265,13 @@ class Policies:
         loop = IOLoop.current()
         cause = f"retrain after {n} labels"
         started = time.time()
-        examples = await loop.run_in_executor(None, self.sup.predlog.feedback_examples, name)
+        examples = await loop.run_in_executor(None, self.predlog.feedback_examples, name)
         share = p.get("holdout", 0.2) if p["apply"] == "gate" else 0.0
         if any(is_label_set(lab) for _, lab in examples):
             share = 0.0  # multi-label feedback: the gate compares top labels, not sets
         train = [(t, lab) for t, lab in examples if not held_out(t, share)]
         hold = [(t, lab) for t, lab in examples if held_out(t, share)]
-        job = await self.sup.jobs.submit(name, None, None, False, feedback=train,
+        job = await self.submit(name, None, None, False, feedback=train,
                                          watermark=started)
         self.running[name] = job
         await loop.run_in_executor(None, lambda: self._update_state(
@@ -288,11 +299,11 @@ class Policies:
             self.gating[name] = {"texts": [x for x, _ in hold], "labels": [y for _, y in hold]}
         try:
             if p["apply"] == "gate":
-                res = await self.sup.apply(name, version, source="train")
+                res = await self.apply(name, version, source="train")
             elif p["apply"] == "canary":
-                res = await self.sup.apply(name, version, source="train", mode="canary")
+                res = await self.apply(name, version, source="train", mode="canary")
             elif p["apply"] == "swap":
-                res = await self.sup.apply(name, version, source="train", gate=False)
+                res = await self.apply(name, version, source="train", gate=False)
             else:
                 res = None
             outcome["applied"] = res is not None
@@ -313,11 +324,8 @@ class Policies:
 
     def _history(self, name: str, kind: str, reason: str, version: Any,
                  details: dict[str, Any]) -> None:
-        state = getattr(self.sup, "state", None)
-        if state is None:
-            return
         try:
-            state.add_history(name, kind, source="policy", to_version=version, reason=reason,
+            self.db.add_history(name, kind, source="policy", to_version=version, reason=reason,
                               details=details)
         except Exception as exc:
             log.error("cannot record %s of %s: %s", kind, name, exc)

@@ -1,7 +1,7 @@
 """Every worker process of the service, the shared standby pool, the zygote,
 and the budget.
 
-Workers and trainers are forked from the zygote (control/zygote.py,
+Workers and trainers are forked from the zygote (control/zygote_client.py,
 `worker.zygote`): one process that imported TensorFlow once, so a new
 worker is booted in about 0.1 s and shares TensorFlow's memory copy-on-write
 (about 60 MB private per small model instead of 250). The pool starts the
@@ -32,7 +32,7 @@ from tornado.ioloop import IOLoop
 
 from state.errors import Conflict, StoreError
 from state.store import ModelStore
-from control import zygote as zygote_mod
+from control import zygote_client as zygote_mod
 from control.workerhandle import State, WorkerError, WorkerDied, WorkerHandle
 
 log = logging.getLogger("textswap.pool")

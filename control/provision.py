@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from tornado import gen
 from tornado.locks import Semaphore
@@ -19,7 +19,13 @@ from state.store import StoreError
 from control.workerhandle import RequestFailed, State, WorkerDied, WorkerError, WorkerHandle
 
 if TYPE_CHECKING:
-    from supervisor import Supervisor
+    from tornado.ioloop import IOLoop
+
+    from state.config import Config
+    from state.store import ModelStore
+    from control.pool import WorkerPool
+    from control.serving import ServingState
+    from control.slots import Slot
 
 log = logging.getLogger("textswap.supervisor")
 
@@ -27,17 +33,20 @@ log = logging.getLogger("textswap.supervisor")
 class Provisioner:
     """Obtains, readies and retires worker processes for the slots."""
 
-    def __init__(self, sup: "Supervisor") -> None:
-        self.sup = sup
-        self.cfg, self.wcfg, self.loop = sup.cfg, sup.wcfg, sup.loop
-        self.store, self.pool, self.events = sup.store, sup.pool, sup.events
+    def __init__(self, state: "ServingState", cfg: "Config", loop: "IOLoop",
+                 store: "ModelStore", pool: "WorkerPool") -> None:
+        self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg["worker"], loop
+        self.store, self.pool = store, pool
+        # a slot's probation ends early to make room: its workers, no longer
+        # kept (the rollouts' cancel_probation; set at composition)
+        self.end_probation: Callable[["Slot"], list[WorkerHandle]] = lambda slot: []
         self._loads = Semaphore(max(2, os.cpu_count() or 1))  # model loads at once
 
     def preload_guesses(self) -> list[tuple[str, int]]:
         """Models likely applied next, best first: a newer version of a serving
         model (just trained), then the version each served before (a rollback).
         The default model's guesses come first."""
-        order = sorted(self.sup.slots.values(), key=lambda s: s.name != self.sup.default_name)
+        order = sorted(self.state.slots.values(), key=lambda s: s.name != self.state.default_name)
         newer, back = [], []
         for slot in order:
             if slot.version is None or not slot.replicas:
@@ -157,11 +166,11 @@ class Provisioner:
         if not self.pool.max_workers:
             return
         need = n - len([w for w in self.pool.standby if w.alive])
-        for slot in sorted(self.sup.slots.values(), key=lambda s: s.probation.started
+        for slot in sorted(self.state.slots.values(), key=lambda s: s.probation.started
                            if s.probation else 0.0):
             if need <= 0 or self.pool.has_room(need):
                 return
             if slot.probation is not None:
                 log.info("ending the probation of %s v%s early: %s needs room", slot.name,
                          slot.probation.version, what)
-                await self.retire(self.sup.rollouts.cancel_probation(slot))
+                await self.retire(self.end_probation(slot))

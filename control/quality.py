@@ -1,7 +1,7 @@
 """Live quality and drift per model version (GET /models/<name>/quality,
 the Prometheus figures, the dashboard). No TensorFlow.
 
-Reads the prediction log only through its read interface (`sup.predlog`:
+Reads the prediction log only through its read interface (`predlog`:
 recent, fed_back, counts; state/predlog.py), always on an executor thread,
 and each version's training-data profile (`profile.json`, written by the
 trainer: model_worker/profile.py).
@@ -40,11 +40,17 @@ import os
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_worker import profile as prof
 from state.dataset import decode_truth
 from state.errors import NotFound
+from state.store import StoreError
+
+if TYPE_CHECKING:
+    from state.predlog_api import PredictionLogBackend
+    from state.store import ModelStore
+    from control.serving import ServingState
 
 log = logging.getLogger("textswap.quality")
 
@@ -217,13 +223,15 @@ def _round(x: float | None) -> float | None:
 
 # -- the part ---------------------------------------------------------------------------------
 class Quality:
-    """`sup.quality`: computes reports off the IOLoop and keeps the latest per
+    """Computes reports off the IOLoop and keeps the latest per
     model for /metrics (refreshed every drift.refresh_s for the serving models,
     and by each GET /models/<name>/quality)."""
 
-    def __init__(self, sup: Any) -> None:
-        self.sup = sup
-        self.cfg = dict(sup.cfg["drift"])
+    def __init__(self, cfg: dict[str, Any], store: "ModelStore",
+                 predlog: "PredictionLogBackend | None", serving: "ServingState",
+                 loop: Any) -> None:
+        self.cfg = dict(cfg)  # the `drift` section
+        self.store, self.predlog, self.serving, self.loop = store, predlog, serving, loop
         self.latest: dict[str, dict[str, Any]] = {}  # name -> last report (for metrics)
         self._profiles: dict[tuple[str, int], tuple[float, Any, Any]] = {}
         self._lock = threading.Lock()
@@ -234,15 +242,11 @@ class Quality:
             self._timer = PeriodicCallback(self._tick, self.cfg["refresh_s"] * 1000)
             self._timer.start()
 
-    @property
-    def predlog(self) -> Any:
-        return getattr(self.sup, "predlog", None)
-
     async def report(self, name: str) -> dict[str, Any]:
         """The quality report of a model (NotFound when neither the store nor
         the log knows it). Counts what was answered before this call: the log's
         queue is flushed first."""
-        result = await self.sup.loop.run_in_executor(None, self._flushed_compute, name)
+        result = await self.loop.run_in_executor(None, self._flushed_compute, name)
         self.latest[name] = result
         return result
 
@@ -257,12 +261,14 @@ class Quality:
             return
         self._refreshing = True
         try:
-            names = set(getattr(self.sup, "slots", {}) or {}) | set(self.latest)
+            names = set(self.serving.slots) | set(self.latest)
             for name in sorted(names):
                 try:
                     await self.report(name)
                 except NotFound:
                     self.latest.pop(name, None)
+                except OSError as exc:  # the log's disk or Redis: said once per tick
+                    log.warning("quality of %s not computed: %s", name, exc)
                 except Exception:
                     log.exception("quality of %s not computed", name)
         finally:
@@ -271,7 +277,7 @@ class Quality:
     # -- executor thread ------------------------------------------------------------------
     def _profile(self, name: str, version: int) -> tuple[dict[str, Any] | None, Any]:
         """(profile, decoded n-gram set) of a version, cached by the file's mtime."""
-        folder = os.path.join(self.sup.store.root, name, str(version))
+        folder = os.path.join(self.store.root, name, str(version))
         path = os.path.join(folder, prof.FILENAME)
         try:
             mtime = os.stat(path).st_mtime
@@ -292,9 +298,11 @@ class Quality:
         return profile, known
 
     def _meta(self, name: str, version: int) -> dict[str, Any] | None:
+        """The version's meta.json; None when it was deleted or is unreadable
+        (its report then has no training figures)."""
         try:
-            return self.sup.store.meta(name, version)
-        except Exception:
+            return self.store.meta(name, version)
+        except (StoreError, OSError, ValueError):
             return None
 
     def _training(self, meta: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -329,15 +337,15 @@ class Quality:
         return live
 
     def compute(self, name: str) -> dict[str, Any]:
-        store_versions = self.sup.store.versions(name)  # InvalidName on a bad name
+        store_versions = self.store.versions(name)  # InvalidName on a bad name
         plog = self.predlog
         counts = plog.counts(name) if plog is not None else {}
         if not store_versions and not counts:
             raise NotFound(f"no model named '{name}' in the store or the prediction log")
         serving = None
-        slot = (getattr(self.sup, "slots", None) or {}).get(name)
+        slot = self.serving.slots.get(name)
         if slot is not None:
-            serving = getattr(slot, "version", None)
+            serving = slot.version
         versions = sorted((v for v in counts if v is not None), reverse=True)
         if serving is not None and serving not in versions:
             versions.insert(0, serving)

@@ -5,26 +5,36 @@ loaded in probation after a swap (rollback within it is one assignment,
 automatic when the new version's error rate or p99 passes the limits), the
 golden-set quality gate of an apply or a promotion, and shadow/canary
 candidates (start, promote, abort). The figures themselves are
-`control/rollouts.py`'s. It routes only through `Router.swap` and persists
-through `Applies.commit` (persist, then switch).
+`control/rollout_state.py`'s. It routes only through `Router.swap` and persists
+through `RecordKeeper.commit` (persist, then switch).
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from tornado import gen
 
 from state.errors import ApplyFailed, Conflict, ServiceError, StorageFailed
 from state.store import check_name
-from control.rollouts import Candidate, Probation, label_changes
-from control.rollouts import score as rollouts_score
+from control.rollout_state import Candidate, Probation, label_changes
+from control.rollout_state import score as rollouts_score
 from control.slots import Slot
 from control.workerhandle import State, WorkerHandle
 
 if TYPE_CHECKING:
-    from supervisor import Supervisor
+    from tornado.ioloop import IOLoop
+
+    from state.config import Config
+    from state.store import ModelStore
+    from control.records import RecordKeeper
+    from control.events import Events
+    from control.pool import WorkerPool
+    from control.provision import Provisioner
+    from control.rollout_state import GoldenSets
+    from control.routing import Router
+    from control.serving import ServingState
 
 log = logging.getLogger("textswap.supervisor")
 
@@ -32,10 +42,20 @@ log = logging.getLogger("textswap.supervisor")
 class RolloutControl:
     """Probation, rollback, the quality gate, shadow and canary, per slot."""
 
-    def __init__(self, sup: "Supervisor") -> None:
-        self.sup = sup
-        self.cfg, self.wcfg, self.loop = sup.cfg, sup.wcfg, sup.loop
-        self.store, self.pool, self.events = sup.store, sup.pool, sup.events
+    def __init__(self, state: "ServingState", cfg: "Config", loop: "IOLoop",
+                 store: "ModelStore", pool: "WorkerPool", events: "Events",
+                 golden: "GoldenSets", provision: "Provisioner", router: "Router",
+                 keeper: "RecordKeeper") -> None:
+        self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg["worker"], loop
+        self.store, self.pool, self.events, self.golden = store, pool, events, golden
+        self.provision, self.router, self.keeper = provision, router, keeper
+        # the applies' apply: a rollback past the probation is a new apply
+        # (set at composition: the applies hold this object)
+        self.apply: Callable[..., Awaitable[dict[str, Any]]]
+        # the golden set plus a retrain policy's feedback hold-out (the
+        # policies' gate_set; set at composition)
+        self.gate_set: Callable[[str, dict[str, Any] | None], dict[str, Any] | None] = \
+            lambda name, golden: golden
 
     async def after_swap(self, slot: Slot, old: list[WorkerHandle],
                           previous: dict[str, Any] | None, version: int
@@ -43,11 +63,11 @@ class RolloutControl:
         """The previous version's workers: kept idle in probation (a rollback
         is then one assignment), or drained and stopped."""
         probation_s = self.cfg["rollout"]["probation_s"]
-        if self.sup.stopping or not old or previous is None or previous["version"] == version \
+        if self.state.stopping or not old or previous is None or previous["version"] == version \
                 or probation_s <= 0:
-            return await self.sup.provision.retire(old)
+            return await self.provision.retire(old)
         if slot.probation is not None:  # one probation per slot: the newest
-            self.loop.spawn_callback(self.sup.provision.retire, self.cancel_probation(slot))
+            self.loop.spawn_callback(self.provision.retire, self.cancel_probation(slot))
         old_p99 = slot.stats_before_swap
         for w in old:
             w.set_state(State.IDLE)
@@ -77,7 +97,7 @@ class RolloutControl:
         log.info("probation of %s v%s ended: its workers stop", slot.name, p.version)
         self.events.emit("probation_ended", name=slot.name, from_version=p.version,
                          to_version=p.new_version, details=p.new_stats.describe())
-        self.loop.spawn_callback(self.sup.provision.retire, p.workers)
+        self.loop.spawn_callback(self.provision.retire, p.workers)
 
     def switch_back(self, slot: Slot, reason: str, auto: bool,
                     figures: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -93,7 +113,7 @@ class RolloutControl:
         for w in bad:
             if w.state is State.SERVING:
                 w.set_state(State.DRAINING)  # no new requests from now on
-        self.sup.router.swap(slot, p.workers, p.version, len(p.workers))
+        self.router.swap(slot, p.workers, p.version, len(p.workers))
         slot.previous = None
         info = {"version": bad_version, "reason": reason, "auto": auto, "figures": figures,
                 "at": time.time(), "back_to": p.version}
@@ -104,23 +124,23 @@ class RolloutControl:
         self.events.emit("rollback", name=slot.name, source="auto" if auto else "api",
                          from_version=bad_version, to_version=p.version, reason=reason,
                          details=figures)
-        self.loop.spawn_callback(self.sup.provision.retire, bad)
+        self.loop.spawn_callback(self.provision.retire, bad)
         return info
 
     def rollback_now(self, slot: Slot, reason: str, auto: bool,
                      figures: dict[str, Any] | None = None) -> dict[str, Any]:
         """The automatic rollback (errors, latency, a crash in probation):
         switch at once, since every moment on the bad version costs requests,
-        then write the record (Applies.save_later; retried until it succeeds)."""
+        then write the record (RecordKeeper.save_later; retried until it succeeds)."""
         info = self.switch_back(slot, reason, auto, figures)
-        self.sup.applies.save_later(slot.name)
+        self.keeper.save_later(slot.name)
         return info
 
     async def rollback(self, name: str, source: str = "api") -> dict[str, Any]:
         """POST /rollback: the previous version serves again. Within probation
         it is one routing assignment; after it, an apply of that version."""
         check_name(name)
-        slot = self.sup.router.slot_for(name)
+        slot = self.router.slot_for(name)
         t0 = time.monotonic()
         p = slot.probation
         if p is not None and all(w.usable for w in p.workers):
@@ -133,7 +153,7 @@ class RolloutControl:
             def switch() -> None:
                 done["info"] = self.switch_back(slot, "manual rollback", auto=False)
             try:
-                await self.sup.applies.commit(
+                await self.keeper.commit(
                     name, {"version": p.version, "replicas": len(p.workers),
                            "explicit": slot.explicit}, switch=switch)
             except StorageFailed:
@@ -143,7 +163,7 @@ class RolloutControl:
                         self.end_probation, slot, p)
                 raise
             except Conflict:  # the probation ended while the record was written
-                self.sup.applies.save_later(name)
+                self.keeper.save_later(name)
                 raise
             info = done["info"]
             return {"name": name, "from_version": info["version"], "to_version": info["back_to"],
@@ -151,7 +171,7 @@ class RolloutControl:
         if not slot.previous:
             raise Conflict(f"{name} has no previous version to roll back to", code="no_previous")
         target, bad = slot.previous, slot.version
-        result = await self.sup.applies.apply(name, target, default=False, source="rollback")
+        result = await self.apply(name, target, default=False, source="rollback")
         slot.rolled_back[bad] = {"version": bad, "reason": "manual rollback", "auto": False,  # type: ignore[index]  # serving: an int
                                  "figures": None, "at": time.time(), "back_to": target}
         self.events.emit("rollback", name=name, source=source, from_version=bad,
@@ -164,7 +184,7 @@ class RolloutControl:
         """Once a second: roll back a version in probation whose error rate or
         tail latency went past the configured limits."""
         r = self.cfg["rollout"]
-        for slot in list(self.sup.slots.values()):
+        for slot in list(self.state.slots.values()):
             p = slot.probation
             if p is None or p.new_version != slot.version:
                 continue
@@ -187,10 +207,9 @@ class RolloutControl:
 
     async def quality_gate(self, slot: Slot, version: int, workers: list[WorkerHandle],
                             enabled: bool, min_accuracy: float | None) -> dict[str, Any] | None:
-        golden = self.sup.golden.get(slot.name)
-        policies = getattr(self.sup, "policies", None)
-        if policies is not None:  # a policy retrain: its feedback hold-out too (docs/loop.md)
-            golden = policies.gate_set(slot.name, golden)
+        golden = self.golden.get(slot.name)
+        # a policy retrain: its feedback hold-out too (docs/loop.md)
+        golden = self.gate_set(slot.name, golden)
         if golden is None:
             if min_accuracy is not None and enabled:
                 raise ServiceError(f"min_accuracy needs a golden set: register one with PUT "
@@ -245,13 +264,13 @@ class RolloutControl:
             self.events.emit("abort", name=slot.name, source=source, from_version=slot.version,
                              to_version=old.version, details=old.describe(),
                              reason=f"replaced by a {mode} of v{version}")
-            self.loop.spawn_callback(self.sup.provision.retire, self.drop_candidate(slot))
+            self.loop.spawn_callback(self.provision.retire, self.drop_candidate(slot))
         fraction = fraction if fraction is not None else (1.0 if mode == "shadow" else 0.1)
         what = f"a {mode} of {slot.name} v{version}"
-        await self.sup.provision.make_room(replicas, what)
-        new = self.sup.provision.obtain(slot.name, version, replicas, what)
+        await self.provision.make_room(replicas, what)
+        new = self.provision.obtain(slot.name, version, replicas, what)
         try:
-            ready = list(await gen.multi([self.sup.provision.make_ready(w, slot.name, version, path)
+            ready = list(await gen.multi([self.provision.make_ready(w, slot.name, version, path)
                                           for w in new]))
         except ApplyFailed:
             for w in new:
@@ -288,7 +307,7 @@ class RolloutControl:
 
     async def promote(self, name: str, gate: bool = True) -> dict[str, Any]:
         """The shadow or canary candidate serves all traffic: one assignment."""
-        slot = self.sup.router.slot_for(name)
+        slot = self.router.slot_for(name)
         async with slot.lock:
             c = slot.candidate
             if c is None:
@@ -305,14 +324,14 @@ class RolloutControl:
                 slot.candidate = None
                 seen["old"] = list(slot.replicas)
                 seen["previous"] = {"name": name, "version": slot.version}
-                self.sup.router.swap(slot, c.workers, c.version, len(c.workers))
+                self.router.swap(slot, c.workers, c.version, len(c.workers))
                 seen["took"] = time.monotonic() - seen["t0"]
             try:  # persist, then switch
-                await self.sup.applies.commit(
+                await self.keeper.commit(
                     name, {"version": c.version, "replicas": len(c.workers),
                            "explicit": slot.explicit}, switch=switch)
             except Conflict:
-                self.sup.applies.save_later(name)
+                self.keeper.save_later(name)
                 raise
             old, previous, took = seen["old"], seen["previous"], seen["took"]
             log.info("%s v%s promoted from %s", name, c.version, c.mode)
@@ -325,7 +344,7 @@ class RolloutControl:
                 "old_workers": ended, "figures": c.describe()}
 
     async def abort(self, name: str) -> dict[str, Any]:
-        slot = self.sup.router.slot_for(name)
+        slot = self.router.slot_for(name)
         c = slot.candidate
         if c is None:
             raise Conflict(f"{name} has no shadow or canary candidate to abort",
@@ -334,13 +353,13 @@ class RolloutControl:
         workers = self.drop_candidate(slot)
         self.events.emit("abort", name=name, source="api", from_version=slot.version,
                          to_version=c.version, details=figures)
-        ended = await self.sup.provision.retire(workers)
+        ended = await self.provision.retire(workers)
         self.pool.ensure()
         return {"name": name, "aborted_version": c.version, "mode": c.mode, "figures": figures,
                 "workers": ended}
 
     def rollout_status(self, name: str) -> dict[str, Any]:
-        slot = self.sup.router.slot_for(name)
+        slot = self.router.slot_for(name)
         return {"name": name, "version": slot.version, "previous_version": slot.previous,
                 "probation": slot.probation.describe() if slot.probation else None,
                 "candidate": slot.candidate.describe() if slot.candidate else None,

@@ -1,68 +1,44 @@
 """Routing: which worker answers a request, and the one-assignment swap.
 
 `Router` owns the request path of /predict and OIP infer: the slot for a
-model name (or the default), least-in-flight choice among its replicas, one
-retry when a worker dies with the request in flight, a canary's share and a
-shadow's mirrored copy, and the latency and error figures per version. It
-also owns `swap`, the single assignment that changes what a slot routes to.
-It touches slots' routing state and figures; it starts and stops nothing.
+model name (or the default, read from the serving state), least-in-flight
+choice among its replicas, one retry when a worker dies with the request in
+flight, a canary's share and a shadow's mirrored copy, and the latency and
+error figures per version. It also owns `swap`, the single assignment that
+changes what a slot routes to. It touches slots' routing state and figures;
+it starts and stops nothing, and calls nothing of the control plane while a
+request is served: a version in probation failing fast is reported through
+`on_failing`, which runs after the request's step of the IOLoop.
 """
 from __future__ import annotations
 
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from state.errors import NoModel, ServiceError, UnknownModel
-from control.rollouts import Candidate, VersionStats
+from state.errors import ServiceError
+from control.rollout_state import Candidate, VersionStats
 from control.slots import Slot
 from control.workerhandle import (RequestFailed, RequestTimedOut, State, WorkerDied,
                                   WorkerError, WorkerHandle)
 
 if TYPE_CHECKING:
-    from supervisor import Supervisor
+    from tornado.ioloop import IOLoop
+
+    from state.config import Config
+    from control.serving import ServingState
 
 
 class Router:
     """Sends predictions to a slot's workers; swaps a slot's routing."""
 
-    def __init__(self, sup: "Supervisor") -> None:
-        self.sup = sup
-        self.cfg, self.wcfg, self.loop = sup.cfg, sup.wcfg, sup.loop
-        self.store, self.pool, self.events = sup.store, sup.pool, sup.events
-
-    @property
-    def ready(self) -> bool:
-        """The default model serves (what /readyz reports)."""
-        slot = self.sup.slots.get(self.sup.default_name) if self.sup.default_name else None
-        return slot is not None and bool(slot.replicas)
-
-    def serving_names(self) -> list[str]:
-        return sorted(n for n, s in self.sup.slots.items() if s.replicas)
-
-    def serving_model(self, name: str | None = None) -> dict[str, Any] | None:
-        """{"name", "version", "labels", "replicas"} of what serves `name`
-        (the default model when None), or None."""
-        slot = self.sup.slots.get(name or self.sup.default_name or "")
-        if slot is None or not slot.replicas:
-            return None
-        return {"name": slot.name, "version": slot.version, "labels": list(slot.labels),
-                "replicas": len(slot.replicas)}
+    def __init__(self, state: "ServingState", cfg: "Config", loop: "IOLoop",
+                 on_failing: Callable[[], object]) -> None:
+        self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg["worker"], loop
+        self.on_failing = on_failing  # a probation version failing: judge it now
 
     def slot_for(self, name: str | None) -> Slot:
-        if name is None:
-            if self.sup.default_name is None:
-                raise NoModel("no model is serving; apply one with POST /apply")
-            slot = self.sup.slots.get(self.sup.default_name)
-            if slot is None:
-                raise NoModel(f"the default model {self.sup.default_name!r} is not loaded yet")
-            return slot
-        slot = self.sup.slots.get(name)
-        if slot is None:
-            serving = ", ".join(self.serving_names()) or "none"
-            raise UnknownModel(f"model {name!r} is not serving here (serving: {serving})",
-                               details={"serving": self.serving_names()})
-        return slot
+        return self.state.slot_for(name)
 
     async def predict(self, texts: list[str], model: str | None = None,
                       options: dict[str, Any] | None = None
@@ -135,7 +111,7 @@ class Router:
                     and p.new_stats.error_rate > r["max_error_rate"]):
                 # judged now, not at the next sweep: a version failing every
                 # request would fail a second's worth of them meanwhile
-                self.sup.rollouts.check_probations()
+                self.loop.add_callback(self.on_failing)
 
     def mirror(self, slot: Slot, cand: Candidate, texts: list[str], labels: list[str],
                 primary: Any) -> None:
@@ -163,7 +139,7 @@ class Router:
                 return
             try:
                 ours = await primary
-            except Exception:
+            except Exception:  # the client's request failed: nothing to compare with
                 return
             cand.compare(texts, labels, w.labels, ours, theirs)
         self.loop.spawn_callback(compare)

@@ -23,7 +23,7 @@ from state.errors import NoModel, Overloaded
 
 # the most replicas one model may have (POST /apply; a cluster prepare request)
 MAX_REPLICAS = 64
-from control.rollouts import Candidate, Probation, VersionStats
+from control.rollout_state import Candidate, Probation, VersionStats
 from control.workerhandle import State, WorkerHandle
 
 
@@ -47,7 +47,7 @@ class Slot:
         self.failed: dict[str, Any] | None = None
         self.last_apply: dict[str, Any] | None = None
         self.created = time.time()
-        # rollouts (rollouts.py): figures of the serving version, the previous
+        # rollouts (rollout_state.py): figures of the serving version, the previous
         # version kept idle after a swap, a shadow/canary candidate, versions
         # rolled back (an automatic one is not applied again unless asked)
         self.stats = VersionStats()

@@ -1,7 +1,7 @@
 """Status and history: what GET /status and GET /history read.
 
-`StatusView` reads the supervisor's state (slots, pool, jobs, failures) and
-shapes /status; it writes only the durable history (events it is
+`StatusView` reads the serving state (slots, failures), the pool, the jobs
+and the backends' health, and shapes /status; it writes only the durable history (events it is
 subscribed to, handed to the state DB's writer thread).
 """
 from __future__ import annotations
@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 if TYPE_CHECKING:
-    from supervisor import Supervisor
+    from state.predlog_api import PredictionLogBackend
+    from state.statedb import StateDB
+    from state.storage import Storage
+    from state.store import ModelStore
+    from control.jobs import JobManager
+    from control.pool import WorkerPool
+    from control.records import RecordBackend, RecordKeeper
+    from control.serving import ServingState
 
 log = logging.getLogger("textswap.supervisor")
 
@@ -29,19 +36,20 @@ _HISTORY_COLUMNS = {"name", "source", "from_version", "to_version", "version", "
 class StatusView:
     """Shapes /status; keeps the durable history."""
 
-    def __init__(self, sup: "Supervisor") -> None:
-        self.sup = sup
-        self.cfg, self.wcfg, self.loop = sup.cfg, sup.wcfg, sup.loop
-        self.store, self.pool, self.events = sup.store, sup.pool, sup.events
+    def __init__(self, state: "ServingState", store: "ModelStore", pool: "WorkerPool",
+                 db: "StateDB", storage: "Storage", keeper: "RecordKeeper", jobs: "JobManager",
+                 records: "RecordBackend", predlog: "PredictionLogBackend") -> None:
+        self.state, self.store, self.pool, self.db, self.storage = state, store, pool, db, storage
+        self.keeper, self.jobs, self.records, self.predlog = keeper, jobs, records, predlog
 
     def to_history(self, kind: str, f: dict[str, Any]) -> None:
         """Rollout events go to the durable history (statedb's writer thread)."""
-        if kind not in HISTORY_KINDS or self.sup.state is None:
+        if kind not in HISTORY_KINDS:
             return
         details = {k: v for k, v in f.items() if k not in _HISTORY_COLUMNS}
         if isinstance(f.get("details"), dict):
             details.update(f["details"])
-        self.sup.state.add_history(
+        self.db.add_history(
             f.get("name"), kind, source=f.get("source"), from_version=f.get("from_version"),
             to_version=f.get("to_version", f.get("version")), phases=f.get("phases"),
             reason=f.get("reason"), details=details or None, at=f.get("at"))
@@ -50,25 +58,24 @@ class StatusView:
         """Not for the IOLoop (GET /history runs it in an executor): it waits for
         the writes handed over so far, so an answered apply is in what it reads."""
         try:
-            self.sup.state.flush(10)
+            self.db.flush(10)
         except TimeoutError:  # a stuck disk: answer with what is committed
             log.warning("GET /history answers without the pending writes: the state db is slow")
-        return self.sup.state.history(name, limit)
+        return self.db.history(name, limit)
 
     def _predlog(self) -> dict[str, Any] | None:
         """The prediction log's counts (texts logged, dropped, queued), or None."""
-        plog = getattr(self.sup, "predlog", None)
-        if plog is None or not getattr(plog, "enabled", False):
+        if not self.predlog.enabled:
             return None
-        return plog.stats()
+        return self.predlog.stats()
 
     def status(self) -> dict[str, Any]:
         me = psutil.Process()
         described = {g: w.describe() for g, w in sorted(self.pool.workers.items())}
         models = {n: s.describe([described[w.generation] for w in s.replicas
                                  if w.generation in described])
-                  for n, s in sorted(self.sup.slots.items())}
-        default = self.sup.slots.get(self.sup.default_name or "")
+                  for n, s in sorted(self.state.slots.items())}
+        default = self.state.slots.get(self.state.default_name or "")
         serving = None
         if default is not None and default.replicas:
             first = default.replicas[0]
@@ -78,10 +85,10 @@ class StatusView:
         pool = self.pool.describe()
         workers = list(described.values())
         return {
-            "supervisor": {"pid": os.getpid(), "uptime_s": round(time.time() - self.sup.started, 3),
+            "supervisor": {"pid": os.getpid(), "uptime_s": round(time.time() - self.state.started, 3),
                            "rss_bytes": me.memory_info().rss,
-                           "models_dir": self.store.root, "stopping": self.sup.stopping},
-            "default": self.sup.default_name,
+                           "models_dir": self.store.root, "stopping": self.state.stopping},
+            "default": self.state.default_name,
             "models": models,
             "serving": serving,
             "workers": workers,
@@ -90,14 +97,14 @@ class StatusView:
             "pool": pool,
             "budget": {"max_workers": self.pool.max_workers or None, "workers": len(workers),
                        "standby_pool": self.pool.size},
-            "restarts": self.sup.restarts,
-            "recent_exits": list(self.sup.exits),
-            "failed_models": list(self.sup.failed_models.values()),
-            "last_apply": self.sup.last_apply,
-            "record_revision": self.sup.record.get("revision", 0),
-            "storage": {**self.sup.storage.health(), "record_dirty": self.sup.applies.dirty},
+            "restarts": self.state.restarts,
+            "recent_exits": list(self.state.exits),
+            "failed_models": list(self.state.failed_models.values()),
+            "last_apply": self.state.last_apply,
+            "record_revision": self.state.record.get("revision", 0),
+            "storage": {**self.storage.health(), "record_dirty": self.keeper.dirty},
             "zygote": self.pool.zygote.describe() if self.pool.zygote is not None else None,
             "prediction_log": self._predlog(),
-            "jobs": self.sup.jobs.list(),
-            "cluster": None if self.sup.cluster is None else self.sup.cluster.cluster.status(),
+            "jobs": self.jobs.list(),
+            "cluster": self.records.status(),
         }

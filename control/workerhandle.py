@@ -85,7 +85,7 @@ _generations = itertools.count(1)
 class ChildProcess:
     """A child with a frame connection; the base of workers and jobs.
 
-    Forked from the zygote when one is given (control/zygote.py): the pid is
+    Forked from the zygote when one is given (control/zygote_client.py): the pid is
     known a few milliseconds later (0 until then; seconds while the zygote
     boots), and the exit is watched through a pidfd and read with
     waitid(P_PIDFD), since the child is re-parented to this process.

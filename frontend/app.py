@@ -11,7 +11,7 @@ from frontend import handlers as h
 from frontend import rollout_handlers
 from frontend import quality_handlers
 from frontend import metrics_http
-from frontend import artifact, clusterapi, loop_handlers, oip, openapi
+from frontend import artifact, clusterapi, loop_handlers, oip, openapi, training
 from frontend import dashboard_routes
 from control.feedback import FeedbackService
 from frontend.base import NotFoundHandler, log_level
@@ -30,7 +30,7 @@ def inference_app(sup: Any, config: Any, pipeline: PredictPipeline | None = None
                   feedback: FeedbackService | None = None) -> Application:
     kw = {"supervisor": sup, "config": config}
     pipeline = pipeline or PredictPipeline.of(sup, config)
-    feedback = feedback or FeedbackService.of(sup, config)
+    feedback = feedback or loop_handlers.feedback_service(sup, config)
     return Application([
         (r"/predict", h.PredictHandler, {**kw, "pipeline": pipeline}),
         (r"/healthz", h.HealthHandler, kw),
@@ -39,12 +39,12 @@ def inference_app(sup: Any, config: Any, pipeline: PredictPipeline | None = None
         *oip.routes(kw, pipeline),  # Open Inference Protocol v2
         *loop_handlers.inference_routes(kw, config, feedback),  # POST /feedback (docs/loop.md)
     ], default_handler_class=NotFoundHandler, default_handler_args=kw,
-        log_function=metrics_http.counting(sup, _log))  # counts what fastpath.py does not
+        log_function=metrics_http.counting(sup, _log))  # what the predict pipeline does not count
 
 
 def management_app(sup: Any, config: Any, feedback: FeedbackService | None = None
                    ) -> Application:
-    feedback = feedback or FeedbackService.of(sup, config)
+    feedback = feedback or loop_handlers.feedback_service(sup, config)
     # guard: Host and Origin checked, no cross-site bodies (frontend/base.py check_site)
     kw = {"supervisor": sup, "config": config, "token": config.token or None, "guard": True}
     routes: list[Any] = [
@@ -62,13 +62,10 @@ def management_app(sup: Any, config: Any, feedback: FeedbackService | None = Non
         *metrics_http.routes(kw),  # GET /metrics (Prometheus)
         *clusterapi.routes(kw),  # GET /cluster (cluster mode; 404 otherwise)
         *loop_handlers.management_routes(kw, feedback),  # review queue, retrain policy
-        *dashboard_routes.routes(kw, PredictPipeline.of(sup, config), feedback),  # POST /feedback, /try for the dashboard's panels
+        # POST /feedback, /try for the dashboard's panels
+        *dashboard_routes.routes(kw, PredictPipeline.of(sup, config), feedback),
     ]
-    try:
-        from frontend import training
-        routes += training.routes(kw)
-    except ImportError:
-        pass
+    routes += training.routes(kw)
     from frontend import dashboard  # GET / and /ui/*: the web page (no data, no token)
     routes += dashboard.routes(kw)
     return Application(routes, default_handler_class=NotFoundHandler, default_handler_args=kw,
@@ -90,7 +87,7 @@ def start_servers(sup: Any, config: Any) -> list[HTTPServer]:
                     "TEXTSWAP_MANAGEMENT_TOKEN", s["manage_host"])
     servers = []
     pipeline = PredictPipeline.of(sup, config)
-    feedback = FeedbackService.of(sup, config)  # one for both ports (its label cache)
+    feedback = loop_handlers.feedback_service(sup, config)  # one for both ports (its label cache)
     inference: Any = inference_app(sup, config, pipeline, feedback)
     if s["fast_predict"]:
         from frontend.fastpath import PredictRouter

@@ -1,6 +1,7 @@
 """GET /cluster (management port): the nodes, what each serves, stragglers.
 
-Only routed in cluster mode (the supervisor has a `cluster`); see clusternode.py.
+The record backend answers: in cluster mode cluster/node.py's overview;
+with the file record a 404 (cluster mode is off).
 """
 from __future__ import annotations
 
@@ -12,14 +13,13 @@ from frontend.base import ApiError, JsonHandler
 
 class ClusterHandler(JsonHandler):
     async def get(self) -> None:
-        cluster = getattr(self.sup, "cluster", None)
-        if cluster is None:
-            raise ApiError(404, "not_found", "cluster mode is off (set cluster.redis_url)")
+        records = self.sup.records
         try:
-            self.send_json(await cluster.overview())
+            self.send_json(await records.overview())
         except ServiceError as exc:  # Redis down: 503, and this node's own view
+            this_node = records.status()
             raise ApiError(exc.status, exc.code, str(exc),
-                           {"this_node": cluster.cluster.status()}) from None
+                           {"this_node": this_node} if this_node else None) from None
 
 
 def routes(kw: dict[str, Any]) -> list[Any]:

@@ -1,8 +1,6 @@
 """Inference and management handlers: validate, call the supervisor, answer JSON."""
 from __future__ import annotations
 
-from typing import Any
-
 from control.slots import MAX_REPLICAS
 from frontend import predictions
 from frontend.base import ApiError, JsonHandler, int_field, name_field, service_error

@@ -31,6 +31,12 @@ FEEDBACK_FIELDS = {"request_id", "index", "label", "labels", "model", "examples"
 T = TypeVar("T")
 
 
+def feedback_service(sup: Any, config: Any) -> FeedbackService:
+    """The feedback service over a running supervisor's log, store and policies."""
+    return FeedbackService(sup.predlog, sup.store, sup.policies,
+                           config["feedback"]["max_items"], config["limits"]["max_text_chars"])
+
+
 def feedback_token(config: Any) -> str | None:
     """feedback.token (or TEXTSWAP_FEEDBACK_TOKEN), else the management token, else none."""
     token = config["feedback"]["token"]  # TEXTSWAP_FEEDBACK_TOKEN read into it at start
@@ -126,7 +132,7 @@ class FeedbackHandler(JsonHandler):
     def initialize(self, supervisor: Any, config: Any, token: str | None = None,
                    guard: bool = False, feedback: FeedbackService | None = None) -> None:
         super().initialize(supervisor, config, token, guard)
-        self.feedback = feedback or FeedbackService.of(supervisor, config)
+        self.feedback = feedback or feedback_service(supervisor, config)
 
 
 class ReviewHandler(JsonHandler):
@@ -135,7 +141,7 @@ class ReviewHandler(JsonHandler):
     def initialize(self, supervisor: Any, config: Any, token: str | None = None,
                    guard: bool = False, feedback: FeedbackService | None = None) -> None:
         super().initialize(supervisor, config, token, guard)
-        self.feedback = feedback or FeedbackService.of(supervisor, config)
+        self.feedback = feedback or feedback_service(supervisor, config)
 
     async def get(self, name: str) -> None:
         args = {k: self.get_query_argument(k) for k in self.request.query_arguments}

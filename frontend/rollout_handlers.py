@@ -131,7 +131,7 @@ class GoldenHandler(JsonHandler):
         self.send_json({"golden": entry})
 
     def get(self, name: str) -> None:
-        from control.rollouts import summary
+        from control.rollout_state import summary
         entry = self.sup.golden.get(self._name(name))
         if entry is None:
             raise ApiError(404, "not_found", f"no golden set for {name!r}")

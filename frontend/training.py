@@ -1,11 +1,13 @@
 """Management handlers for training jobs: POST/GET /train, GET/DELETE /train/<id>."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Awaitable, TypeVar
 
 from state.errors import ServiceError
 from frontend.base import ApiError, JsonHandler
 from control.jobs import JobError
+
+_T = TypeVar("_T")
 
 
 def _job_error(exc: JobError) -> ApiError:
@@ -32,50 +34,33 @@ class TrainHandler(JsonHandler):
         self.set_header("Location", f"/train/{job.id}")
         self.send_json({"job": job.describe()}, status=202)
 
-    async def get(self) -> None:
-        cluster = self.sup.jobs.cluster
-        if cluster is not None:  # cluster mode: every node's jobs, from Redis
-            self.send_json({"jobs": await _cluster(cluster.list())})
-            return
-        self.send_json({"jobs": self.sup.jobs.list()})
+    async def get(self) -> None:  # cluster mode: every node's jobs, from Redis
+        self.send_json({"jobs": await _queue(self.sup.jobs.queue.list())})
 
 
-async def _cluster(coro: Any) -> Any:
+async def _queue(coro: Awaitable[_T]) -> _T:
     try:
         return await coro
+    except JobError as exc:
+        raise _job_error(exc) from None
     except ServiceError as exc:  # the cluster store is unreachable: 503
         raise ApiError(exc.status, exc.code, str(exc)) from None
 
 
 class JobHandler(JsonHandler):
     async def get(self, job_id: str) -> None:
-        cluster = self.sup.jobs.cluster
-        if cluster is not None:
-            doc = await _cluster(cluster.get(job_id))
-            if doc is None:
-                raise ApiError(404, "not_found", f"no job with id {job_id!r}")
-            self.send_json({"job": doc})
-            return
-        try:
-            self.send_json({"job": self.sup.jobs.get(job_id).describe()})
-        except JobError as exc:
-            raise _job_error(exc) from None
+        doc = await _queue(self.sup.jobs.queue.get(job_id))
+        if doc is None:
+            raise ApiError(404, "not_found", f"no job with id {job_id!r}")
+        self.send_json({"job": doc})
 
     async def delete(self, job_id: str) -> None:
-        cluster = self.sup.jobs.cluster
-        if cluster is not None:
-            verdict, doc = await _cluster(cluster.cancel(job_id))
-            if doc is None:
-                raise ApiError(404, "not_found", f"no job with id {job_id!r}")
-            if verdict.startswith("done:"):
-                raise ApiError(409, "conflict", f"job {job_id} is already {verdict[5:]}")
-            self.send_json({"job": doc})
-            return
-        try:
-            job = await self.sup.jobs.cancel(job_id)
-        except JobError as exc:
-            raise _job_error(exc) from None
-        self.send_json({"job": job.describe()})
+        verdict, doc = await _queue(self.sup.jobs.queue.cancel(job_id))
+        if doc is None:
+            raise ApiError(404, "not_found", f"no job with id {job_id!r}")
+        if verdict.startswith("done:"):
+            raise ApiError(409, "conflict", f"job {job_id} is already {verdict[5:]}")
+        self.send_json({"job": doc})
 
 
 def routes(kw: dict[str, Any]) -> list[Any]:

@@ -1,6 +1,6 @@
 """What a prediction log is, whichever backend holds it: the contract that
 state/predlog.py's PredictionLog (SQLite and a writer process, one node) and
-cluster/predlog.py's RedisPredictionLog (Redis streams, a cluster) both keep.
+cluster/redis_predlog.py's RedisPredictionLog (Redis streams, a cluster) both keep.
 The supervisor picks one at start; the rest of the service sees this only.
 tests/test_predlog_contract.py runs the same tests against both."""
 from __future__ import annotations

@@ -7,8 +7,6 @@ import pytest
 
 from helpers import ROOT
 
-sys.path.insert(0, ROOT)
-
 
 # CI (.ci/run) sets TEXTSWAP_REQUIRE_ALL=1: a test skipped for a missing
 # part of the environment (redis-server, nginx, Chromium, fiu-utils, tmpfs

@@ -13,9 +13,6 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 
 def publish(models_dir: str, name: str, result, params: dict, extra: dict | None = None) -> int:
     from state.store import ModelStore

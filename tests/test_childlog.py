@@ -10,11 +10,7 @@ import logging
 import subprocess
 import sys
 
-from helpers import ROOT
-
-sys.path.insert(0, ROOT)
-
-from control.childlog import StderrRelay, is_tensorflow_line  # noqa: E402
+from control.childlog import StderrRelay, is_tensorflow_line
 
 TF_LINES = [
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",

@@ -1,11 +1,10 @@
-"""Cluster mode's prediction log in Redis (cluster/predlog.py).
+"""Cluster mode's prediction log in Redis (cluster/redis_predlog.py).
 
-1. `RedisPredictionLog` on its own against a real redis-server: the
-   behaviours tests/test_predlog.py checks for SQLite (add/get/recent/counts,
-   feedback replacing feedback and its join, the review order, trimming, a
-   close then a reopen losing nothing, a closed log refusing writes), and
-   where Redis differs on purpose (counts are per version since the start;
-   a trimmed answer's id is not found).
+1. `RedisPredictionLog` on its own against a real redis-server, beside the
+   contract both backends keep (tests/test_predlog_contract.py): trimming,
+   a close then a reopen losing nothing, and where Redis differs on purpose
+   (counts are per version since the start; a trimmed answer's id is not
+   found).
 2. The real service, two nodes on one Redis: a prediction answered by node1
    takes its feedback on node2; both nodes' /quality count it; an unknown id
    is 404 on both.
@@ -17,11 +16,9 @@ module) about 30-60 s on a loaded 2-core machine.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import itertools
 import os
 import shutil
-import threading
 import time
 
 import pytest
@@ -64,7 +61,7 @@ def redis_server(tmp_path_factory):
 
 
 def _log(server, **kw):
-    from cluster.predlog import RedisPredictionLog
+    from cluster.redis_predlog import RedisPredictionLog
     return RedisPredictionLog(server.url, prefix=kw.pop("prefix", f"t{next(_prefixes)}"), **kw)
 
 
@@ -76,23 +73,6 @@ def plog(redis_server):
 
 
 # -- 1. the log on its own ----------------------------------------------------------------------
-def test_add_get_recent_counts(plog):
-    plog.add(_rows("r1", ["a", "b", "c"]))
-    plog.add(_rows("r2", ["d"], version=2))
-    plog.flush(10)
-    got = plog.get("r1")
-    assert [r["text"] for r in got] == ["a", "b", "c"] and got[1]["index"] == 1
-    assert got[0]["model"] == "m" and got[0]["version"] == 1 and got[0]["label"] == "pos"
-    assert plog.get("r1", 2)[0]["text"] == "c" and plog.get("r1", 5) == []
-    assert plog.get("nope") == []
-    assert [r["text"] for r in plog.recent("m")] == ["d", "c", "b", "a"]
-    assert [r["text"] for r in plog.recent("m", version=1, limit=2)] == ["c", "b"]
-    assert plog.recent("m", version=3) == [] and plog.recent("other") == []
-    assert plog.recent("m")[0]["scores"] == {"pos": 0.9, "neg": 0.1}
-    assert plog.counts("m") == {1: {"predictions": 3, "feedback": 0},
-                                2: {"predictions": 1, "feedback": 0}}
-    assert plog.counts("other") == {}
-    assert plog.logged == 4 and plog.dropped == 0
 
 
 def test_a_predict_answer_is_logged_whole(plog):
@@ -117,32 +97,8 @@ def test_an_answer_logged_as_score_rows_reads_as_its_top_lists(plog):
     assert rows[0]["margin"] == pytest.approx(0.5)
 
 
-def test_top_list_scores_are_kept_as_a_map(plog):
-    rows = _rows("r", ["x"])
-    rows[0]["scores"] = [{"label": "neg", "score": 0.6}, {"label": "pos", "score": 0.4}]
-    plog.add(rows)
-    plog.flush(10)
-    r = plog.get("r")[0]
-    assert r["scores"] == {"neg": 0.6, "pos": 0.4} and r["margin"] == pytest.approx(0.2)
 
 
-def test_feedback_replaces_and_joins(plog):
-    plog.add(_rows("r1", ["a", "b"]))
-    plog.flush(10)
-    plog.add_feedback("r1", 0, "neg", model="m", version=1, text="a", predicted="pos").result(10)
-    plog.add_feedback("r1", 0, "pos", model="m", version=1, text="a", predicted="pos").result(10)
-    fed = plog.fed_back("m")
-    assert len(fed) == 1 and fed[0]["truth"] == "pos" and fed[0]["label"] == "pos"
-    assert fed[0]["scores"] == {"pos": 0.9, "neg": 0.1} and fed[0]["version"] == 1
-    assert fed[0]["at"] == 1.0 and fed[0]["fed_at"] > 1.0 and fed[0]["new_label"] is False
-    assert plog.fed_back("m", version=2) == [] and len(plog.fed_back("m", version=1)) == 1
-    assert plog.counts("m")[1] == {"predictions": 2, "feedback": 1}
-    plog.add_examples("m", [("z", "neg"), ("z", "sport")], new_labels=["sport"]).result(10)
-    assert sorted(plog.feedback_examples("m")) == [("a", "pos"), ("z", "sport")]
-    assert plog.feedback_count("m") == 2
-    assert plog.feedback_count("m", since=time.time() + 60) == 0
-    assert plog.feedback_examples("m", since=time.time() + 60) == []
-    assert plog.labels_seen("m") == {"pos", "sport"}
 
 
 def test_feedback_on_a_batch_at_once_is_all_stored(plog):
@@ -156,20 +112,6 @@ def test_feedback_on_a_batch_at_once_is_all_stored(plog):
     assert [fed[i]["truth"] for i in range(3)] == ["pos", "neg", "x"]
 
 
-def test_review_uncertain_first_without_fed_back_or_repeated_texts(plog):
-    scores = [{"pos": 0.9, "neg": 0.1}, {"pos": 0.55, "neg": 0.45}, {"pos": 0.7, "neg": 0.3},
-              {"pos": 0.51, "neg": 0.49}]
-    plog.add(_rows("r1", ["sure", "unsure", "middling", "coin"], scores=scores))
-    plog.add(_rows("r2", ["unsure"], scores=[{"pos": 0.52, "neg": 0.48}]))
-    plog.flush(10)
-    plog.add_feedback("r1", 3, "neg", model="m", version=1, text="coin").result(10)
-    items = plog.review("m", 10, "uncertain")
-    assert [r["text"] for r in items] == ["unsure", "middling", "sure"]
-    assert items[0]["request_id"] == "r2"  # the most uncertain row of a repeated text
-    assert len(plog.review("m", 2, "random")) == 2
-    assert {r["text"] for r in plog.review("m", 10, "random")} == {"sure", "unsure", "middling"}
-    plog.add_examples("m", [("middling", "pos")]).result(10)  # a labelled text leaves it
-    assert [r["text"] for r in plog.review("m", 10)] == ["unsure", "sure"]
 
 
 def test_oldest_answers_dropped_beyond_max_rows(redis_server):
@@ -231,43 +173,12 @@ def test_two_logs_on_one_redis_see_each_others_answers(redis_server):
         b.close()
 
 
-def test_reads_from_many_threads_while_writing(plog):
-    errors: list[Exception] = []
-    stop = threading.Event()
-
-    def reader() -> None:
-        while not stop.is_set():
-            try:
-                plog.recent("m", limit=5)
-                plog.counts("m")
-            except Exception as exc:  # pragma: no cover - the failure itself
-                errors.append(exc)
-                return
-
-    with concurrent.futures.ThreadPoolExecutor(4) as ex:
-        futs = [ex.submit(reader) for _ in range(3)]
-        for i in range(300):
-            plog.add(_rows(f"r{i}", ["a"]))
-        plog.flush(10)
-        stop.set()
-        for f in futs:
-            f.result(10)
-    assert not errors
-    assert plog.counts("m")[1]["predictions"] == 300
-    assert len(plog.recent("m", limit=1000)) == 50  # max_rows 50
 
 
-def test_a_closed_log_refuses_writes(redis_server):
-    p = _log(redis_server)
-    p.close()
-    p.add(_rows("r", ["a"]))  # dropped quietly: serving goes on
-    with pytest.raises(RuntimeError):
-        p.add_feedback("r", 0, "x", model="m", version=1, text="a").result(1)
-    p.flush(1)  # a no-op, not a hang
 
 
 def test_redis_down_fails_fast_with_an_oserror_and_counts_the_drops(tmp_path):
-    from cluster.predlog import PredlogUnreachable
+    from cluster.redis_predlog import PredlogUnreachable
     from state.storage import Storage
 
     server = RedisServer(str(tmp_path))
@@ -290,7 +201,7 @@ def test_redis_down_fails_fast_with_an_oserror_and_counts_the_drops(tmp_path):
             p.flush(10)  # raises when its marker went with the failed write
         except PredlogUnreachable:
             pass
-        # a refused connection fails at once (no retry loop: cluster/predlog.py);
+        # a refused connection fails at once (no retry loop: cluster/redis_predlog.py);
         # NO_HANG only tells that from a hang, it is not a speed claim
         assert time.monotonic() - t0 < NO_HANG and t1 - t0 < NO_HANG
         assert p.dropped == 2 and p.logged == 1

@@ -47,7 +47,7 @@ def plog(request, tmp_path):
         from state.predlog import PredictionLog
         p = PredictionLog(str(tmp_path / "p.db"))
     else:
-        from cluster.predlog import RedisPredictionLog
+        from cluster.redis_predlog import RedisPredictionLog
         server = request.getfixturevalue("redis_server")
         p = RedisPredictionLog(server.url, prefix=f"fs{next(_prefixes)}")
     yield p

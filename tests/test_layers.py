@@ -149,3 +149,96 @@ def test_the_checks_can_fail():
     assert LAYERS[_layer("state.store")] < LAYERS[_layer("control.slots")]
     # a real module's imports are read: the supervisor composes the control plane
     assert "control.routing" in _graph()["supervisor"]
+
+
+# -- the parts of the control plane and what they are given ---------------------------
+PARTS = ("control", "cluster", "state")  # the control plane and the backends
+
+
+def _part_files() -> dict[str, str]:
+    return {m: p for m, p in _modules().items() if _layer(m) in PARTS}
+
+
+def test_no_part_takes_the_supervisor():
+    """No module of the control plane or the backends imports the supervisor
+    (type hints included), names a parameter `sup`/`supervisor`, or reaches
+    through an attribute of that name: each part is given what it uses."""
+    found = []
+    for mod, path in _part_files().items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == \
+                    "supervisor" or isinstance(node, ast.Import) and any(
+                        a.name.split(".")[0] == "supervisor" for a in node.names):
+                found.append(f"{mod}:{node.lineno} imports the supervisor")
+            elif isinstance(node, ast.arg) and node.arg in ("sup", "supervisor"):
+                found.append(f"{mod}:{node.lineno} takes `{node.arg}`")
+            elif isinstance(node, ast.Attribute) and node.attr in ("sup", "supervisor"):
+                found.append(f"{mod}:{node.lineno} reaches through `.{node.attr}`")
+    assert found == [], "\n".join(found)
+
+
+def _given(path: str) -> dict[str, set[str]]:
+    """class -> the project classes its __init__ is given (annotated parameters)
+    or declares as attributes set at composition (annotated `self.x: T`)."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    out: dict[str, set[str]] = {}
+    for cls in tree.body:
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for fn in cls.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name == "__init__":
+                names = {ast.unparse(a.annotation).strip("\"'") for a in fn.args.args
+                         if a.annotation is not None}
+                names |= {ast.unparse(n.annotation).strip("\"'") for n in ast.walk(fn)
+                          if isinstance(n, ast.AnnAssign)}
+                out[cls.name] = {n for n in names if n[:1].isupper()}
+    return out
+
+
+def _uses() -> dict[str, set[str]]:
+    """The control plane's classes and the classes each is given."""
+    given: dict[str, set[str]] = {}
+    for path in _part_files().values():
+        given.update(_given(path))
+    return {c: {d for d in deps if d in given and d != c} for c, deps in given.items()}
+
+
+def test_the_parts_given_to_each_other_form_no_circle():
+    """What each part of the control plane is given (its constructor's typed
+    parameters and attributes) draws a graph without a circle: a part that
+    must call back into one that holds it is given a function, not the part
+    (the rollouts' `apply`, the provisioner's `end_probation`, the router's
+    `on_failing`)."""
+    uses = _uses()
+    assert {"Applies", "RolloutControl", "Healer", "Router", "Provisioner", "RecordKeeper",
+            "StatusView", "JobManager", "ClusterNode"} <= set(uses)
+    assert "RolloutControl" in uses["Applies"] and "RecordKeeper" in uses["Healer"]
+    assert _cycles(uses) == []
+    # the request path reads the serving state and holds no control-plane part:
+    # what it reports goes through the function it was given (`on_failing`)
+    assert uses["Router"] == {"ServingState"}, uses["Router"]
+
+
+def test_the_serving_state_has_one_owner():
+    """The slots, the default model and the record are attributes of
+    ServingState only: no other class of the control plane keeps its own."""
+    owned = {"slots", "default_name", "previous_default", "record"}
+    found = []
+    for mod, path in _part_files().items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            if cls.name == "ServingState":
+                continue
+            for node in ast.walk(cls):
+                targets = node.targets if isinstance(node, ast.Assign) else (
+                    [node.target] if isinstance(node, ast.AnnAssign) else [])
+                for t in targets:
+                    if (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                            and t.value.id == "self" and t.attr in owned):
+                        found.append(f"{mod}.{cls.name} sets self.{t.attr}")
+    # the cluster client's cache of the Redis record is its own (cluster/record.py)
+    assert [f for f in found if not f.startswith("cluster.record.Cluster ")] == [], found

@@ -13,7 +13,7 @@ from helpers import ROOT, Service, pid_gone, wait_for
 
 def test_supervisor_and_frontend_never_import_tensorflow():
     code = ("import sys, supervisor, frontend.app, frontend.handlers, state.store, control.watcher, "
-            "control.workerhandle, state.config, cluster.node, cluster.jobs; bad = [m for m in sys.modules if m.split('.')[0] in "
+            "control.workerhandle, state.config, cluster.node, cluster.job_queue; bad = [m for m in sys.modules if m.split('.')[0] in "
             "('tensorflow', 'keras')]; print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -224,7 +224,6 @@ pytestmark = pytest.mark.timeout(900)  # above the fixture's two 300 s training 
 
 RELOAD = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
 import keras, numpy as np
 import model_worker.layers  # registers the project's layers
 from model_worker.serving import make_predict_fn

@@ -1,9 +1,8 @@
-"""The prediction log (state/predlog.py) on its own: writes, reads, trimming,
-feedback replacing feedback, the review order, and a reopen losing nothing."""
+"""The SQLite prediction log (state/predlog.py) on its own, beside the contract
+both backends keep (tests/test_predlog_contract.py): trimming, a reopen
+losing nothing, the schema migration, finding service-made ids by their time."""
 from __future__ import annotations
 
-import concurrent.futures
-import threading
 
 import pytest
 
@@ -27,57 +26,12 @@ def plog(tmp_path):
     p.close()
 
 
-def test_add_get_recent_counts(plog):
-    plog.add(_rows("r1", ["a", "b", "c"]))
-    plog.add(_rows("r2", ["d"], version=2))
-    plog.flush(10)
-    got = plog.get("r1")
-    assert [r["text"] for r in got] == ["a", "b", "c"] and got[1]["index"] == 1
-    assert plog.get("r1", 2)[0]["text"] == "c" and plog.get("r1", 5) == []
-    assert plog.get("nope") == []
-    assert [r["text"] for r in plog.recent("m")] == ["d", "c", "b", "a"]
-    assert [r["text"] for r in plog.recent("m", version=1, limit=2)] == ["c", "b"]
-    assert plog.recent("m")[0]["scores"] == {"pos": 0.9, "neg": 0.1}
-    assert plog.counts("m") == {1: {"predictions": 3, "feedback": 0},
-                                2: {"predictions": 1, "feedback": 0}}
 
 
-def test_top_list_scores_are_kept_as_a_map(plog):
-    rows = _rows("r", ["x"])
-    rows[0]["scores"] = [{"label": "neg", "score": 0.6}, {"label": "pos", "score": 0.4}]
-    plog.add(rows)
-    plog.flush(10)
-    r = plog.get("r")[0]
-    assert r["scores"] == {"neg": 0.6, "pos": 0.4} and r["margin"] == pytest.approx(0.2)
 
 
-def test_feedback_replaces_and_joins(plog):
-    plog.add(_rows("r1", ["a", "b"]))
-    plog.flush(10)
-    plog.add_feedback("r1", 0, "neg", model="m", version=1, text="a", predicted="pos").result(10)
-    plog.add_feedback("r1", 0, "pos", model="m", version=1, text="a", predicted="pos").result(10)
-    fed = plog.fed_back("m")
-    assert len(fed) == 1 and fed[0]["truth"] == "pos" and fed[0]["label"] == "pos"
-    assert fed[0]["scores"] == {"pos": 0.9, "neg": 0.1} and fed[0]["version"] == 1
-    assert plog.counts("m")[1] == {"predictions": 2, "feedback": 1}
-    plog.add_examples("m", [("z", "neg"), ("z", "sport")], new_labels=["sport"]).result(10)
-    assert sorted(plog.feedback_examples("m")) == [("a", "pos"), ("z", "sport")]
-    assert plog.feedback_count("m") == 2
-    assert plog.labels_seen("m") == {"pos", "sport"}
 
 
-def test_review_uncertain_first_without_fed_back_or_repeated_texts(plog):
-    scores = [{"pos": 0.9, "neg": 0.1}, {"pos": 0.55, "neg": 0.45}, {"pos": 0.7, "neg": 0.3},
-              {"pos": 0.51, "neg": 0.49}]
-    plog.add(_rows("r1", ["sure", "unsure", "middling", "coin"], scores=scores))
-    plog.add(_rows("r2", ["unsure"], scores=[{"pos": 0.52, "neg": 0.48}]))
-    plog.flush(10)
-    plog.add_feedback("r1", 3, "neg", model="m", version=1, text="coin").result(10)
-    items = plog.review("m", 10, "uncertain")
-    assert [r["text"] for r in items] == ["unsure", "middling", "sure"]
-    assert items[0]["request_id"] == "r2"  # the most uncertain row of a repeated text
-    assert len(plog.review("m", 2, "random")) == 2
-    assert {r["text"] for r in plog.review("m", 10, "random")} == {"sure", "unsure", "middling"}
 
 
 def test_oldest_rows_dropped_beyond_max_rows(tmp_path):
@@ -112,37 +66,8 @@ def test_close_commits_everything_queued_and_reopen_reads_it(tmp_path):
         q.close()
 
 
-def test_reads_from_many_threads_while_writing(plog):
-    errors: list[Exception] = []
-    stop = threading.Event()
-
-    def reader() -> None:
-        while not stop.is_set():
-            try:
-                plog.recent("m", limit=5)
-                plog.counts("m")
-            except Exception as exc:  # pragma: no cover - the failure itself
-                errors.append(exc)
-                return
-
-    with concurrent.futures.ThreadPoolExecutor(4) as ex:
-        futs = [ex.submit(reader) for _ in range(3)]
-        for i in range(300):
-            plog.add(_rows(f"r{i}", ["a"]))
-        plog.flush(10)
-        stop.set()
-        for f in futs:
-            f.result(10)
-    assert not errors
-    assert 50 <= plog.counts("m")[1]["predictions"] < 100  # max_rows 50, trimmed in steps
 
 
-def test_a_closed_log_refuses_writes(tmp_path):
-    p = PredictionLog(str(tmp_path / "p.db"))
-    p.close()
-    p.add(_rows("r", ["a"]))  # dropped quietly: serving goes on
-    with pytest.raises(RuntimeError):
-        p.add_feedback("r", 0, "x", model="m", version=1, text="a").result(1)
 
 
 def test_merge_feedback_wins_and_counts_new_labels():

@@ -1,14 +1,21 @@
 """The prediction log's contract, run against both backends: SQLite with its
-writer process (state/predlog.py) and Redis streams (cluster/predlog.py).
+writer process (state/predlog.py) and Redis streams (cluster/redis_predlog.py).
 
-Erasure (one request's texts, a model's whole log), and a request id used
-twice keeping its first answer. Real SQLite, a real writer process, a real
-redis-server (with AOF on, as tests/clusterkit.py runs it)."""
+Writes and reads (get, recent, counts), feedback replacing feedback and its
+join, the review order, reads from many threads while writing, a closed log
+refusing writes; erasure (one request's texts, a model's whole log), the age
+limit, and a request id used twice keeping its first answer. Where the two
+differ on purpose (trimming in steps, counts since the start) their own
+files test it: tests/test_predlog.py, tests/test_cluster_predlog.py. Real
+SQLite, a real writer process, a real redis-server (with AOF on, as
+tests/clusterkit.py runs it)."""
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import os
 import shutil
+import threading
 import time
 
 import pytest
@@ -38,12 +45,34 @@ def backend(request, tmp_path):
         p = PredictionLog(str(tmp_path / "p.db"))
         where = str(tmp_path)
     else:
-        from cluster.predlog import RedisPredictionLog
+        from cluster.redis_predlog import RedisPredictionLog
         server = request.getfixturevalue("redis_server")
         p = RedisPredictionLog(server.url, prefix=f"c{next(_prefixes)}")
         where = server.dir
     yield request.param, p, where
     p.close()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def plog(request, tmp_path):
+    """A log of either backend keeping 50 texts a model."""
+    if request.param == "sqlite":
+        from state.predlog import PredictionLog
+        p = PredictionLog(str(tmp_path / "p.db"), max_rows=50)
+    else:
+        from cluster.redis_predlog import RedisPredictionLog
+        server = request.getfixturevalue("redis_server")
+        p = RedisPredictionLog(server.url, prefix=f"c{next(_prefixes)}", max_rows=50)
+    yield p
+    p.close()
+
+
+def _rows(rid: str, texts: list[str], model: str = "m", version: int = 1,
+          scores: list[dict] | None = None) -> list[dict]:
+    scores = scores or [{"pos": 0.9, "neg": 0.1}] * len(texts)
+    return [{"at": 1.0, "request_id": rid, "index": i, "model": model, "version": version,
+             "text": t, "label": max(s, key=s.get), "scores": s}
+            for i, (t, s) in enumerate(zip(texts, scores))]
 
 
 def _answer(plog, rid: str, texts: list[str], model: str = "m") -> None:
@@ -58,6 +87,104 @@ def _files_hold(folder: str, needle: str) -> list[str]:
                 if needle.encode() in fh.read():
                     found.append(fn)
     return found
+
+
+def test_add_get_recent_counts(plog):
+    plog.add(_rows("r1", ["a", "b", "c"]))
+    plog.add(_rows("r2", ["d"], version=2))
+    plog.flush(10)
+    got = plog.get("r1")
+    assert [r["text"] for r in got] == ["a", "b", "c"] and got[1]["index"] == 1
+    assert got[0]["model"] == "m" and got[0]["version"] == 1 and got[0]["label"] == "pos"
+    assert plog.get("r1", 2)[0]["text"] == "c" and plog.get("r1", 5) == []
+    assert plog.get("nope") == []
+    assert [r["text"] for r in plog.recent("m")] == ["d", "c", "b", "a"]
+    assert [r["text"] for r in plog.recent("m", version=1, limit=2)] == ["c", "b"]
+    assert plog.recent("m", version=3) == [] and plog.recent("other") == []
+    assert plog.recent("m")[0]["scores"] == {"pos": 0.9, "neg": 0.1}
+    assert plog.counts("m") == {1: {"predictions": 3, "feedback": 0},
+                                2: {"predictions": 1, "feedback": 0}}
+    assert plog.counts("other") == {}
+    assert plog.logged == 4 and plog.dropped == 0
+
+
+def test_top_list_scores_are_kept_as_a_map(plog):
+    rows = _rows("r", ["x"])
+    rows[0]["scores"] = [{"label": "neg", "score": 0.6}, {"label": "pos", "score": 0.4}]
+    plog.add(rows)
+    plog.flush(10)
+    r = plog.get("r")[0]
+    assert r["scores"] == {"neg": 0.6, "pos": 0.4} and r["margin"] == pytest.approx(0.2)
+
+
+def test_feedback_replaces_and_joins(plog):
+    plog.add(_rows("r1", ["a", "b"]))
+    plog.flush(10)
+    plog.add_feedback("r1", 0, "neg", model="m", version=1, text="a", predicted="pos").result(10)
+    plog.add_feedback("r1", 0, "pos", model="m", version=1, text="a", predicted="pos").result(10)
+    fed = plog.fed_back("m")
+    assert len(fed) == 1 and fed[0]["truth"] == "pos" and fed[0]["label"] == "pos"
+    assert fed[0]["scores"] == {"pos": 0.9, "neg": 0.1} and fed[0]["version"] == 1
+    assert fed[0]["at"] == 1.0 and fed[0]["fed_at"] > 1.0 and fed[0]["new_label"] is False
+    assert plog.fed_back("m", version=2) == [] and len(plog.fed_back("m", version=1)) == 1
+    assert plog.counts("m")[1] == {"predictions": 2, "feedback": 1}
+    plog.add_examples("m", [("z", "neg"), ("z", "sport")], new_labels=["sport"]).result(10)
+    assert sorted(plog.feedback_examples("m")) == [("a", "pos"), ("z", "sport")]
+    assert plog.feedback_count("m") == 2
+    assert plog.feedback_count("m", since=time.time() + 60) == 0
+    assert plog.feedback_examples("m", since=time.time() + 60) == []
+    assert plog.labels_seen("m") == {"pos", "sport"}
+
+
+def test_review_uncertain_first_without_fed_back_or_repeated_texts(plog):
+    scores = [{"pos": 0.9, "neg": 0.1}, {"pos": 0.55, "neg": 0.45}, {"pos": 0.7, "neg": 0.3},
+              {"pos": 0.51, "neg": 0.49}]
+    plog.add(_rows("r1", ["sure", "unsure", "middling", "coin"], scores=scores))
+    plog.add(_rows("r2", ["unsure"], scores=[{"pos": 0.52, "neg": 0.48}]))
+    plog.flush(10)
+    plog.add_feedback("r1", 3, "neg", model="m", version=1, text="coin").result(10)
+    items = plog.review("m", 10, "uncertain")
+    assert [r["text"] for r in items] == ["unsure", "middling", "sure"]
+    assert items[0]["request_id"] == "r2"  # the most uncertain row of a repeated text
+    assert len(plog.review("m", 2, "random")) == 2
+    assert {r["text"] for r in plog.review("m", 10, "random")} == {"sure", "unsure", "middling"}
+    plog.add_examples("m", [("middling", "pos")]).result(10)  # a labelled text leaves it
+    assert [r["text"] for r in plog.review("m", 10)] == ["unsure", "sure"]
+
+
+def test_reads_from_many_threads_while_writing(plog):
+    errors: list[Exception] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                plog.recent("m", limit=5)
+                plog.counts("m")
+            except Exception as exc:  # pragma: no cover - the failure itself
+                errors.append(exc)
+                return
+
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        futs = [ex.submit(reader) for _ in range(3)]
+        for i in range(300):
+            plog.add(_rows(f"r{i}", ["a"]))
+        plog.flush(10)
+        stop.set()
+        for f in futs:
+            f.result(10)
+    assert not errors
+    kept = len(plog.recent("m", limit=1000))
+    assert 50 <= kept < 100, kept  # max_rows 50 (SQLite trims in steps of it)
+    assert plog.recent("m", limit=1)[0]["request_id"] == "r299"  # the newest stay
+
+
+def test_a_closed_log_refuses_writes(plog):
+    plog.close()
+    plog.add(_rows("r", ["a"]))  # dropped quietly: serving goes on
+    with pytest.raises(RuntimeError):
+        plog.add_feedback("r", 0, "x", model="m", version=1, text="a").result(1)
+    plog.flush(1)  # a no-op, not a hang
 
 
 def test_a_request_id_used_twice_keeps_its_first_answer(backend):
@@ -142,7 +269,7 @@ def test_both_backends_have_the_whole_contract():
     """Each backend defines every member of the Protocol, with its signature."""
     import inspect
 
-    from cluster.predlog import RedisPredictionLog
+    from cluster.redis_predlog import RedisPredictionLog
     from state.predlog import PredictionLog
     from state.predlog_api import PredictionLogBackend
 

@@ -1,6 +1,5 @@
 """The prediction log's writer process on a failing disk, then a recovered
-one, on the real service (docs/loop.md, ARCHITECTURE.md "The learning
-loop"): the model store is a small tmpfs that a filler file fills up (a real
+one, on the real service (docs/loop.md): the model store is a small tmpfs that a filler file fills up (a real
 ENOSPC, no fault library: the writer is a child process of its own).
 Predictions are still answered, the texts of the failed write are counted
 as dropped, /status `storage` names the prediction log; once the disk takes

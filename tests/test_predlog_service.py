@@ -111,7 +111,7 @@ def test_a_killed_writer_is_replaced_and_logging_resumes(svc):
 
 def test_texts_in_flight_when_the_writer_dies_are_counted_as_dropped(svc):
     """Texts handed to a writer that dies before committing them are lost and
-    counted as dropped (ARCHITECTURE.md "The learning loop"), so logged +
+    counted as dropped (docs/loop.md), so logged +
     dropped covers every text answered."""
     w = _writer(svc)
     before = _flushed(svc)

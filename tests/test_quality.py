@@ -14,7 +14,6 @@ import json
 import os
 import random
 import time
-import types
 
 import pytest
 from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_score, recall_score
@@ -166,9 +165,8 @@ def quality_part(tmp_path):
     _version(root, "rev", 1, None)        # an older version: no profile
     _version(root, "rev", 2, profile)
     plog = PredictionLog(str(tmp_path / "predictions.db"))
-    sup = types.SimpleNamespace(cfg={"drift": CFG}, store=ModelStore(root), slots={},
-                                predlog=plog, loop=None)
-    part = quality.Quality(sup)
+    from control.serving import ServingState
+    part = quality.Quality(CFG, ModelStore(root), plog, ServingState(), None)
     yield part, Logged(plog), live, scores
     plog.close()
 

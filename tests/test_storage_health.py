@@ -11,11 +11,7 @@ import errno
 import sys
 import threading
 
-from helpers import ROOT
-
-sys.path.insert(0, ROOT)
-
-from state.storage import Storage  # noqa: E402
+from state.storage import Storage
 
 WRITERS, ROUNDS = 6, 3000
 

@@ -1,7 +1,7 @@
 """The zygote: workers forked from one process that imported TensorFlow once.
 
 Real processes and real TensorFlow, with the tiny models of tinymodels.py.
-The first tests drive control.zygote.Zygote and WorkerHandle on an IOLoop in
+The first tests drive control.zygote_client.Zygote and WorkerHandle on an IOLoop in
 this process (which becomes a child subreaper for that, as the supervisor
 does); the last ones run the real service. This process never imports
 TensorFlow: the zygote does.
@@ -13,19 +13,16 @@ import logging
 import os
 import re
 import signal
-import sys
 import time
 from typing import Any, Awaitable, Callable
 
 import psutil
 import pytest
 
-from helpers import ROOT, Service, pid_gone, wait_for
+from helpers import Service, pid_gone, wait_for
 
-sys.path.insert(0, ROOT)
-
-from control import zygote as zmod  # noqa: E402
-from control.workerhandle import State, WorkerHandle  # noqa: E402
+from control import zygote_client as zmod
+from control.workerhandle import State, WorkerHandle
 
 pytestmark = pytest.mark.skipif(not zmod.supported(), reason="needs Linux pidfds (5.3+)")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 EXAMPLES = {
     "pos": ["很好", "非常好用", "喜欢", "great product", "love it", "excellent", "好评"],
