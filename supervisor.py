@@ -35,6 +35,7 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.locks import Event
 
 from state.config import Config, ConfigError, scrub_secret_env
+from state.keys import KeyError_, KeyRing, configured_keys
 from state.options import build_config, parse_args
 from control.retention import Retention
 from state.predlog import FILENAME as PREDLOG_DB, PredictionLog
@@ -82,6 +83,7 @@ class Supervisor:
         self.events = Events()
         self.golden = GoldenSets(self.store.root)
         self.stopped = Event()
+        self.keys: KeyRing | None = None  # the API keys (main sets them); None: auth off
         # the backends, chosen once: the applied record and the job queue (a
         # file and this service's own, or Redis shared by the cluster's nodes),
         # the state db, the prediction log (SQLite and its writer, or Redis)
@@ -230,6 +232,32 @@ class Supervisor:
 
 
 # -- entry point ---------------------------------------------------------------------
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def open_keys(config: Config, insecure_no_auth: bool) -> KeyRing | None:
+    """The API keys (state/keys.py), generated on a first start; None with auth
+    off, which a management bind beyond loopback refuses unless the
+    --insecure-no-auth flag says otherwise (then it warns, every start)."""
+    manage_host = config["server"]["manage_host"]
+    if config["auth"]["enabled"]:
+        return KeyRing.open(config)
+    configured_keys(config)  # a key too short is an error even while auth is off
+    if manage_host not in LOOPBACK:
+        if not insecure_no_auth:
+            raise ConfigError(f"auth is off (auth.enabled: false) and the management API would "
+                              f"be bound to {manage_host}, beyond loopback: anyone who reaches "
+                              "it could train, apply and read logged texts. Turn auth on, bind "
+                              "it to 127.0.0.1, or start with --insecure-no-auth")
+        log.warning("INSECURE: auth is off and the management API is bound to %s "
+                    "(--insecure-no-auth): anyone who reaches it can train, apply, unload and "
+                    "read logged texts", manage_host)
+    else:
+        log.warning("auth is off (auth.enabled: false): the management API on %s takes no "
+                    "key, and POST /feedback on the inference port is off", manage_host)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if os.environ.pop("TEXTSWAP_PRELOAD_SUPERVISOR_ONLY", None):
@@ -254,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as exc:
             print(f"cannot start: {exc}", file=sys.stderr)
             return 2
+    try:
+        keys = open_keys(config, args.insecure_no_auth)
+    except (ConfigError, KeyError_) as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
     from frontend.app import start_servers  # Tornado apps; no TensorFlow anywhere
 
     loop = IOLoop.current()
@@ -262,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # e.g. a bad retrain policy in config
         print(f"config error: {exc}", file=sys.stderr)
         return 2
+    sup.keys = keys
     exit_code = 0
 
     servers: list[Any] = []
@@ -286,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         s = config["server"]
         log.info("inference API on http://%s:%d, management API on http://%s:%d",
                  s["host"], s["port"], s["manage_host"], s["manage_port"])
+        if keys is not None:  # one-time code: the page trades it for a session
+            host = s["manage_host"] if s["manage_host"] not in ("0.0.0.0", "::", "") \
+                else "localhost"
+            host = f"[{host}]" if ":" in host else host
+            log.info("dashboard (the link logs you in once): http://%s:%d/#code=%s",
+                     host, s["manage_port"], keys.new_code())
 
     # Long-lived startup objects out of the collector's way, and fewer young
     # collections: the request path allocates many short-lived objects.

@@ -29,7 +29,7 @@ from tornado.ioloop import IOLoop
 
 from state import dataset
 from state.statedb import StateDB
-from model_worker.params import ParamError, multi_label_refusal, validate_params
+from model_worker.params import ParamError, detect_tokenize, multi_label_refusal, validate_params
 from state.errors import InvalidName
 from state.store import TMP, check_name
 from control.childlog import is_tensorflow_line
@@ -120,6 +120,8 @@ class Job:
                 log.info("job %s (%s): %s", self.id, self.name, _progress_line(info))
         elif kind == "done":
             self.result = {"name": self.name, "version": msg["version"]}
+            if msg.get("warnings"):  # e.g. labels with a single example (never tested)
+                self.result["warnings"] = list(msg["warnings"])
             self.metrics = msg.get("metrics")
         elif kind == "failed":
             self.error = msg.get("message")
@@ -331,13 +333,27 @@ class JobManager:
 
     async def submit(self, name: Any, data_spec: Any, params: Any, apply: Any,
                      trusted_path: bool = False, feedback: Any = None,
-                     watermark: float | None = None) -> Job:
+                     watermark: float | None = None, descriptions: Any = None) -> Job:
         """feedback: True (the model's fed-back labels) or (text, label) pairs to fold
-        into the data; data_spec None: the data of the model's last training."""
+        into the data; data_spec None: the data of the model's last training.
+        descriptions: {label: description} (the request's "labels"); without data
+        a zero-shot version (model_worker/zeroshot.py), with data one more example
+        per label."""
         try:
             check_name(name)
         except Exception as exc:
             raise JobError(400, "invalid_name", str(exc)) from None
+        if descriptions is not None:
+            try:
+                descriptions = dataset.check_descriptions(descriptions)
+            except dataset.DataError as exc:
+                raise JobError(400, "invalid_labels", str(exc)) from None
+        arch = params.get("architecture") if isinstance(params, dict) else None
+        if arch == "zero_shot" and (descriptions is None or data_spec is not None):
+            raise JobError(400, "invalid_params", "params.architecture: 'zero_shot' trains from "
+                                                  "'labels' descriptions without 'data'")
+        if descriptions is not None and data_spec is None:
+            return await self._submit_zero_shot(name, descriptions, params, apply, feedback)
         policies = self.policies
         given_spec = data_spec
         if data_spec is None:  # the data (and parameters) of the last training
@@ -367,9 +383,13 @@ class JobManager:
         # trusted: the bundled demo, or a policy's retrain of what was read before
         roots = [*self.data_roots, "/"] if trusted_path else self.data_roots
         try:  # reading a big file must not stall serving: off the loop
-            data = await self.loop.run_in_executor(None, dataset.load, data_spec, roots)
+            data = await self.loop.run_in_executor(None, dataset.load, data_spec, roots,
+                                                   feedback is not None)
         except dataset.DataError as exc:
             raise JobError(400, "invalid_data", str(exc)) from None
+        if descriptions is not None:  # one more example per label; remembered as data
+            data = dataset.add_descriptions(data, descriptions)
+            data_spec = {"examples": "copied", "descriptions": True}
         if data.multi_label and full["architecture"] != "auto":  # docs/models.md "Multi-label"
             raise JobError(400, "invalid_params", multi_label_refusal(full["architecture"]))
         base = data
@@ -383,11 +403,59 @@ class JobManager:
                 data, folded = dataset.merge_feedback(data, list(feedback))
             except dataset.DataError as exc:
                 raise JobError(400, "invalid_data", str(exc)) from None
+        return await self._queue(name, data, base, data_spec, given_spec, params, full, apply,
+                                 folded, watermark, descriptions)
+
+    async def _submit_zero_shot(self, name: str, descriptions: dict[str, str], params: Any,
+                                apply: Any, feedback: Any) -> Job:
+        """POST /train with "labels" descriptions and no data: a zero-shot version.
+        The job's data is the descriptions, one row per label; what a retrain
+        without data reuses too (the policy's: feedback plus one example per label)."""
+        if feedback is not None:
+            raise JobError(400, "invalid_field", "'feedback' needs 'data': a zero-shot training "
+                                                 "has no data to fold feedback into")
+        if not isinstance(apply, bool):
+            raise JobError(400, "invalid_field", "'apply' must be true or false")
+        if params is not None and not isinstance(params, dict):
+            raise JobError(400, "invalid_params", "'params' must be an object")
+        try:
+            full = validate_params({**(params or {}), "architecture": "zero_shot"})
+        except ParamError as exc:
+            raise JobError(400, "invalid_params", f"params.{exc.field}: {exc.message}") from None
+        if not self.cfg["pretrained"] or not full["pretrained"]:
+            raise JobError(422, "zero_shot_unavailable",
+                           "a zero-shot version embeds the descriptions with the pretrained "
+                           "view, which is off " + ("on this service (training.pretrained: "
+                                                    "false)" if not self.cfg["pretrained"]
+                                                    else "(params.pretrained: false)")
+                           + "; give 'data' with labelled examples")
+        if detect_tokenize(list(descriptions.values())) == "char":
+            raise JobError(422, "zero_shot_unavailable",
+                           "the descriptions are CJK text: the pretrained view (LLaMA-2's "
+                           "vocabulary) splits it into bytes and cannot compare it; give "
+                           "'data' with labelled examples")
+        data = dataset.from_descriptions(descriptions)
+        # a retrain without data reuses the descriptions as data, with auto's params
+        later = {k: v for k, v in (params or {}).items() if k != "architecture"} or None
+        return await self._queue(name, data, data, {"examples": "copied", "descriptions": True},
+                                 {}, later, full, apply, None, None, descriptions)
+
+    async def _queue(self, name: str, data: Any, base: Any, data_spec: dict[str, Any],
+                     given_spec: Any, params: Any, full: dict[str, Any], apply: bool,
+                     folded: Any, watermark: float | None, descriptions: Any) -> Job:
+        """Remember the training's data, write it into the job's folder, queue it."""
+        policies = self.policies
         summary = await self.loop.run_in_executor(None, data.summary)  # hashes every text
         if folded is not None:
             summary["feedback"] = folded
         if given_spec is None:
             summary["reused"] = data_spec.get("path")
+        if descriptions is not None:
+            summary["descriptions"] = descriptions
+            if full["architecture"] == "zero_shot":
+                summary.pop("warnings", None)  # one row per label is what zero-shot takes
+                summary.pop("single_example_labels", None)
+                summary["zero_shot"] = True
         if policies is not None:
             try:
                 await self.loop.run_in_executor(None, policies.remember_training, name,

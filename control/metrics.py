@@ -1,7 +1,7 @@
 """Prometheus metrics of the service (supervisor side; no TensorFlow).
 
 Served as the Prometheus text format at GET /metrics on the management port
-(behind its token) and, when `metrics.port` is set, on a port of its own.
+(behind the admin or review key) and, when `metrics.port` is set, on a port of its own.
 
 The hot path stays cheap: a request or a model batch only bumps plain ints in
 dicts and one bucket of a fixed histogram (no locks, no prometheus_client

@@ -192,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         for i, (proc, port, mport) in enumerate(nodes, 1):
             print(f"node{i}     inference :{port}  management http://127.0.0.1:{mport} "
                   f"(/apply /train /cluster)  log {args.dir}/node{i}.log")
-        print(f"store     {models}\nCtrl-C stops everything.")
+        # the nodes share the key file beside the store (the first to start writes it)
+        keys = os.path.join(os.path.dirname(models), ".textswap", "keys.json")
+        print(f"store     {models}\nkeys      {keys} (0600; management calls take the admin "
+              "key: 'Authorization: Bearer <key>'; each node's log has a one-time dashboard "
+              "URL)\nCtrl-C stops everything.")
         stop = []
         signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
         while not stop and all(proc.poll() is None for proc, _, _ in nodes):

@@ -11,7 +11,7 @@ from frontend import handlers as h
 from frontend import rollout_handlers
 from frontend import quality_handlers
 from frontend import metrics_http
-from frontend import artifact, clusterapi, loop_handlers, oip, openapi, training
+from frontend import artifact, auth, clusterapi, loop_handlers, oip, openapi, training
 from frontend import dashboard_routes
 from control.feedback import FeedbackService
 from frontend.base import NotFoundHandler, log_level
@@ -31,13 +31,16 @@ def inference_app(sup: Any, config: Any, pipeline: PredictPipeline | None = None
     kw = {"supervisor": sup, "config": config}
     pipeline = pipeline or PredictPipeline.of(sup, config)
     feedback = feedback or loop_handlers.feedback_service(sup, config)
+    access = auth.accesses(getattr(sup, "keys", None), config)
+    pkw = {**kw, "auth": access["predict"]}  # None (open) unless a predict key is set
     return Application([
-        (r"/predict", h.PredictHandler, {**kw, "pipeline": pipeline}),
+        (r"/predict", h.PredictHandler, {**pkw, "pipeline": pipeline}),
         (r"/healthz", h.HealthHandler, kw),
         (r"/readyz", h.ReadyHandler, kw),
         (r"/openapi.json", openapi.InferenceSpecHandler, kw),
-        *oip.routes(kw, pipeline),  # Open Inference Protocol v2
-        *loop_handlers.inference_routes(kw, config, feedback),  # POST /feedback (docs/loop.md)
+        *oip.routes(pkw, pipeline),  # Open Inference Protocol v2
+        # POST /feedback (docs/loop.md): the feedback key
+        *loop_handlers.inference_routes({**kw, "auth": access["feedback"]}, feedback),
     ], default_handler_class=NotFoundHandler, default_handler_args=kw,
         log_function=metrics_http.counting(sup, _log))  # what the predict pipeline does not count
 
@@ -46,8 +49,11 @@ def management_app(sup: Any, config: Any, feedback: FeedbackService | None = Non
                    ) -> Application:
     feedback = feedback or loop_handlers.feedback_service(sup, config)
     # guard: Host and Origin checked, no cross-site bodies (frontend/base.py check_site)
-    kw = {"supervisor": sup, "config": config, "token": config.token or None, "guard": True}
+    # auth: the admin key, or the review key for reading (frontend/auth.py)
+    access = auth.accesses(getattr(sup, "keys", None), config)
+    kw = {"supervisor": sup, "config": config, "auth": access["management"], "guard": True}
     routes: list[Any] = [
+        *auth.routes(kw),  # POST /auth/session: the start URL's one-time code
         (r"/apply", h.ApplyHandler, kw),
         (r"/unload", h.UnloadHandler, kw),
         (r"/status", h.StatusHandler, kw),
@@ -66,10 +72,10 @@ def management_app(sup: Any, config: Any, feedback: FeedbackService | None = Non
         *dashboard_routes.routes(kw, PredictPipeline.of(sup, config), feedback),
     ]
     routes += training.routes(kw)
-    from frontend import dashboard  # GET / and /ui/*: the web page (no data, no token)
+    from frontend import dashboard  # GET / and /ui/*: the web page (no data, no key)
     routes += dashboard.routes(kw)
     return Application(routes, default_handler_class=NotFoundHandler, default_handler_args=kw,
-                        log_function=_log)
+                        log_function=_audit_log)
 
 
 def _log(handler: Any) -> None:
@@ -79,19 +85,27 @@ def _log(handler: Any) -> None:
                 handler._request_summary(), 1000.0 * handler.request.request_time())
 
 
+def _audit_log(handler: Any) -> None:
+    """The management port's log: refusals as _log, and every state-changing
+    call with the name of the key that made it (the history records it too,
+    in the entries the call made)."""
+    _log(handler)
+    name = getattr(handler, "key_name", None)
+    if name and handler.request.method not in ("GET", "HEAD", "OPTIONS"):
+        log.info("%d %s %s by the %s key", handler.get_status(), handler.request.method,
+                 handler.request.path, name)
+
+
 def start_servers(sup: Any, config: Any) -> list[HTTPServer]:
     s = config["server"]
-    if s["manage_host"] not in ("127.0.0.1", "localhost", "::1") and not config.token:
-        log.warning("management API bound to %s without a token: anyone who can reach it "
-                    "can apply and train models; set management.token or "
-                    "TEXTSWAP_MANAGEMENT_TOKEN", s["manage_host"])
     servers = []
     pipeline = PredictPipeline.of(sup, config)
     feedback = loop_handlers.feedback_service(sup, config)  # one for both ports (its label cache)
     inference: Any = inference_app(sup, config, pipeline, feedback)
     if s["fast_predict"]:
         from frontend.fastpath import PredictRouter
-        inference = PredictRouter(inference, pipeline, config)
+        inference = PredictRouter(inference, pipeline, config,
+                                  auth.accesses(getattr(sup, "keys", None), config)["predict"])
     for app, host, port in ((inference, s["host"], s["port"]),
                             (management_app(sup, config, feedback), s["manage_host"],
                              s["manage_port"])):
@@ -100,7 +114,7 @@ def start_servers(sup: Any, config: Any) -> list[HTTPServer]:
         server.listen(port, address=host)
         servers.append(server)
     m = config["metrics"]
-    if m["enabled"] and m["port"]:  # for scrapers that cannot send the token
+    if m["enabled"] and m["port"]:  # for scrapers that cannot send a key
         server = HTTPServer(metrics_http.metrics_app(sup, config))
         server.listen(m["port"], address=m["host"])
         servers.append(server)

@@ -7,7 +7,6 @@ over-large one is refused with 413 from its Content-Length, before it is read.
 """
 from __future__ import annotations
 
-import hmac
 import json
 import urllib.parse
 import logging
@@ -55,14 +54,22 @@ class JsonHandler(RequestHandler):
     # Authorization header (see check_site); routes= kw "guard" or the class
     guarded = False
 
-    def initialize(self, supervisor: Any, config: Any, token: str | None = None,
+    # the key check (frontend/auth.py): needs_key is False on the routes that
+    # take no key (the dashboard's files, the session exchange, the OIP
+    # probes); review_may_post is True where the review key may POST too (the
+    # management port's /feedback and /try)
+    needs_key = True
+    review_may_post = False
+
+    def initialize(self, supervisor: Any, config: Any, auth: Any = None,
                    guard: bool = False) -> None:
         self.sup = supervisor
         self.cfg = config
         self.limits = config["limits"]
-        self.token = token
+        self.auth = auth  # a frontend.auth.Access, or None: no key checked
         self.guard = guard or self.guarded
         self.authorized = False  # a valid Authorization header came with it
+        self.key_name: str | None = None  # the name of that key
         self._chunks: list[bytes] = []
         self._size = 0
         self._too_large: str | None = None
@@ -73,9 +80,10 @@ class JsonHandler(RequestHandler):
     def prepare(self) -> None:
         if self.guard:
             check_site(self.request.headers, self.cfg)
-        if self.token is not None:
-            self._check_token()
-            self.authorized = True
+        if self.auth is not None and self.needs_key:
+            self.key_name = self.auth.check(self.request.method, self.request.headers,
+                                            self.review_may_post)
+            self.authorized = self.key_name is not None
         if self.request.method in ("POST", "PUT", "PATCH", "DELETE"):
             length = self.request.headers.get("Content-Length")
             cap = self.limits["max_body_bytes"]
@@ -88,16 +96,6 @@ class JsonHandler(RequestHandler):
                     # read and drop the body, then answer 413: refusing at once
                     # makes most clients see a reset instead of our answer
                     self._too_large = f"request body of {n} bytes exceeds the limit of {cap}"
-
-    def _check_token(self) -> None:
-        got = self.request.headers.get("Authorization", "")
-        scheme, _, value = got.partition(" ")
-        # constant-time compare: the token must not leak through timing
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-                value.strip().encode(), self.token.encode()):  # type: ignore[union-attr]  # called only with a token
-            self.set_header("WWW-Authenticate", 'Bearer realm="textswap-management"')
-            raise ApiError(401, "unauthorized",
-                           "management API needs 'Authorization: Bearer <token>'")
 
     def data_received(self, chunk: bytes) -> None:
         self._size += len(chunk)

@@ -1,10 +1,12 @@
 """The web dashboard on the management port: GET / and its assets under /ui/.
 
 The page is static (frontend/static/: HTML, CSS, plain JS modules and a
-vendored uPlot with its licence) and served WITHOUT the management token:
-it holds no data. Everything it shows comes from the management API, which
-the page calls with ``Authorization: Bearer <token>`` when a token is set,
-so the page is useless to someone who does not have it.
+vendored uPlot with its licence) and served WITHOUT a key: it holds no
+data. Everything it shows comes from the management API, which the page
+calls with ``Authorization: Bearer <key>``: the admin or review key a person
+types in, or the session token it got for the one-time code in the
+#fragment of the URL the service prints at start (POST /auth/session,
+frontend/auth.py). So the page is useless to someone who has neither.
 
 Why a handler of our own instead of tornado's StaticFileHandler: only the
 files that ship in frontend/static/ can ever be answered (a fixed table built
@@ -70,9 +72,11 @@ def load_assets(root: str = STATIC_DIR) -> dict[str, Asset]:
 class AssetHandler(JsonHandler):
     """GET/HEAD of one dashboard file; ``/`` is index.html."""
 
-    def initialize(self, supervisor: Any, config: Any, token: str | None = None,
+    needs_key = False  # the page and its assets carry no data
+
+    def initialize(self, supervisor: Any, config: Any, auth: Any = None,
                    guard: bool = False, assets: dict[str, Asset] | None = None) -> None:
-        # the page and its assets carry no data: served without the token
+        # served without a key
         # (but only under this service's own names: guard)
         super().initialize(supervisor, config, None, guard)
         self.assets = assets or {}

@@ -2,15 +2,15 @@
 
 The dashboard page is served by the management port and may only call its
 own origin (its Content-Security-Policy says ``connect-src 'self'``), with the
-one token it knows: the management token. Two of its panels need what lives
-on the inference port, so the management port answers them itself, through
-the same code:
+one key it knows: the admin or review key (or a session with the admin
+scope). Two of its panels need what lives on the inference port, so the
+management port answers them itself, through the same code:
 
 - ``POST /feedback``: the very handler of the inference port's POST /feedback
-  (frontend/loop_handlers.py, control/feedback.py's FeedbackService), but behind the
-  management token. The management token can already train and apply any
-  model, so it may also send the labels that feed training; the inference
-  port's own rule (feedback.token, else the management token) is unchanged.
+  (frontend/loop_handlers.py, control/feedback.py's FeedbackService), but
+  taking the admin or review key (labelling the review queue is what the
+  review key is for); the inference port's /feedback takes only the
+  feedback key.
   The Review panel posts ``{"request_id", "index", "label"}`` here.
 - ``POST /try``: a /predict body (text or texts, model, top_k, min_score,
   explain) answered by the same pipeline as /predict (frontend/pipeline.py,
@@ -20,8 +20,8 @@ the same code:
   "Try it" box uses it with ``explain``.
 
 Why not CORS from the page to the inference port: the page would need that
-port's address (which a proxy or another host may hide), a second token
-when feedback.token is set, and a looser CSP; and its Try-it texts would be
+port's address (which a proxy or another host may hide), the feedback key
+(never given to a person's page), and a looser CSP; and its Try-it texts would be
 logged as traffic.
 """
 from __future__ import annotations
@@ -36,15 +36,16 @@ from frontend.pipeline import PipelineHandler, PredictPipeline
 
 
 class ManagementFeedbackHandler(FeedbackHandler):
-    """POST /feedback on the management port: the management token (when set)."""
+    """POST /feedback on the management port: the admin or review key."""
 
-    _check_token = JsonHandler._check_token  # the management realm and message
+    review_may_post = True
 
 
 class TryHandler(PipelineHandler):
-    """POST /try: a prediction for a person to look at (not logged). The body
-    is read as on every management route (a body not declared JSON only with
-    the token)."""
+    """POST /try: a prediction for a person to look at (not logged); the admin
+    or review key. The body is read as on every management route."""
+
+    review_may_post = True
 
     async def post(self) -> None:
         await self.answer(predictions.TRY, data=self.json_object(predictions.PREDICT_FIELDS))

@@ -38,9 +38,11 @@ _OIP_INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 class PredictRouter(httputil.HTTPServerConnectionDelegate):
     """The inference server's delegate: POST /predict here, the rest to `app`."""
 
-    def __init__(self, app: Application, pipeline: PredictPipeline, config: Any) -> None:
+    def __init__(self, app: Application, pipeline: PredictPipeline, config: Any,
+                 access: Any = None) -> None:
         self.app = app
         self.pipeline = pipeline
+        self.access = access  # frontend.auth.Access of the predict key; None: open
         self.limits = config["limits"]
 
     def start_request(self, server_conn: object,
@@ -113,7 +115,12 @@ class _Predict(httputil.HTTPMessageDelegate):
             args: tuple[str | None, ...] = ()
         else:
             wire, args = oip.INFER, self.oip
-        refused = None
+        denied = refused = None
+        if self.router.access is not None:
+            try:
+                self.router.access.check("POST", self.headers)
+            except ApiError as exc:
+                denied = exc
         if self.too_large:
             refused = ApiError(413, "body_too_large", self.too_large)
         elif self.oip is not None:
@@ -124,7 +131,8 @@ class _Predict(httputil.HTTPMessageDelegate):
                 refused = ApiError(400, "bad_path", "the path is not valid UTF-8")
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
         reply = await self.router.pipeline.answer(
-            wire, Call(self.headers, body, self.start_line.path, args, refused), self.started)
+            wire, Call(self.headers, body, self.start_line.path, args, refused, denied=denied),
+            self.started)
         if reply.status >= 400:  # a 503 while no model serves yet is expected: not ERROR
             log.log(log_level(reply.status), "%d POST %s %.1fms", reply.status,
                     self.start_line.path, 1000 * (time.monotonic() - self.started))

@@ -1,8 +1,7 @@
 """The learning loop's routes (docs/loop.md): they parse and render; the
 feedback and the review queue are control/feedback.py's FeedbackService.
 
-Inference port:  POST /feedback                (its own bearer token: feedback.token,
-                                                else the management token, else none;
+Inference port:  POST /feedback                (the feedback key: frontend/auth.py;
                                                 a rate limit per caller)
 Management port: GET /models/<name>/review     (the review queue)
                  GET/PUT/DELETE /models/<name>/policy   (the retrain policy)
@@ -15,7 +14,6 @@ control/feedback.py (`off_loop`), awaited.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import logging
 import math
 import time
@@ -35,12 +33,6 @@ def feedback_service(sup: Any, config: Any) -> FeedbackService:
     """The feedback service over a running supervisor's log, store and policies."""
     return FeedbackService(sup.predlog, sup.store, sup.policies,
                            config["feedback"]["max_items"], config["limits"]["max_text_chars"])
-
-
-def feedback_token(config: Any) -> str | None:
-    """feedback.token (or TEXTSWAP_FEEDBACK_TOKEN), else the management token, else none."""
-    token = config["feedback"]["token"]  # TEXTSWAP_FEEDBACK_TOKEN read into it at start
-    return token or config.token or None
 
 
 class RateLimit:
@@ -97,16 +89,6 @@ class FeedbackHandler(JsonHandler):
 
     guarded = True  # on the public port too: labels train models
 
-    def _check_token(self) -> None:
-        got = self.request.headers.get("Authorization", "")
-        scheme, _, value = got.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-                value.strip().encode(), self.token.encode()):  # type: ignore[union-attr]  # called only with a token
-            self.set_header("WWW-Authenticate", 'Bearer realm="textswap-feedback"')
-            raise ApiError(401, "unauthorized", "POST /feedback needs 'Authorization: Bearer "
-                                                "<token>' (feedback.token, else the "
-                                                "management token)")
-
     def _caller(self) -> str:
         auth = self.request.headers.get("Authorization", "")
         if self.authorized and auth:  # the key, not the address: one key, one budget
@@ -129,18 +111,18 @@ class FeedbackHandler(JsonHandler):
             raise service_error(exc) from None
         self.send_json(answer)
 
-    def initialize(self, supervisor: Any, config: Any, token: str | None = None,
+    def initialize(self, supervisor: Any, config: Any, auth: Any = None,
                    guard: bool = False, feedback: FeedbackService | None = None) -> None:
-        super().initialize(supervisor, config, token, guard)
+        super().initialize(supervisor, config, auth, guard)
         self.feedback = feedback or feedback_service(supervisor, config)
 
 
 class ReviewHandler(JsonHandler):
     """GET /models/<name>/review?limit=50&strategy=uncertain|random"""
 
-    def initialize(self, supervisor: Any, config: Any, token: str | None = None,
+    def initialize(self, supervisor: Any, config: Any, auth: Any = None,
                    guard: bool = False, feedback: FeedbackService | None = None) -> None:
-        super().initialize(supervisor, config, token, guard)
+        super().initialize(supervisor, config, auth, guard)
         self.feedback = feedback or feedback_service(supervisor, config)
 
     async def get(self, name: str) -> None:
@@ -252,10 +234,8 @@ def name_of(value: Any) -> str:
         raise ApiError(400, "invalid_name", str(exc)) from None
 
 
-def inference_routes(kw: dict[str, Any], config: Any, feedback: FeedbackService
-                     ) -> list[Any]:
-    return [(r"/feedback", FeedbackHandler,
-             {**kw, "token": feedback_token(config), "feedback": feedback})]
+def inference_routes(kw: dict[str, Any], feedback: FeedbackService) -> list[Any]:
+    return [(r"/feedback", FeedbackHandler, {**kw, "feedback": feedback})]  # kw's auth: the feedback key
 
 
 def management_routes(kw: dict[str, Any], feedback: FeedbackService) -> list[Any]:

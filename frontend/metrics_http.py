@@ -1,7 +1,7 @@
 """GET /metrics (Prometheus text format) and request counting for the apps.
 
-/metrics is served on the management port, behind its token when one is set,
-and, when `metrics.port` is set, on a port of its own without a token (for
+/metrics is served on the management port, behind the admin or review key,
+and, when `metrics.port` is set, on a port of its own without a key (for
 scrapers that cannot send one; bind it where only they can reach it).
 The predict pipeline (frontend/pipeline.py) counts the predictions it
 answers, on the lean path of fastpath.py and through RequestHandlers alike;
@@ -36,7 +36,7 @@ def routes(kw: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
 
 
 def metrics_app(sup: Any, config: Any) -> Application:
-    """The app of the optional metrics-only port: GET /metrics, no token."""
+    """The app of the optional metrics-only port: GET /metrics, no key."""
     kw = {"supervisor": sup, "config": config}
     return Application(routes(kw), default_handler_class=NotFoundHandler,
                        default_handler_args=kw)

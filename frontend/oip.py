@@ -438,11 +438,15 @@ class ServerMetadataHandler(OipHandler):
 
 
 class LiveHandler(OipHandler):
+    needs_key = False  # a probe, like /healthz: no predict key
+
     def get(self) -> None:
         self.oip_json({"live": True})
 
 
 class ServerReadyHandler(OipHandler):
+    needs_key = False  # a probe, like /readyz: no predict key
+
     def get(self) -> None:
         # the protocol: 200 means ready, a 4xx means not (Triton answers 400)
         ready = bool(self.sup.ready)
@@ -450,9 +454,9 @@ class ServerReadyHandler(OipHandler):
 
 
 class ModelMetadataHandler(OipHandler):
-    def initialize(self, supervisor: Any, config: Any, token: str | None = None,
+    def initialize(self, supervisor: Any, config: Any, auth: Any = None,
                    guard: bool = False, pipeline: PredictPipeline | None = None) -> None:
-        super().initialize(supervisor, config, token, guard)
+        super().initialize(supervisor, config, auth, guard)
         self.pipeline = pipeline or PredictPipeline.of(supervisor, config)
 
     def get(self, name: str, version: str | None = None) -> None:

@@ -89,15 +89,23 @@ def _doc(title: str, description: str, paths: S, schemas: S, security: bool) -> 
     if security:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         doc["security"] = [{"bearer": []}]
-    unauthorized = _err("missing or wrong 'Authorization: Bearer <token>'")
+    unauthorized = _err("no 'Authorization: Bearer <key>', or a key that is none of this "
+                        "service's")
+    wrong_key = _err("a key of another scope (wrong_key): GET routes take the admin or "
+                     "review key, the others the admin key (POST /feedback and /try: admin "
+                     "or review)")
     for path, item in paths.items():
         for method, op in item.items():
             if method == "parameters":
                 continue
             # e.g. GET /models/{name} -> get_models_name; links refer to these
             op["operationId"] = "_".join([method, *re.findall(r"\w+", path)])
-            if security:
+            no_key = op.pop("x-no-key", None)  # e.g. POST /auth/session
+            if security and no_key:
+                op["security"] = []
+            elif security:
                 op["responses"]["401"] = unauthorized
+                op["responses"]["403"] = wrong_key
     return doc
 
 
@@ -263,12 +271,13 @@ def _data_schema() -> S:
     data: S = {
         "type": "object", "additionalProperties": False,
         "description": "exactly one of 'path' (a UTF-8 .jsonl/.csv/.tsv file under the "
-                       "configured data roots) or inline 'examples'; at least two labels "
-                       "with two examples each",
+                       "configured data roots) or inline 'examples'; at least two labels, "
+                       "one of them with two examples or more (a label with a single "
+                       "example trains, is never tested, and is warned about)",
         "oneOf": [{"required": ["path"]}, {"required": ["examples"]}],
         "properties": {
             "path": {"type": "string", "minLength": 1, "pattern": r"\S"},
-            "examples": {"type": "array", "minItems": 2 * dataset.MIN_PER_LABEL,
+            "examples": {"type": "array", "minItems": dataset.CV_MIN_PER_LABEL + 1,
                          "maxItems": dataset.MAX_EXAMPLES, "items": example},
             "label_separator": {"type": "string", "minLength": 1, "default": "|",
                                 "description": "splits a CSV 'labels' column into a "
@@ -296,7 +305,15 @@ def _train_request_loop(schema: S) -> S:
                        "how many rows came from feedback and how many were new labels"}
     schema["properties"]["data"]["description"] = (
         "leave out to reuse the data (and, without params, the parameters) of the model's "
-        "last training")
+        "last training, or to train a zero-shot version from 'labels'")
+    schema["properties"]["labels"] = {
+        "type": "object", "minProperties": 2, "additionalProperties": {
+            "type": "string", "minLength": 1, "pattern": r"\S"},
+        "description": "{label: description}. Without 'data': a zero-shot version (architecture "
+                       "'zero_shot'): a text's scores are softmax(cosine(text, description) / "
+                       "0.07) of mean pretrained word vectors, uncalibrated (no labelled data); "
+                       "422 when the pretrained view is off or the descriptions are CJK. With "
+                       "'data': each description is one more example of its label"}
     return schema
 
 
@@ -663,7 +680,10 @@ def management_spec(cfg: Any) -> S:
                             "links": {op: {"operationId": op,
                                            "parameters": {"id": "$response.body#/job/id"}}
                                       for op in ("get_train_id", "delete_train_id")}},
-                    "400": _err("not JSON, unknown field, invalid name, params or data"),
+                    "400": _err("not JSON, unknown field, invalid name, params, data or "
+                                "labels"),
+                    "422": _err("zero-shot ('labels' without 'data') is unavailable: the "
+                                "pretrained view is off, or the descriptions are CJK text"),
                     **_body_errors(cfg)}},
             "get": {"summary": "Recent jobs, newest first.",
                     "responses": {"200": _json({
@@ -696,7 +716,8 @@ def management_spec(cfg: Any) -> S:
                 "train.", paths,
                 {"TrainRequest": _train_request_loop(_train_request()),
                  "TrainParams": _params_schema(),
-                 "Job": _job_schema(), **dashboard_schemas(cfg)}, security=bool(cfg.token))
+                 "Job": _job_schema(), **dashboard_schemas(cfg)},
+                security=bool(cfg["auth"]["enabled"]))
 
 
 # -- live quality and drift (frontend/quality_handlers.py, control/quality.py) ------------
@@ -835,14 +856,16 @@ def loop_inference_paths(cfg: Any, text: S) -> S:
         "description": "By request id (and index inside a batch), for a whole batch "
                        "('labels', in order), or free examples for a model. Feedback for "
                        "the same (request id, index) replaces the earlier one. It becomes "
-                       "training data: it takes feedback.token, else the management token "
-                       "(none when neither is set).",
+                       "training data: it takes the feedback key (with auth off, "
+                       "auth.enabled: false, it is off: 403 feedback_off).",
         "requestBody": _body({"anyOf": [on_prediction, on_prediction_set, on_batch, free]}),
         "responses": {
             "200": _json(answer, "stored (committed before this answer)"),
             "400": _err("not JSON, unknown field, malformed request id, a bad label, 'labels' "
                         "of the wrong length, or a batch's label without 'index'"),
-            "401": _err("missing or wrong 'Authorization: Bearer <token>'"),
+            "401": _err("no 'Authorization: Bearer <key>', or not a key of this service"),
+            "403": _err("a key of another scope (wrong_key; only the feedback key is taken "
+                        "here), a foreign Host or Origin, or auth off (feedback_off)"),
             "404": _err("no logged prediction has this request id (or index), or no such "
                         "model"),
             "409": _err("the prediction log is off (predictions.log: false)"),
@@ -855,9 +878,8 @@ def loop_inference_paths(cfg: Any, text: S) -> S:
 
 
 def loop_security(doc: S, cfg: Any) -> S:
-    """POST /feedback's bearer token, when one applies."""
-    from frontend.loop_handlers import feedback_token
-    if feedback_token(cfg):
+    """POST /feedback's key (the feedback key), when auth is on."""
+    if cfg["auth"]["enabled"]:
         doc["components"].setdefault("securitySchemes", {})["bearer"] = {
             "type": "http", "scheme": "bearer"}
         doc["paths"]["/feedback"]["post"]["security"] = [{"bearer": []}]
@@ -961,16 +983,18 @@ def loop_management_paths(name_param: S) -> S:
 
 # -- the dashboard's routes on the management port (frontend/dashboard_routes.py) ---------
 def dashboard_paths(cfg: Any) -> S:
-    """POST /feedback (the inference port's, behind the management token) and
-    POST /try (a /predict that is not logged)."""
+    """POST /feedback (the inference port's, taking the admin or review key),
+    POST /try (a /predict that is not logged) and POST /auth/session (the
+    start URL's one-time code for a session token)."""
     inference = inference_spec(cfg)
     feedback = copy.deepcopy(inference["paths"]["/feedback"]["post"])
     feedback.pop("security", None)
     feedback.pop("operationId", None)
     feedback["description"] = ("The inference port's POST /feedback (same bodies, same "
-                               "answers), behind the management token: the dashboard's "
+                               "answers), taking the admin or review key: the dashboard's "
                                "Review panel posts here.")
     feedback["responses"].pop("401", None)  # the management document adds its own
+    feedback["responses"].pop("403", None)
     predict = copy.deepcopy(inference["paths"]["/predict"]["post"])
     predict.pop("operationId", None)
     predict["summary"] = ("Try a model: the /predict body and answer, not logged (no "
@@ -978,7 +1002,32 @@ def dashboard_paths(cfg: Any) -> S:
     ok = predict["responses"]["200"]
     ok.pop("headers", None)
     ok["content"][JSON]["schema"] = {"$ref": "#/components/schemas/TryResponse"}
-    return {"/feedback": {"post": feedback}, "/try": {"post": predict}}
+    session: S = {
+        "summary": "The one-time code of the dashboard URL printed at start, for a session "
+                   "token (admin scope; a code works once). No key needed.",
+        "x-no-key": True,
+        "requestBody": _body({"type": "object", "additionalProperties": False,
+                              "required": ["code"], "properties": {"code": {"type": "string"}}}),
+        "responses": {
+            "200": _json({"type": "object", "properties": {
+                "token": {"type": "string"}, "scope": {"type": "string"},
+                "expires_in_s": {"type": "integer"}}}, "the session token (send it as "
+                                                       "'Authorization: Bearer <token>')"),
+            "400": _err("not JSON, or no code"),
+            "401": _err("the code is unknown, used or expired"),
+            "409": _err("auth is off (auth.enabled: false)"),
+            **_body_errors(cfg)}}
+    code: S = {
+        "summary": "A new one-time dashboard URL (its code works once, for POST "
+                   "/auth/session): for when the start URL's code is used.",
+        "responses": {
+            "200": _json({"type": "object", "properties": {
+                "code": {"type": "string"}, "url": {"type": "string"}}},
+                "the code and the URL with it in its #fragment"),
+            "409": _err("auth is off (auth.enabled: false)"),
+            **_body_errors(cfg)}}
+    return {"/feedback": {"post": feedback}, "/try": {"post": predict},
+            "/auth/session": {"post": session}, "/auth/code": {"post": code}}
 
 
 def dashboard_schemas(cfg: Any) -> S:

@@ -49,6 +49,7 @@ class Call:
     args: tuple[str | None, ...] = ()  # path arguments, decoded
     refused: ApiError | None = None  # found while reading (413 too large, 400 bad path)
     data: dict[str, Any] | None = None  # a JSON body its transport already decoded
+    denied: ApiError | None = None  # the key check's refusal: answered before anything else
 
 
 @dataclass(slots=True)
@@ -152,6 +153,8 @@ class PredictPipeline:
         rid = None
         model = NO_MODEL
         try:
+            if call.denied is not None:
+                raise call.denied
             rid = wire.request_id(call)
             req = wire.parse(self, call, rid)
             routed = await self.route(req)
@@ -299,9 +302,9 @@ class PipelineHandler(JsonHandler):
 
     counted = False
 
-    def initialize(self, supervisor: Any, config: Any, token: str | None = None,
+    def initialize(self, supervisor: Any, config: Any, auth: Any = None,
                    guard: bool = False, pipeline: PredictPipeline | None = None) -> None:
-        super().initialize(supervisor, config, token, guard)
+        super().initialize(supervisor, config, auth, guard)
         self.pipeline = pipeline or PredictPipeline.of(supervisor, config)
 
     async def answer(self, wire: Wire, args: tuple[str | None, ...] = (),

@@ -16,19 +16,24 @@ def _job_error(exc: JobError) -> ApiError:
 
 class TrainHandler(JsonHandler):
     async def post(self) -> None:
-        data = self.json_object({"name", "data", "params", "apply", "feedback"})
+        # "labels": {label: description}; without "data" a zero-shot version (control/jobs.py)
+        data = self.json_object({"name", "data", "params", "apply", "feedback", "labels"})
         if "name" not in data:  # no data: the model's last training's (docs/loop.md)
             raise ApiError(400, "missing_field", "'name' is required")
         feedback = data.get("feedback", False)
         if not isinstance(feedback, bool):
             raise ApiError(400, "invalid_field", "'feedback' must be true or false")
+        if "labels" in data and data["labels"] is None:
+            raise ApiError(400, "invalid_labels", "'labels' must be an object: "
+                                                  "{\"<label>\": \"<description>\", ...}")
         if data.get("data") is None and "data" in data:
             raise ApiError(400, "invalid_data", "'data' must be an object; leave it out to "
                                                 "reuse the last training's data")
         try:
             job = await self.sup.jobs.submit(data["name"], data.get("data"), data.get("params"),
                                              data.get("apply", False),
-                                             feedback=True if feedback else None)
+                                             feedback=True if feedback else None,
+                                             descriptions=data.get("labels"))
         except JobError as exc:
             raise _job_error(exc) from None
         self.set_header("Location", f"/train/{job.id}")

@@ -15,6 +15,9 @@
 3. An ensemble of the two best (averaged calibrated probabilities) is kept
    only when cross-validation says it beats the best single candidate.
 4. Calibration: one temperature fitted on the out-of-fold decision values.
+   A label with a single example is on the training side of every fold and
+   tested by none (cv_folds); calibration and the out-of-fold figures cover
+   the tested rows (Search.tested) only.
 5. The winner is refitted on every row and transplanted into one Keras
    graph (counting branches -> TermWeighting -> SparseLinear -> softmax).
 
@@ -128,6 +131,40 @@ class BudgetExceeded(Exception):
     """A candidate was stopped because it would overrun the time budget."""
 
 
+def cv_folds(y: np.ndarray, wanted: int, seed: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """The (train, test) row indices of each fold, and the rows that some fold
+    tests (sorted).
+
+    A row of a label with a single example (multi-label: a row holding such a
+    label) is on the training side of every fold and tested by none: a fold
+    could not both train on its label and test it. The other rows are split
+    as before: stratified k-fold (k at most the smallest count among them);
+    multi-label: plain k-fold, where a label absent from a fold's training
+    part gets a constant "no" there (learners.fit_ovr).
+    """
+    n = len(y)
+    if y.ndim == 2:
+        single = np.flatnonzero(y.sum(axis=0) == 1)
+        always = y[:, single].any(axis=1) if len(single) else np.zeros(n, dtype=bool)
+    else:
+        counts = np.bincount(y)
+        always = counts[y] == 1
+    if (~always).sum() < 2:  # nothing left to test: every row takes its turn (as before)
+        always = np.zeros(n, dtype=bool)
+    rest, kept = np.flatnonzero(~always), np.flatnonzero(always)
+    if y.ndim == 2:
+        k = max(2, min(wanted, len(rest)))
+        split = KFold(k, shuffle=True, random_state=seed).split(np.zeros(len(rest)))
+    else:
+        counts = np.bincount(y[rest])
+        k = max(2, min(wanted, int(counts[counts > 0].min())))
+        split = StratifiedKFold(k, shuffle=True, random_state=seed).split(np.zeros(len(rest)), y[rest])
+    if not len(kept):
+        return list(split), np.arange(n)
+    folds = [(np.sort(np.concatenate([rest[tr], kept])), rest[te]) for tr, te in split]
+    return folds, rest
+
+
 class Search:
     """Cross-validated search over candidates within a wall-clock deadline."""
 
@@ -148,13 +185,7 @@ class Search:
         wanted = params["folds"] or default_folds(len(y))
         self.multi = y.ndim == 2  # multi-label: (n, n_labels) 0/1
         self.metric = "micro_f1" if self.multi else "macro_f1"
-        if self.multi:  # no stratification over label sets; a label absent from a
-            # fold's training part gets a constant "no" there (learners.fit_ovr)
-            k = max(2, min(wanted, len(y)))
-            self.folds = list(KFold(k, shuffle=True, random_state=self.seed).split(np.zeros(len(y))))
-        else:
-            k = max(2, min(wanted, int(np.bincount(y).min())))
-            self.folds = list(StratifiedKFold(k, shuffle=True, random_state=self.seed).split(np.zeros(len(y)), y))
+        self.folds, self.tested = cv_folds(y, wanted, self.seed)
         self._weighted: dict[tuple[str, int], sp.csr_matrix] = {}
         self._split_cache: dict[tuple[tuple[str, ...], int], tuple[sp.csr_matrix, sp.csr_matrix]] = {}
         self.scored: list[Scored] = []
@@ -421,7 +452,8 @@ def choose(search: Search) -> tuple[list[Scored], list[float], dict[str, Any]]:
     """
     ranked = sorted(search.scored, key=lambda s: -s.score)
     best = ranked[0]
-    temps = [calibration.fit_temperature(best.oof, search.y)]
+    ev = search.tested  # the rows some fold tested: they have out-of-fold scores
+    temps = [calibration.fit_temperature(best.oof[ev], search.y[ev])]
     note: dict[str, Any] = {"tried": False}
     # the runner-up must differ in views or learner family, else it adds little
     other = next((s for s in ranked[1:] if s.candidate.learner not in ("bow", "cnn")
@@ -429,7 +461,7 @@ def choose(search: Search) -> tuple[list[Scored], list[float], dict[str, Any]]:
                   and (s.candidate.views, s.candidate.learner) != (best.candidate.views, best.candidate.learner)),
                  None)
     if other is not None:
-        t2 = calibration.fit_temperature(other.oof, search.y)
+        t2 = calibration.fit_temperature(other.oof[ev], search.y[ev])
         avg = (calibration.softmax(best.oof / temps[0]) + calibration.softmax(other.oof / t2)) / 2
         score = float(np.mean(fold_f1(search, avg)))
         note = {"tried": True, "members": [best.candidate.name, other.candidate.name],
@@ -537,7 +569,8 @@ def cost_aware(search: Search, members: list[Scored], temps: list[float]
         return members, temps, note
     # the most accurate of the candidates that serve like the fastest (same views: same graph)
     pick = max((r for r in rows if r[0] == fastest[0]), key=lambda r: r[1])[2]
-    t = 1.0 if search.multi else calibration.fit_temperature(pick.oof, search.y)
+    ev = search.tested
+    t = 1.0 if search.multi else calibration.fit_temperature(pick.oof[ev], search.y[ev])
     note.update(applied=True, chosen={"name": pick.candidate.name, key: round(pick.score, 4),
                                       "texts_per_s": round(fastest[0])})
     return [pick], [t], note
@@ -621,12 +654,13 @@ def final_temperatures(search: Search, temps: list[float], small: list[np.ndarra
     if small is None:
         return temps
     g = note["factor"]
+    ev = search.tested
     out = []
     for oof, t in zip(small, temps):
-        t_small = calibration.fit_temperature(oof, search.y)
+        t_small = calibration.fit_temperature(oof[ev], search.y[ev])
         step = (t / t_small) ** g if t_small > 0 else 1.0
         out.append(float(t * min(_CURVE_MAX_STEP, max(1 / _CURVE_MAX_STEP, step))))
-    note["temperature_small"] = [round(calibration.fit_temperature(o, search.y), 4) for o in small]
+    note["temperature_small"] = [round(calibration.fit_temperature(o[ev], search.y[ev]), 4) for o in small]
     note["temperature_final"] = [round(t, 4) for t in out]
     return out
 
@@ -636,14 +670,14 @@ def risk_at_full_size(search: Search, members: list[Scored], temps: list[float],
     """The report's risk-coverage rows: `coverage` and `accuracy` carried to the
     final model's size along the learning curve, `accuracy_low` their one-sided
     95 % lower bound (the promise), `cv_coverage`/`cv_accuracy` as the fold
-    models measured them."""
-    y = search.y
+    models measured them. `cal`: the tested rows' calibrated scores (search.tested)."""
+    y = search.y[search.tested]
     rows = serving.risk_coverage(cal, y)
     for r in rows:
         r["cv_coverage"], r["cv_accuracy"] = r["coverage"], r["accuracy"]
     if small is not None:
         g = note["factor"]
-        cal_small = np.mean([calibration.softmax(o / t) for o, t in zip(small, temps)], axis=0)
+        cal_small = np.mean([calibration.softmax(o[search.tested] / t) for o, t in zip(small, temps)], axis=0)
         for r, r0 in zip(rows, serving.risk_coverage(cal_small, y)):
             c1, c0 = r["cv_coverage"], r0["coverage"]
             r["coverage"] = round(float(np.clip(c1 + g * (c1 - c0), 0, 1)), 4)
@@ -663,6 +697,7 @@ class AutoResult:
     report: dict[str, Any]
     history: list[dict[str, Any]]
     held_out_probs: np.ndarray | None = None  # calibrated out-of-fold probabilities (profile.json)
+    held_out_rows: np.ndarray | None = None   # the rows they belong to (search.tested)
 
 
 def _refit_linear(search: Search, cand: Candidate, temperature: float,
@@ -738,6 +773,9 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         with threadpool_limits(limits=1):
             members, temps, cost = cost_aware(search, members, temps)
     raw, cal = oof_probs(members, temps)
+    # out-of-fold figures cover the rows some fold tested (not single-example labels')
+    ev = search.tested
+    raw, cal, y_ev = raw[ev], cal[ev], y[ev]
     pred = cal.argmax(1)
 
     with threadpool_limits(limits=1):
@@ -750,13 +788,13 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         model = final_model(search, [m.candidate for m in members], served_temps, network_fit)
     final_s = time.monotonic() - t0
 
-    metrics = serving.classification_metrics(y, pred, label_names)
-    conf = confusion(y, pred, len(label_names))
+    metrics = serving.classification_metrics(y_ev, pred, label_names)
+    conf = confusion(y_ev, pred, len(label_names))
     metrics.update(measured_on="cross_validation", n_train=len(texts), n_val=0, tokenize=tokenize,
                    folds=len(search.folds), confusion_matrix=conf,
                    vocabulary_size=sum(len(search.counts[v].vocabulary)
                                        for v in {v for m in members for v in m.candidate.views}),
-                   ece=round(calibration.ece(cal, y), 4))
+                   ece=round(calibration.ece(cal, y_ev), 4))
     report = {
         "method": "auto",
         "time_budget_s": params["time_budget_s"], "folds": len(search.folds), "seed": params["seed"],
@@ -777,7 +815,7 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         "chosen": {"name": " + ".join(m.candidate.name for m in members),
                    "members": [{**m.candidate.describe(), "temperature": round(t, 4)}
                                for m, t in zip(members, served_temps)],
-                   "cv_macro_f1": round(float(np.mean(fold_f1(search, cal))), 4)},
+                   "cv_macro_f1": round(float(np.mean(fold_f1(search, oof_probs(members, temps)[1]))), 4)},
         "out_of_fold": {"accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"],
                         "per_label": metrics["per_label"],
                         "confusion_matrix": {"labels": label_names, "rows": conf}},
@@ -791,14 +829,14 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         "calibration": {"method": "temperature", "temperature": [round(t, 4) for t in served_temps],
                         "temperature_cv": [round(t, 4) for t in temps],
                         "bins": calibration.ECE_BINS,
-                        "ece_before": round(calibration.ece(raw, y), 4),
-                        "ece_after": round(calibration.ece(cal, y), 4),
-                        "nll_before": round(calibration.nll(raw, y), 4),
-                        "nll_after": round(calibration.nll(cal, y), 4)},
+                        "ece_before": round(calibration.ece(raw, y_ev), 4),
+                        "ece_after": round(calibration.ece(cal, y_ev), 4),
+                        "nll_before": round(calibration.nll(raw, y_ev), 4),
+                        "nll_after": round(calibration.nll(cal, y_ev), 4)},
         "seconds": {"features": round(search.features_s, 2), "search": round(search_s, 2),
                     "final_fit": round(final_s, 2)},
     }
-    return AutoResult(model, metrics, report, history, cal)
+    return AutoResult(model, metrics, report, history, cal, search.tested)
 
 
 # --------------------------------------------------------------------------
@@ -924,7 +962,10 @@ def nested_folds(search: Search, oof: np.ndarray, min_labels: int) -> tuple[list
     scores (honest: no fold helps choose its own), and those predictions."""
     pred = np.zeros(oof.shape, dtype=bool)
     scores = []
+    tested = np.zeros(len(search.y), dtype=bool)
+    tested[search.tested] = True
     for train, test in search.folds:
+        train = train[tested[train]]  # rows with out-of-fold scores only
         t = shrunk_thresholds(oof[train], search.y[train])
         pred[test] = predict_sets(oof[test], t, min_labels)
         scores.append(micro_f1(search.y[test], pred[test]))
@@ -1009,16 +1050,18 @@ def train_auto_multilabel(texts: list[str], label_sets: list[list[str]], label_n
             members, _, cost = cost_aware(search, [best], [1.0])
     chosen = members[0]
     _, pred = nested_folds(search, chosen.oof, min_labels)
-    a, b = platt(chosen.oof, y)
-    probs = _sigmoid(chosen.oof * a + b)
-    thresholds = _sigmoid(shrunk_thresholds(chosen.oof, y) * a + b)
+    # out-of-fold figures cover the rows some fold tested (not single-example labels')
+    ev = search.tested
+    a, b = platt(chosen.oof[ev], y[ev])
+    probs = _sigmoid(chosen.oof[ev] * a + b)
+    thresholds = _sigmoid(shrunk_thresholds(chosen.oof[ev], y[ev]) * a + b)
 
     t0 = time.monotonic()
     with threadpool_limits(limits=1):
         model = final_multilabel_model(search, chosen.candidate, a, b)
     final_s = time.monotonic() - t0
 
-    metrics = multilabel_metrics(y, pred, label_names)
+    metrics = multilabel_metrics(y[ev], pred[ev], label_names)
     metrics.update(measured_on="cross_validation", multi_label=True, n_train=len(texts), n_val=0,
                    tokenize=tokenize, folds=len(search.folds), min_labels=min_labels,
                    vocabulary_size=sum(len(search.counts[v].vocabulary) for v in chosen.candidate.views))
@@ -1051,4 +1094,4 @@ def train_auto_multilabel(texts: list[str], label_sets: list[list[str]], label_n
         "seconds": {"features": round(search.features_s, 2), "search": round(search_s, 2),
                     "final_fit": round(final_s, 2)},
     }
-    return AutoResult(model, metrics, report, history, probs)
+    return AutoResult(model, metrics, report, history, probs, search.tested)

@@ -96,7 +96,10 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "seed": 1337,
 }
 
-ARCHITECTURES = ("auto", "bow", "cnn")
+# "zero_shot": no labelled data, one description per label (POST /train with
+# "labels": {label: description} and no "data"; model_worker/zeroshot.py);
+# control/jobs.py sets it, and refuses it with data.
+ARCHITECTURES = ("auto", "bow", "cnn", "zero_shot")
 # word: word 1-2-grams; char: character n-grams inside words; punct: the
 # same with punctuation and symbols kept (model_worker.autofeatures).
 # pretrained: the mean pretrained word vector of the text (model_worker.pretrained).

@@ -191,6 +191,10 @@ class TrainResult:
     # probabilities on texts the model was not fitted on, for profile.json
     held_out_probs: np.ndarray | None = None
     held_out_on: str | None = None
+    # the training rows held_out_probs belong to, in order (None: every row)
+    held_out_rows: np.ndarray | None = None
+    # for the report, meta.json and the job's result (e.g. single-example labels)
+    warnings: list[str] = field(default_factory=list)
 
 
 def stratified_split(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -305,14 +309,31 @@ def train_model(
     params = validate_params(params)
     if len(texts) != len(labels):
         raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
-    if labels and isinstance(labels[0], (list, tuple)):  # several labels per text
-        return _train_multilabel(texts, [list(x) for x in labels], params, on_epoch, should_stop)
-    label_names = sorted(set(labels))
-    if len(label_names) < 2:
-        raise ValueError("need at least two distinct labels")
-    if params["architecture"] == "auto":
-        return _train_auto(texts, labels, label_names, params, on_epoch, should_stop)
-    return _train_network(texts, labels, params, on_epoch, should_stop)
+    if params["architecture"] == "zero_shot":  # the trainer calls model_worker.zeroshot
+        raise ValueError("architecture 'zero_shot' trains with model_worker.zeroshot.train "
+                         "(one description per label), not from labelled examples")
+    multi = bool(labels) and isinstance(labels[0], (list, tuple))
+    tally = Counter(x for one in labels for x in one) if multi else Counter(labels)
+    single = sorted(k for k, v in tally.items() if v == 1)
+    result: TrainResult
+    if multi:  # several labels per text
+        result = _train_multilabel(texts, [list(x) for x in labels], params, on_epoch, should_stop)
+    else:
+        label_names = sorted(set(labels))
+        if len(label_names) < 2:
+            raise ValueError("need at least two distinct labels")
+        if params["architecture"] == "auto":
+            result = _train_auto(texts, labels, label_names, params, on_epoch, should_stop)
+        else:
+            result = _train_network(texts, labels, params, on_epoch, should_stop)
+    if single:  # trained on, never tested: autoselect.cv_folds, stratified_split
+        from state.dataset import single_example_warning
+
+        result.warnings.append(single_example_warning(single))
+        result.metrics["single_example_labels"] = single
+    if result.report is not None:
+        result.report["warnings"] = list(result.warnings)
+    return result
 
 
 def _train_auto(texts: list[str], labels: list[str], label_names: list[str], params: dict[str, Any],
@@ -357,7 +378,8 @@ def _train_auto(texts: list[str], labels: list[str], label_names: list[str], par
     auto.metrics["train_seconds"] = round(time.monotonic() - started, 3)
     return TrainResult(model=auto.model, labels=label_names, metrics=auto.metrics,
                        history=auto.history, report=auto.report,
-                       held_out_probs=auto.held_out_probs, held_out_on="out_of_fold")
+                       held_out_probs=auto.held_out_probs, held_out_on="out_of_fold",
+                       held_out_rows=auto.held_out_rows)
 
 
 def _train_multilabel(texts: list[str], label_sets: list[list[str]], params: dict[str, Any],
@@ -386,7 +408,8 @@ def _train_multilabel(texts: list[str], label_sets: list[list[str]], params: dic
     auto.metrics["train_seconds"] = round(time.monotonic() - started, 3)
     return TrainResult(model=auto.model, labels=label_names, metrics=auto.metrics,
                        history=auto.history, report=auto.report,
-                       held_out_probs=auto.held_out_probs, held_out_on="out_of_fold")
+                       held_out_probs=auto.held_out_probs, held_out_on="out_of_fold",
+                       held_out_rows=auto.held_out_rows)
 
 
 def top_true_labels(label_sets: list[list[str]], label_names: list[str], probs: np.ndarray) -> list[str]:

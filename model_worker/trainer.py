@@ -104,11 +104,18 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
     if spec["params"].get("architecture") == "auto":
         # then one frame per candidate: {candidate, of, name, score, best, best_score}
         protocol.write_frame(sock, {"t": "progress", "phase": "search"})
+    elif spec["params"].get("architecture") == "zero_shot":  # embeds the descriptions
+        protocol.write_frame(sock, {"t": "progress", "phase": "zero_shot"})
     else:
         protocol.write_frame(sock, {"t": "progress", "phase": "training", "epoch": 0,
                                     "epochs": spec["params"]["epochs"]})
     t0 = time.monotonic()
-    result = textmodel.train_model(texts, labels, spec["params"], on_epoch=on_epoch)
+    if spec["params"].get("architecture") == "zero_shot":  # texts: one description per label
+        from model_worker import zeroshot
+
+        result = zeroshot.train(texts, labels, spec["params"])
+    else:
+        result = textmodel.train_model(texts, labels, spec["params"], on_epoch=on_epoch)
     train_s = time.monotonic() - t0
     protocol.write_frame(sock, {"t": "progress", "phase": "publishing"})
 
@@ -150,11 +157,19 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
         }
         if result.report is not None:
             meta["report"] = result.report
+        if result.warnings:
+            meta["warnings"] = result.warnings
         profile_labels = labels
         if result.metrics.get("multi_label"):  # answered by frontend/predictions.py
             meta.update(multi_label=True, thresholds=result.report["thresholds"],  # type: ignore[index]  # set by auto
                         min_labels=result.report["min_labels"])  # type: ignore[index]  # set by auto
-            profile_labels = textmodel.top_true_labels(labels, result.labels, result.held_out_probs)  # type: ignore[arg-type]  # set by auto
+            rows = [int(i) for i in (result.held_out_rows if result.held_out_rows is not None
+                                     else range(len(labels)))]
+            assert result.held_out_probs is not None  # set by auto
+            top = dict(zip(rows, textmodel.top_true_labels([labels[i] for i in rows], result.labels,
+                                                           result.held_out_probs)))
+            # a text no fold tested (it holds a single-example label): its first label
+            profile_labels = [top.get(i, labs[0]) for i, labs in enumerate(labels)]
         # what drift detection compares live traffic with (control/quality.py)
         profile.write(staged, texts, profile_labels, result.labels, result.held_out_probs,
                       result.held_out_on)
@@ -163,7 +178,8 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
         shutil.rmtree(staged, ignore_errors=True)
         raise
     protocol.write_frame(sock, {"t": "done", "version": version, "metrics": result.metrics,
-                                "labels": result.labels, "train_seconds": train_s})
+                                "labels": result.labels, "train_seconds": train_s,
+                                "warnings": result.warnings})
 
 
 def main(sock: socket.socket, spec: dict[str, Any],

@@ -30,9 +30,27 @@ DEFAULTS: dict[str, Any] = {
     },
     "models_dir": "./models",
     "management": {
-        # Bearer token for the management API; the environment variable
-        # TEXTSWAP_MANAGEMENT_TOKEN overrides it. Empty: no token needed.
+        # the admin key under its older name (auth.admin_key wins when both
+        # are set); the environment variable TEXTSWAP_MANAGEMENT_TOKEN overrides it
         "token": "",
+    },
+    "auth": {
+        # API keys (state/keys.py, docs/operations.md "Security"): on by
+        # default; false leaves the management port open (loopback only,
+        # unless the service starts with --insecure-no-auth) and turns the
+        # inference port's POST /feedback off
+        "enabled": True,
+        # the generated key file; "": <models_dir>/../.textswap/keys.json
+        "keys_file": "",
+        # keys set here (or in TEXTSWAP_ADMIN_KEY, TEXTSWAP_REVIEW_KEY,
+        # TEXTSWAP_FEEDBACK_KEY, TEXTSWAP_PREDICT_KEY) win over the key file's;
+        # with none set, the first start generates admin, review and feedback
+        # keys into the key file. At least 32 characters each.
+        "admin_key": "",
+        "review_key": "",
+        "feedback_key": "",
+        "predict_key": "",  # set: /predict and /v2 need it
+        "session_hours": 12.0,  # a dashboard session (from the start URL's code) lasts this long
     },
     "limits": {
         "max_body_bytes": 4 * 1024 * 1024,
@@ -122,11 +140,11 @@ DEFAULTS: dict[str, Any] = {
                                   # refuses the apply (409), unless "partial"
     },
     # Prometheus metrics (metrics.py): GET /metrics on the management port
-    # (behind its token), and on a port of its own when `port` is set
+    # (behind the admin or review key), and on a port of its own when `port` is set
     "metrics": {
         "enabled": True,
         "port": 0,           # 0: no separate port (TorchServe's convention is 8082)
-        "host": "0.0.0.0",  # where that port listens; it has no token
+        "host": "127.0.0.1",  # where that port listens: it takes no key, so loopback by default
     },
     # Drift of live traffic against each version's training-data profile
     # (control/quality.py, docs/loop.md "Live quality and drift"). Thresholds
@@ -167,8 +185,8 @@ DEFAULTS: dict[str, Any] = {
         "max_age_days_by_model": {},  # {model name: days}, over max_age_days
     },
     "feedback": {
-        # Bearer token for POST /feedback; empty: the management token, if set;
-        # neither: no token (TEXTSWAP_FEEDBACK_TOKEN overrides it)
+        # the feedback key under its older name (auth.feedback_key wins when
+        # both are set); TEXTSWAP_FEEDBACK_TOKEN overrides it
         "token": "",
         "max_items": 1024,   # labels in one POST /feedback
         # per caller (its key; its address when no key is needed): requests a
@@ -232,10 +250,6 @@ class Config:
     def models_dir(self) -> str:
         return os.path.abspath(self.raw["models_dir"])
 
-    @property
-    def token(self) -> str:
-        return self.raw["management"]["token"]
-
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
     data: dict[str, Any] = {}
@@ -261,6 +275,10 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
 # (scrub_secret_env), so that no child (worker, trainer, log writer) gets them
 _SECRET_ENV = {"TEXTSWAP_MANAGEMENT_TOKEN": ("management", "token"),
                "TEXTSWAP_FEEDBACK_TOKEN": ("feedback", "token"),
+               "TEXTSWAP_ADMIN_KEY": ("auth", "admin_key"),
+               "TEXTSWAP_REVIEW_KEY": ("auth", "review_key"),
+               "TEXTSWAP_FEEDBACK_KEY": ("auth", "feedback_key"),
+               "TEXTSWAP_PREDICT_KEY": ("auth", "predict_key"),
                "TEXTSWAP_REDIS_URL": ("cluster", "redis_url")}
 
 

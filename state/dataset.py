@@ -12,6 +12,11 @@ Multi-label data (several labels per text): JSONL/inline rows with
 "label_separator" (default "|"). Every row then gives a non-empty label set;
 a row with "label" among them is an error (one convention per data set).
 
+The request's own "labels" (beside "data", not in it) describes each label:
+{"<label>": "<description>"} (check_descriptions); without data it is a
+zero-shot training's data, one row per label (from_descriptions), with data
+one more example per label (add_descriptions).
+
 Everything that can be known up front is checked here, in the supervisor,
 so the caller gets a 400 naming the problem instead of a failed job later.
 Imports no TensorFlow.
@@ -30,7 +35,15 @@ from typing import Any
 MAX_EXAMPLES = 2_000_000
 MAX_FILE_BYTES = 1 << 30
 MAX_TEXT_CHARS = 20_000
-MIN_PER_LABEL = 2  # a stratified validation split needs two of each
+# A label may have a single example: it trains, always on the training side of
+# cross-validation and of the validation split (it is never tested), and the
+# job's data summary and the training report warn about it. At least one label
+# needs CV_MIN_PER_LABEL examples, so that cross-validation has a test side.
+MIN_PER_LABEL = 1
+CV_MIN_PER_LABEL = 2
+# A label that only feedback brings becomes a class from this many fed-back
+# texts on (one wrong click does not create a class).
+NEW_LABEL_MIN = 2
 DEFAULT_SEPARATOR = "|"  # CSV `labels` column: "a|b|c"
 
 
@@ -60,13 +73,40 @@ class Dataset:
             for t, lab in zip(self.texts, self.labels):
                 fh.write(json.dumps({"text": t, key: lab}, ensure_ascii=False) + "\n")
 
+    def single_example_labels(self) -> list[str]:
+        """Labels with one example: trained on, never tested (kept out of the
+        CV folds' test sides and of the validation split)."""
+        return [k for k, v in self.counts.items() if v == 1]
+
     def summary(self) -> dict[str, Any]:
-        out = {"source": self.source, "examples": len(self.texts), "label_counts": self.counts,
-               "sha256": self.sha256}
+        out: dict[str, Any] = {"source": self.source, "examples": len(self.texts),
+                               "label_counts": self.counts, "sha256": self.sha256}
+        single = self.single_example_labels()
+        if single:
+            out["single_example_labels"] = single
+            out["warnings"] = [single_example_warning(single)]
         if self.multi_label:
             out["multi_label"] = True
             out["labels_per_text"] = round(sum(map(len, self.labels)) / max(1, len(self.labels)), 3)
         return out
+
+
+def single_example_warning(labels: list[str]) -> str:
+    """The warning of the job's data summary and the training report."""
+    shown = ", ".join(repr(x) for x in labels[:10]) + (f" and {len(labels) - 10} more"
+                                                       if len(labels) > 10 else "")
+    return (f"{len(labels)} label(s) with a single example ({shown}): trained on, never "
+            f"tested (kept on the training side of every cross-validation fold), so the "
+            f"reported metrics say nothing about them; add examples")
+
+
+def _check_counts(counts: dict[str, int], when: str = "") -> None:
+    """At least two labels, and one of them with CV_MIN_PER_LABEL examples."""
+    if len(counts) < 2:
+        raise DataError(f"{when}need at least two labels; the data has {list(counts)}")
+    if max(counts.values()) < CV_MIN_PER_LABEL:
+        raise DataError(f"{when}every label has a single example: at least one label needs "
+                        f"{CV_MIN_PER_LABEL} examples (cross-validation tests on them)")
 
 
 def resolve_path(path: Any, roots: list[str]) -> str:
@@ -172,7 +212,7 @@ def _label_set(at: str, value: Any) -> list[str]:
 
 
 def check_examples(rows: list[tuple[int, Any]], source: str,
-                   declared: list[str] | None = None) -> Dataset:
+                   declared: list[str] | None = None, partial: bool = False) -> Dataset:
     if not rows:
         raise DataError("the data has no examples")
     if len(rows) > MAX_EXAMPLES:
@@ -233,16 +273,73 @@ def check_examples(rows: list[tuple[int, Any]], source: str,
         extra = [x for x in counts if x not in declared]
         if extra:
             raise DataError(f"examples use undeclared label(s) {extra[:10]}")
-    if len(counts) < 2:
-        raise DataError(f"need at least two labels; the data has {list(counts)}")
-    few = {k: v for k, v in counts.items() if v < MIN_PER_LABEL}
-    if few:
-        raise DataError(f"every label needs at least {MIN_PER_LABEL} examples; too few: {few}")
+    if not partial:
+        _check_counts(counts)
     return Dataset(texts, labels, source, counts, multi)
 
 
-def load(spec: Any, roots: list[str]) -> Dataset:
-    """Read and check the 'data' field of a /train request."""
+# -- label descriptions: zero-shot versions, or one extra example per label ---------------
+MAX_DESCRIBED_LABELS = 1000
+MAX_DESCRIPTION_CHARS = 2000
+
+
+def check_descriptions(value: Any) -> dict[str, str]:
+    """The 'labels' field of a /train request: {label: description}, 2 to
+    MAX_DESCRIBED_LABELS labels, both non-empty strings (stripped); DataError."""
+    if not isinstance(value, dict):
+        raise DataError("'labels' must be an object: {\"<label>\": \"<description>\", ...}")
+    if not 2 <= len(value) <= MAX_DESCRIBED_LABELS:
+        raise DataError(f"'labels' must describe between 2 and {MAX_DESCRIBED_LABELS} labels; "
+                        f"it has {len(value)}")
+    out: dict[str, str] = {}
+    for label, description in value.items():
+        name = label.strip()
+        if not name:
+            raise DataError("'labels' has an empty label")
+        if not isinstance(description, str) or not description.strip():
+            raise DataError(f"'labels': the description of {name[:80]!r} must be a non-empty "
+                            f"string")
+        if not any(ch.isalnum() for ch in description):
+            raise DataError(f"'labels': the description of {name[:80]!r} has no word (only "
+                            f"punctuation or symbols)")
+        if len(description) > MAX_DESCRIPTION_CHARS:
+            raise DataError(f"'labels': the description of {name[:80]!r} has "
+                            f"{len(description)} characters; the limit is "
+                            f"{MAX_DESCRIPTION_CHARS}")
+        try:
+            name.encode("utf-8")
+            description.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DataError("'labels' contains an unpaired surrogate, not valid Unicode") from None
+        if name in out:
+            raise DataError(f"'labels' names {name[:80]!r} twice (labels are compared "
+                            f"after trimming spaces)")
+        out[name] = description.strip()
+    return out
+
+
+def from_descriptions(descriptions: dict[str, str]) -> Dataset:
+    """A zero-shot job's data: one row per label, its description as the text
+    (control/jobs.py; model_worker/zeroshot.py embeds them)."""
+    names = sorted(descriptions)
+    return Dataset([descriptions[n] for n in names], names, "descriptions", {n: 1 for n in names})
+
+
+def add_descriptions(data: Dataset, descriptions: dict[str, str]) -> Dataset:
+    """The data with each description as one more example of its label (a label
+    that only a description names becomes a single-example label)."""
+    texts, labels = list(data.texts), list(data.labels)
+    for name in sorted(descriptions):
+        texts.append(descriptions[name])
+        labels.append([name] if data.multi_label else name)
+    tally = (collections.Counter(x for one in labels for x in one) if data.multi_label
+             else collections.Counter(labels))
+    return Dataset(texts, labels, data.source, dict(sorted(tally.items())), data.multi_label)
+
+
+def load(spec: Any, roots: list[str], partial: bool = False) -> Dataset:
+    """Read and check the 'data' field of a /train request. partial: the label
+    counts are checked later (merge_feedback folds feedback in first)."""
     if not isinstance(spec, dict):
         raise DataError("'data' must be an object: {\"path\": ...} or {\"examples\": [...]}")
     unknown = set(spec) - {"path", "examples", "labels", "label_separator"}
@@ -261,9 +358,9 @@ def load(spec: Any, roots: list[str]) -> Dataset:
         if not isinstance(examples, list):
             raise DataError("'data.examples' must be a list of {\"text\", \"label\"} "
                             "(or {\"text\", \"labels\": [...]}) objects")
-        return check_examples(list(enumerate(examples)), "inline", declared)
+        return check_examples(list(enumerate(examples)), "inline", declared, partial)
     path = resolve_path(spec["path"], roots)
-    return check_examples(read_file(path, separator), path, declared)
+    return check_examples(read_file(path, separator), path, declared, partial)
 
 
 # -- feedback labels: one label, or a label set stored as one string ------------------------
@@ -298,7 +395,7 @@ def decode_truth(value: Any) -> Any:
 def merge_feedback(data: Dataset, examples: list[tuple[str, str]]) -> tuple[Dataset, dict[str, Any]]:
     """The training data with fed-back labels folded in (docs/loop.md): a text in
     both keeps the feedback's label (or label set); a label that the data lacks
-    becomes a class once it has MIN_PER_LABEL examples (until then its rows wait,
+    becomes a class once it has NEW_LABEL_MIN examples (until then its rows wait,
     reported). Labels are stored as the prediction log keeps them: one label a
     plain string, a label set encoded (encode_label_set). One label per text does
     not fold into multi-label data, nor a label set into single-label data."""
@@ -320,7 +417,7 @@ def merge_feedback(data: Dataset, examples: list[tuple[str, str]]) -> tuple[Data
         if text and text.strip() and label and len(text) <= MAX_TEXT_CHARS:
             fed[text] = label
     new_counts = collections.Counter(lab for lab in fed.values() if lab not in known)
-    waiting = {lab for lab, n in new_counts.items() if n < MIN_PER_LABEL}
+    waiting = {lab for lab, n in new_counts.items() if n < NEW_LABEL_MIN}
     fed = {t: lab for t, lab in fed.items() if lab not in waiting}
     texts, labels, replaced, overlap = [], [], 0, 0
     for t, lab in zip(data.texts, data.labels):
@@ -344,18 +441,14 @@ def merge_feedback(data: Dataset, examples: list[tuple[str, str]]) -> tuple[Data
 
 
 def _check_merged(counts: dict[str, int]) -> None:
-    if len(counts) < 2:
-        raise DataError(f"with the feedback folded in, the data has one label: {list(counts)}")
-    few = {k: v for k, v in counts.items() if v < MIN_PER_LABEL}
-    if few:  # feedback relabelled a class's examples away
-        raise DataError(f"with the feedback folded in, labels have too few examples: {few}")
+    _check_counts(counts, "with the feedback folded in: ")
 
 
 def _merge_sets(data: Dataset, decoded: list[tuple[str, Any]]) -> tuple[Dataset, dict[str, Any]]:
     """merge_feedback for multi-label data: label sets per text. A fed-back empty
     set (the text has no label) takes the text out of the training data: every
     training text needs a label (check_examples); it is counted as
-    `no_label_rows`. A new label with fewer than MIN_PER_LABEL texts waits: it is
+    `no_label_rows`. A new label with fewer than NEW_LABEL_MIN texts waits: it is
     left out of the sets (a set left empty leaves its text out too)."""
     known = set(data.counts)
     fed: dict[str, list[str]] = {}
@@ -365,7 +458,7 @@ def _merge_sets(data: Dataset, decoded: list[tuple[str, Any]]) -> tuple[Dataset,
             fed.pop(text, None)
             fed[text] = labels
     new_counts = collections.Counter(x for labs in fed.values() for x in labs if x not in known)
-    waiting = {lab for lab, n in new_counts.items() if n < MIN_PER_LABEL}
+    waiting = {lab for lab, n in new_counts.items() if n < NEW_LABEL_MIN}
     no_label = sum(1 for labs in fed.values() if not labs)
     kept = {t: [x for x in labs if x not in waiting] for t, labs in fed.items()}
     texts, labels, replaced, overlap = [], [], 0, 0

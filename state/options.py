@@ -23,6 +23,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--redis-url", help="cluster mode: the cluster store, e.g. "
                                        "redis://host:6379/0 (default: off)")
     p.add_argument("--node-id", help="cluster mode: this node's name (default hostname:port)")
+    p.add_argument("--insecure-no-auth", action="store_true",
+                   help="start with auth off (auth.enabled: false) although the management "
+                        "API is bound beyond loopback: anyone who reaches it can drive the "
+                        "service (refused without this flag)")
     p.add_argument("--log-level", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                    help="log level (default INFO); debug also shows TensorFlow's C++ logs "

@@ -29,6 +29,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from state.keys import ACTOR
+
 log = logging.getLogger("textswap.statedb")
 
 FILENAME = ".state.db"
@@ -210,7 +212,12 @@ class StateDB:
                     phases: dict[str, Any] | None = None, reason: str | None = None,
                     details: dict[str, Any] | None = None, at: float | None = None
                     ) -> concurrent.futures.Future[Any]:
-        """Append one rollout event; the future's result is its id."""
+        """Append one rollout event; the future's result is its id. An entry
+        an API call made (source "api") names the key that made the call
+        (details.key; state/keys.py ACTOR), when the call came with one."""
+        actor = ACTOR.get()
+        if source == "api" and actor is not None:
+            details = {**(details or {}), "key": actor}
         row = (time.time() if at is None else at, name, kind, source, from_version, to_version,
                _dumps(phases), reason, _dumps(details))
         return self.submit(lambda conn: conn.execute(

@@ -18,7 +18,16 @@ from typing import Any
 
 import psutil
 
-from helpers import ROOT, free_port, request, wait_for
+from helpers import KEYS_BY_PORT, ROOT, free_port, keys_file, request, wait_for
+
+
+def read_keys_file(models_dir: str) -> dict[str, str]:
+    """The keys of the key file beside a store (none when there is none)."""
+    try:
+        with open(keys_file(models_dir), encoding="utf-8") as fh:
+            return json.load(fh)["keys"]
+    except FileNotFoundError:
+        return {}
 
 sys.path.insert(0, os.path.join(ROOT, "deploy"))
 from localcluster import Nginx, RedisServer, have_redis_and_nginx  # noqa: E402,F401
@@ -48,6 +57,11 @@ class Node:
                                      env={**os.environ, "PYTHONUNBUFFERED": "1",
                                           "TEXTSWAP_REDIS_URL": self.redis_url})
         log.close()
+        # the nodes share the store, so the key file beside it (written by the
+        # first node to start): read when a request goes out
+        KEYS_BY_PORT[self.mport] = lambda path: read_keys_file(self.models_dir).get("admin")
+        KEYS_BY_PORT[self.port] = lambda path: read_keys_file(self.models_dir).get(
+            "feedback") if path == "/feedback" else None
         if wait:
             wait_for(lambda: self.get("/healthz")[0] == 200, 60, f"{self.node_id} /healthz")
         return self

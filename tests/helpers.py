@@ -42,13 +42,29 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str, interval: float
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")
 
 
+# The keys of the services the tests started, by port: request() sends the
+# port's key (the admin key to a management port; the feedback key to an
+# inference port's /feedback, the predict key, when set, to its other paths)
+# unless the caller sends an Authorization header itself or says auth=False.
+KEYS_BY_PORT: dict[int, Callable[[str], str | None]] = {}
+
+
+def keys_file(models_dir: str) -> str:
+    """The default key file of a service on this store (state/keys.py)."""
+    return os.path.join(os.path.dirname(os.path.abspath(models_dir).rstrip(os.sep)),
+                        ".textswap", "keys.json")
+
+
 def request(port: int, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
-            headers: dict[str, str] | None = None, timeout: float = 60.0
-            ) -> tuple[int, Any]:
+            headers: dict[str, str] | None = None, timeout: float = 60.0,
+            auth: bool = True) -> tuple[int, Any]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         hdrs = {"Content-Type": "application/json"}
         hdrs.update(headers or {})
+        key = KEYS_BY_PORT[port](path.split("?")[0]) if auth and port in KEYS_BY_PORT else None
+        if key and not any(h.lower() == "authorization" for h in hdrs):
+            hdrs["Authorization"] = f"Bearer {key}"
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
         conn.request(method, path, body=data, headers=hdrs)
         resp = conn.getresponse()
@@ -79,6 +95,39 @@ class Service:
         self.proc = subprocess.Popen((prefix or []) + cmd + (args or []), cwd=ROOT, stdout=self._log,
                                      stderr=subprocess.STDOUT, env=full_env)
         wait_for(lambda: self.get("/healthz")[0] == 200, 30, "service /healthz")
+        self.keys = self.read_keys(env or {})
+        KEYS_BY_PORT[self.mport] = lambda path: self.keys.get("admin")
+        KEYS_BY_PORT[self.port] = lambda path: self.keys.get(
+            "feedback" if path == "/feedback" else "predict")
+
+    def read_keys(self, env: dict[str, str]) -> dict[str, str]:
+        """The service's keys as a client finds them: the generated key file
+        beside the store (written before the ports listen), under the keys the
+        environment gave it."""
+        keys: dict[str, str] = {}
+        try:
+            with open(keys_file(self.models_dir), encoding="utf-8") as fh:
+                keys.update(json.load(fh)["keys"])
+        except FileNotFoundError:
+            pass
+        for name, var in (("admin", "TEXTSWAP_MANAGEMENT_TOKEN"), ("admin", "TEXTSWAP_ADMIN_KEY"),
+                          ("review", "TEXTSWAP_REVIEW_KEY"),
+                          ("feedback", "TEXTSWAP_FEEDBACK_TOKEN"),
+                          ("feedback", "TEXTSWAP_FEEDBACK_KEY"), ("predict", "TEXTSWAP_PREDICT_KEY")):
+            if env.get(var):
+                keys[name] = env[var]
+        return keys
+
+    def auth(self, name: str = "admin") -> dict[str, str]:
+        """The Authorization header of one of the service's keys."""
+        return {"Authorization": f"Bearer {self.keys[name]}"}
+
+    def dashboard_url(self) -> str:
+        """A one-time dashboard URL (POST /auth/code with the admin key): the
+        page trades its code for a session, as with the URL printed at start."""
+        code, body = self.mpost("/auth/code", {})
+        assert code == 200, body
+        return f"http://127.0.0.1:{self.mport}/#code={body['code']}"
 
     # HTTP
     def get(self, path: str, **kw: Any) -> tuple[int, Any]:

@@ -23,7 +23,7 @@ import pytest
 from helpers import ROOT, Service, free_port, request, wait_for
 
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
-TOKEN = "cli-token"
+TOKEN = "cli-token-of-at-least-32-characters"
 
 # above the fixtures' waits: three train --wait runs of up to 300 s each
 pytestmark = pytest.mark.timeout(1200)
@@ -194,7 +194,7 @@ def test_refusals_and_exit_codes(svc, data_csv, tmp_path):
     assert p.returncode == 2 and "no texts" in p.stderr
     # no token: exit 4; nothing listening: exit 3
     p = run(svc, "status", token=None)
-    assert p.returncode == 4 and "TEXTSWAP_MANAGEMENT_TOKEN" in p.stderr
+    assert p.returncode == 4 and "TEXTSWAP_KEY" in p.stderr
     p = run(svc, "--url", f"http://127.0.0.1:{free_port()}", "status")
     assert p.returncode == 3 and "cannot reach" in p.stderr
     # rollback of a model that does not serve: the server's 404, with the reason

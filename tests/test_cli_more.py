@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from helpers import Service, free_port, request, wait_for
+from helpers import Service, free_port, keys_file, request, wait_for
 from test_cli import DEMO, TOKEN, run, textswap_cmd
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -29,7 +29,8 @@ def svc(tiny_store, tmp_path_factory):
     cfg = base / "config.yaml"
     cfg.write_text("training:\n  demo_on_empty_store: false\nrollout:\n  probation_s: 0\n"
                    "worker:\n  standby_pool: 0\n")
-    s = Service(root, args=["--config", str(cfg)], env={"TEXTSWAP_MANAGEMENT_TOKEN": TOKEN})
+    s = Service(root, args=["--config", str(cfg)],
+                env={"TEXTSWAP_MANAGEMENT_TOKEN": TOKEN, "TEXTSWAP_FEEDBACK_KEY": TOKEN + "-feedback"})
     yield s
     s.stop()
 
@@ -102,7 +103,7 @@ def test_train_feedback_folds_the_labels_into_the_last_data(svc):
                             headers={"X-Request-Id": rid})
         assert code == 200, got
         code, fb = request(svc.port, "POST", "/feedback", {"request_id": rid, "label": label},
-                           headers=AUTH)
+                           headers=svc.auth("feedback"))
         assert code == 200 and fb["stored"] == 1, fb
     # no DATA: refused as a usage error unless --feedback
     p = run(svc, "train", name)
@@ -132,14 +133,18 @@ def test_serve_runs_the_service_with_paths_relative_to_the_caller(svc, tiny_stor
                             cwd=str(tmp_path), env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: request(port, "GET", "/healthz")[0] == 200, 60, "the served /healthz")
-        code, body = request(mport, "POST", "/apply", {"name": "sent", "version": 1})
+        # the keys it generated, beside the caller's ./here
+        with open(keys_file(str(tmp_path / "here")), encoding="utf-8") as fh:
+            admin = {"Authorization": "Bearer " + json.load(fh)["keys"]["admin"]}
+        code, body = request(mport, "POST", "/apply", {"name": "sent", "version": 1},
+                             headers=admin)
         assert code == 200, body
         code, got = request(port, "POST", "/predict", {"text": "很好"})
         assert code == 200 and got["model"] == {"name": "sent", "version": 1}, got
         # the store is the caller's ./here: the applied record is written there
         with open(tmp_path / "here" / ".applied.json") as fh:
             assert json.load(fh)["models"]["sent"]["version"] == 1
-        code, st = request(mport, "GET", "/status")
+        code, st = request(mport, "GET", "/status", headers=admin)
         assert code == 200 and st["supervisor"]["pid"] == proc.pid  # exec'd, not a child
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0

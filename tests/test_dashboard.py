@@ -10,8 +10,9 @@ version kept in probation and a new history row; roll back with the
 probation's button (the old version serves again, the history and the
 rolled-back list say so); run the new version as a shadow, see its mirrored
 requests counted, and promote it; render labels containing markup as text;
-ask for the management
-token, say clearly when it is wrong, and send it on every call. No JavaScript
+log in with the
+one-time code of its URL; ask for a key, say clearly when it is wrong, and
+send it on every call. No JavaScript
 error may reach the console, and no request of the page may fail.
 
 Screenshots (desktop 1280x800 and phone 390x844) and the measured page cost go
@@ -33,7 +34,7 @@ from helpers import ROOT, Service, wait_for
 
 ARTIFACTS = os.path.join(ROOT, "tests", "artifacts")
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
-TOKEN = "dash-board-token"
+TOKEN = "dash-board-token-of-32-characters-or-more"
 XSS_LABEL = "<script>window.__xss=1</script>"
 CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -168,9 +169,12 @@ def test_dashboard_serving_training_apply_history(svc, pw):
     b = Browser(pw)
     try:
         page = b.page
-        page.goto(f"http://127.0.0.1:{svc.mport}/")
+        page.goto(svc.dashboard_url())  # logs the tab in (a one-time code)
         slot = page.locator('#slots .slot[data-model="sent"]')
         slot.locator(".slot-version", has_text="v1").wait_for()
+        # the code left the address bar; the tab holds the session it bought
+        assert "code=" not in page.url
+        assert page.evaluate("sessionStorage.getItem('textswap.token')")
         assert "SERVING" in slot.inner_text()
         # the workers table shows the serving worker's pid and memory
         status = svc.status()
@@ -329,12 +333,12 @@ def test_dashboard_asks_for_the_token_and_says_when_it_is_wrong(locked, pw):
         page.goto(f"http://127.0.0.1:{locked.mport}/")
         auth = page.locator("#auth")
         auth.wait_for(state="visible")
-        assert "needs its management token" in page.locator("#auth-msg").inner_text()
+        assert "needs a key" in page.locator("#auth-msg").inner_text()
         assert page.locator("#slots").inner_text() == ""  # nothing shown without it
 
         page.locator("#auth-token").fill("not-the-token")
         page.locator("#auth-form button").click()
-        refused = page.locator("#auth-msg.error", has_text="refused this token")
+        refused = page.locator("#auth-msg.error", has_text="refused this key")
         refused.wait_for()
         assert auth.is_visible()
 
@@ -625,4 +629,4 @@ def test_page_and_assets_are_static_strict_and_hold_no_data(locked):
     for path in ("/ui/../supervisor.py", "/ui/js/../../dashboard.py", "/ui/nope.js", "/ui/"):
         code, hd, body = get(path)
         assert code == 404 and json.loads(body)["error"]["code"] == "not_found", path
-    assert get("/status")[0] == 401  # the data still needs the token
+    assert get("/status")[0] == 401  # the data still needs a key

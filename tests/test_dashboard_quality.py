@@ -91,7 +91,7 @@ def test_quality_section_shows_live_accuracy_drift_and_alert(svc, pw):
     b = Browser(pw)
     try:
         page = b.page
-        page.goto(f"http://127.0.0.1:{svc.mport}/")
+        page.goto(svc.dashboard_url())  # logs the tab in (a one-time code)
         card = page.locator('#quality .q-card[data-model="prof"]')
         card.locator(".badge.q-alert", has_text="drift alert").wait_for()
         row = card.locator('tr[data-version="1"]')

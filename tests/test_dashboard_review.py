@@ -2,10 +2,11 @@
 
 Real models (tests/featuremodels.py trains an `auto` linear model "lin" and
 a `bow` model "bowm" in a child process), a real service with real workers,
-real HTTP. The service has a management token and a DIFFERENT feedback
-token: the page knows only the management token, so its labels must reach
-the prediction log through the management port's POST /feedback
-(frontend/dashboard_routes.py).
+real HTTP. The service has an admin key (the older management token), a
+DIFFERENT feedback key, and the generated review key: the page holds only
+the review key (what a person labelling the queue gets), so its labels must
+reach the prediction log through the management port's POST /feedback
+(frontend/dashboard_routes.py), which takes it.
 
 Review: the queue shows the logged predictions least sure first, as
 GET /models/<name>/review lists them; a click on another label, the Enter key
@@ -33,8 +34,8 @@ import pytest
 from helpers import Service, request, wait_for
 from test_dashboard import ARTIFACTS, Browser, browser, pw  # noqa: F401 (pw: the fixture)
 
-TOKEN = "review-board-token"
-FEEDBACK_TOKEN = "only-for-clients"
+TOKEN = "review-board-token-of-32-characters-or-more"
+FEEDBACK_TOKEN = "only-for-clients-a-key-of-32-characters"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MARKUP = "<img src=x onerror=window.__xss=1> football"
 SINGLE = ["cheap phone deals", "tennis racket battery", "the game was delicious",
@@ -84,8 +85,8 @@ def own_svc(feature_models, tmp_path):
 
 def _open(pw, svc, width: int = 1280, height: int = 900) -> Browser:
     b = Browser(pw, width, height)
-    # the tab already holds the token (tests/test_dashboard.py covers asking for it)
-    b.ctx.add_init_script(f"sessionStorage.setItem('textswap.token', {TOKEN!r})")
+    # the tab already holds the review key (tests/test_dashboard.py covers asking for a key)
+    b.ctx.add_init_script(f"sessionStorage.setItem('textswap.token', {svc.keys['review']!r})")
     b.page.goto(f"http://127.0.0.1:{svc.mport}/")
     b.page.locator("#conn.ok").wait_for()
     return b
@@ -122,9 +123,9 @@ def test_review_panel_labels_by_click_and_keys(own_svc, pw):
     code, body = svc.predict({"texts": BATCH, "model": "lin"})
     assert code == 200
     batch_id = body["request_id"]
-    # the inference port's /feedback wants its own token: the page does not have it
+    # the inference port's /feedback takes only the feedback key: not the admin's
     assert request(svc.port, "POST", "/feedback", {"request_id": batch_id, "index": 0,
-                                                   "label": "food"}, headers=AUTH)[0] == 401
+                                                   "label": "food"}, headers=AUTH)[0] == 403
     queue = _queue(svc)
     assert len(queue) == len(SINGLE) + len(BATCH)
     assert _fed_back(svc) == 0

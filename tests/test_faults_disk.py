@@ -194,7 +194,7 @@ def test_dashboard_shows_a_storage_banner_while_writes_fail(svc):
         with sync_playwright() as pw:
             b = Browser(pw)
             try:
-                b.page.goto(f"http://127.0.0.1:{svc.svc.mport}/")
+                b.page.goto(svc.svc.dashboard_url())  # logs the tab in (a one-time code)
                 banner = b.page.locator("#storage-banner")
                 banner.wait_for(state="visible")
                 text = banner.inner_text()

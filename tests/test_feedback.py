@@ -15,7 +15,8 @@ from helpers import Service, request, wait_for
 from state.config import load_config
 from state.predlog import FILENAME as PREDLOG, PredictionLog
 
-TOKEN = "fb-secret"
+TOKEN = "fb-secret-a-key-of-32-characters-or-more"
+MGMT = "mgmt-a-management-key-of-32-characters-or-more"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -52,10 +53,10 @@ def _start(tiny_store: str, base) -> Service:
     shutil.copytree(tiny_store, root)
     cfg = base / "config.yaml"
     cfg.write_text(f"rollout:\n  probation_s: 0\nfeedback:\n  token: {TOKEN}\n  max_items: 64\n"
-                   "management:\n  token: mgmt\n")
+                   "management:\n  token: " + MGMT + "\n")
     s = Service(root, args=["--config", str(cfg)])
     s.cfg = str(cfg)
-    code, body = s.mpost("/apply", {"name": "sent"}, headers={"Authorization": "Bearer mgmt"})
+    code, body = s.mpost("/apply", {"name": "sent"}, headers={"Authorization": f"Bearer {MGMT}"})
     assert code == 200, body
     return s
 
@@ -65,7 +66,7 @@ def feedback(svc: Service, body: dict, headers: dict | None = AUTH) -> tuple[int
 
 
 def mget(svc: Service, path: str) -> tuple[int, dict]:
-    return svc.mget(path, headers={"Authorization": "Bearer mgmt"})
+    return svc.mget(path, headers={"Authorization": f"Bearer {MGMT}"})
 
 
 def predict(svc: Service, body: dict, headers: dict | None = None) -> tuple[int, dict, dict]:
@@ -202,10 +203,12 @@ def test_free_examples_are_stored_and_new_labels_flagged(svc):
 def test_wrong_or_missing_token_is_refused_with_401(svc):
     _, one, _ = predict(svc, {"text": "很好"})
     body = {"request_id": one["request_id"], "label": "pos"}
-    for headers in (None, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer mgmt"},
-                    {"Authorization": TOKEN}):
+    for headers in (None, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
         code, fb = feedback(svc, body, headers)
         assert code == 401 and fb["error"]["code"] == "unauthorized", headers
+    # the admin key is a key of another scope: never taken on the inference port
+    code, fb = feedback(svc, body, {"Authorization": f"Bearer {MGMT}"})
+    assert code == 403 and fb["error"]["code"] == "wrong_key", fb
     plog = log_of(svc)
     try:
         assert not [r for r in plog.fed_back("sent") if r["request_id"] == one["request_id"]]
@@ -214,17 +217,26 @@ def test_wrong_or_missing_token_is_refused_with_401(svc):
     assert feedback(svc, body)[0] == 200
 
 
-def test_which_token_feedback_takes(tmp_path, monkeypatch):
-    from frontend.loop_handlers import feedback_token
+def test_which_keys_the_older_token_settings_set(tmp_path, monkeypatch):
+    """management.token is the admin key and feedback.token the feedback key
+    (existing deployments keep working); auth.<name>_key and the environment
+    win; a key under 32 characters is refused."""
+    import pytest
 
-    monkeypatch.delenv("TEXTSWAP_MANAGEMENT_TOKEN", raising=False)
-    monkeypatch.delenv("TEXTSWAP_FEEDBACK_TOKEN", raising=False)
-    assert feedback_token(load_config(None)) is None  # a default local install: none
-    both = {"feedback": {"token": "f"}, "management": {"token": "m"}}
-    assert feedback_token(load_config(None, both)) == "f"
-    assert feedback_token(load_config(None, {"management": {"token": "m"}})) == "m"
-    monkeypatch.setenv("TEXTSWAP_FEEDBACK_TOKEN", "env")
-    assert feedback_token(load_config(None, both)) == "env"
+    from state.keys import KeyError_, configured_keys
+
+    for var in ("TEXTSWAP_MANAGEMENT_TOKEN", "TEXTSWAP_FEEDBACK_TOKEN", "TEXTSWAP_ADMIN_KEY",
+                "TEXTSWAP_FEEDBACK_KEY", "TEXTSWAP_REVIEW_KEY", "TEXTSWAP_PREDICT_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    assert configured_keys(load_config(None)) == {}  # a default local install: the key file
+    f, m, a = "f" * 32, "m" * 32, "a" * 32
+    both = {"feedback": {"token": f}, "management": {"token": m}}
+    assert configured_keys(load_config(None, both)) == {"admin": m, "feedback": f}
+    assert configured_keys(load_config(None, {**both, "auth": {"admin_key": a}}))["admin"] == a
+    monkeypatch.setenv("TEXTSWAP_FEEDBACK_TOKEN", "e" * 32)
+    assert configured_keys(load_config(None, both))["feedback"] == "e" * 32
+    with pytest.raises(KeyError_, match="at least 32"):
+        configured_keys(load_config(None, {"management": {"token": "short"}}))
 
 
 def test_a_feedback_flood_is_answered_and_stored_whole(svc):
@@ -281,7 +293,7 @@ def _cli(svc: Service, *args: str):
     import sys
     env = {**os.environ, "TEXTSWAP_URL": f"http://127.0.0.1:{svc.mport}",
            "TEXTSWAP_PREDICT_URL": f"http://127.0.0.1:{svc.port}",
-           "TEXTSWAP_MANAGEMENT_TOKEN": "mgmt", "TEXTSWAP_FEEDBACK_TOKEN": TOKEN}
+           "TEXTSWAP_MANAGEMENT_TOKEN": MGMT, "TEXTSWAP_FEEDBACK_TOKEN": TOKEN}
     return subprocess.run([sys.executable, "-m", "textswap_cli", *args], capture_output=True,
                           text=True, env=env, timeout=120)
 
@@ -382,7 +394,7 @@ def test_delete_a_request_erases_its_texts_from_every_file(svc):
     code, fb = feedback(svc, {"request_id": rid, "index": 0, "label": "neg"})
     assert code == 200 and fb["stored"] == 1, fb
     assert _store_holds(svc, secret), "the text is in the log before"
-    mgmt = {"Authorization": "Bearer mgmt"}
+    mgmt = {"Authorization": f"Bearer {MGMT}"}
     code, got = request(svc.mport, "DELETE", f"/predictions/{rid}", headers=mgmt)
     assert code == 200 and got == {"request_id": rid, "removed": {
         "predictions": 2, "feedback": 1, "examples": 0}}, got
@@ -395,14 +407,14 @@ def test_delete_a_request_erases_its_texts_from_every_file(svc):
                for h in hist["history"]), hist
     code, got = request(svc.mport, "DELETE", "/predictions/bad%20id", headers=mgmt)
     assert code == 400 and got["error"]["code"] == "invalid_request_id", got
-    code, got = request(svc.mport, "DELETE", f"/predictions/{rid}")
-    assert code == 401  # the management key
+    code, got = request(svc.mport, "DELETE", f"/predictions/{rid}", auth=False)
+    assert code == 401  # the admin key
 
 
 def test_delete_a_models_predictions_purges_its_log(svc):
     code, body, headers = predict(svc, {"texts": ["清空 一", "清空 二"], "model": "sent"})
     assert code == 200
-    mgmt = {"Authorization": "Bearer mgmt"}
+    mgmt = {"Authorization": f"Bearer {MGMT}"}
     code, got = request(svc.mport, "DELETE", "/models/sent/predictions", headers=mgmt)
     assert code == 200 and got["model"] == "sent" and got["removed"]["predictions"] >= 2, got
     assert log_of(svc).recent("sent") == []

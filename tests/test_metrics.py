@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import Service, free_port, request, wait_for
 
-TOKEN = "metrics-token"
+TOKEN = "metrics-token-a-key-of-32-characters-or-more"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 Samples = dict[tuple[str, frozenset], float]
 

@@ -94,7 +94,8 @@ ML = [{"text": "a", "labels": ["x", "y"]}, {"text": "b", "labels": ["x"]}, {"tex
     (ML + [{"text": "d", "label": "x"}], "example 3: has 'label' where the data's first row has 'labels'"),
     (ML + [{"text": "d", "labels": ["x"], "label": "x"}], "example 3: has 'label'"),
     ([{"text": "d", "label": "x"}] + ML, "example 1: has 'labels' where the data's first row has 'label'"),
-    (ML + [{"text": "d", "labels": ["q"]}], r"at least 2 examples; too few: \{'q': 1\}"),
+    ([{"text": "a", "labels": ["x"]}, {"text": "b", "labels": ["y", "z"]}],
+     "every label has a single example: at least one label needs 2 examples"),
     (ML + [{"text": " ", "labels": ["x"]}], "example 3: 'text' is empty"),
 ])
 def test_bad_multilabel_rows_are_refused(rows, words):

@@ -400,7 +400,7 @@ def test_review_panel_sends_label_sets(svc, pw):  # noqa: F811 (pw: the fixture)
     b = Browser(pw)
     try:
         page = b.page
-        page.goto(f"http://127.0.0.1:{svc.mport}/")
+        page.goto(svc.dashboard_url())  # logs the tab in (a one-time code)
         panel = page.locator("#review")
         panel.locator("select.rv-model").select_option("tags")
         first = panel.locator(f'li[data-request-id="{rid}"][data-index="0"]')

@@ -324,7 +324,7 @@ def test_lean_path_and_handler_answer_alike(svc, tiny_store, tmp_path):
 
 def _predict_counts(svc: Service) -> dict[tuple[str, str], float]:
     """textswap_requests_total of api="predict" by (model, code)."""
-    code, _, raw = _raw(svc.mport, "/metrics", b"", method="GET")
+    code, _, raw = _raw(svc.mport, "/metrics", b"", svc.auth(), method="GET")
     assert code == 200
     out: dict[tuple[str, str], float] = {}
     for line in raw.decode().splitlines():

@@ -83,8 +83,11 @@ def test_merge_feedback_wins_and_counts_new_labels():
     assert merged.counts == {"neg": 3, "pos": 2, "sport": 2}
     with pytest.raises(DataError):  # feedback that leaves one label
         merge_feedback(data, [("a", "neg"), ("b", "neg")])
-    with pytest.raises(DataError):  # ... or a label with one example
-        merge_feedback(data, [("a", "neg")])
+    # a label left with one example trains (never tested, warned about)
+    merged, _ = merge_feedback(data, [("a", "neg")])
+    assert merged.single_example_labels() == ["pos"] and "single example" in merged.summary()["warnings"][0]
+    with pytest.raises(DataError, match="every label has a single example"):
+        merge_feedback(Dataset(["a", "b"], ["pos", "neg"], "t", {"pos": 1, "neg": 1}), [])
 
 
 def test_counts_of_logged_dropped_and_queued_texts(tmp_path):

@@ -1,15 +1,20 @@
-"""Management lock-down: bearer token, warning on a public bind, no token leaks.
-No model is needed, so these services run without workers (standby off)."""
+"""Lock-down through the real service: keys on by default (the generated key
+file, each key's scope on each port, rotation, the dashboard's one-time
+code, auth off), no cross-site requests, no secret leaks, file modes.
+Most need no model, so these services run without workers (standby off)."""
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import stat
+import subprocess
+import sys
+import threading
 
-from helpers import request
+from helpers import ROOT, Service, keys_file, request, wait_for
 
-from helpers import Service
-
-TOKEN = "s3cret-token-value"
+TOKEN = "s3cret-token-value-of-32-characters-or-more"
 
 
 def _config(tmp_path, extra: str = "") -> str:
@@ -28,7 +33,7 @@ def test_token_guards_every_management_request(tmp_path):
                                    ("DELETE", "/train/1", None)):
             for headers in ({}, {"Authorization": "Bearer wrong"},
                             {"Authorization": f"Basic {TOKEN}"}):
-                code, got = request(svc.mport, method, path, body, headers=headers)
+                code, got = request(svc.mport, method, path, body, headers=headers, auth=False)
                 assert code == 401 and got["error"]["code"] == "unauthorized", (path, got)
         ok = {"Authorization": f"Bearer {TOKEN}"}
         code, status = svc.mget("/status", headers=ok)
@@ -41,14 +46,31 @@ def test_token_guards_every_management_request(tmp_path):
     assert TOKEN not in svc.log()
 
 
-def test_public_management_bind_without_token_warns(tmp_path):
+def test_open_management_beyond_loopback_refuses_to_start(tmp_path):
+    """auth.enabled: false with the management API bound beyond loopback: the
+    service refuses to start, unless --insecure-no-auth, and then it says so."""
+    from helpers import free_port
+
+    cfg = _config(tmp_path, "auth:\n  enabled: false\n")
+    cmd = [sys.executable, os.path.join(ROOT, "supervisor.py"), "--config", cfg,
+           "--models-dir", str(tmp_path / "models"), "--host", "127.0.0.1",
+           "--port", str(free_port()), "--manage-port", str(free_port()),
+           "--manage-host", "0.0.0.0"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 2 and "--insecure-no-auth" in p.stderr, p.stderr
+    assert not os.path.exists(tmp_path / "models")  # refused before anything was made
     svc = Service(str(tmp_path / "models"),
-                  args=["--config", _config(tmp_path), "--manage-host", "0.0.0.0"])
+                  args=["--config", cfg, "--manage-host", "0.0.0.0", "--insecure-no-auth"])
     try:
-        assert svc.mget("/status")[0] == 200
+        assert svc.mget("/status", auth=False)[0] == 200  # open, as asked
     finally:
         svc.stop()
-    assert "without a token" in svc.log()
+    assert "INSECURE: auth is off" in svc.log()
+    # a key under 32 characters is a config error at start
+    p = subprocess.run(cmd[:-2], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                       env={**os.environ, "TEXTSWAP_ADMIN_KEY": "too-short"})
+    assert p.returncode == 2 and "at least 32" in p.stderr, p.stderr
+    assert "too-short" not in p.stderr
 
 
 def test_default_management_bind_is_loopback(tmp_path):
@@ -63,8 +85,6 @@ def test_no_child_process_gets_the_services_secrets(store_copy, tmp_path):
     whatever they start) never hold them; ps shows none."""
     import psutil
 
-    from helpers import wait_for
-
     secrets = {"TEXTSWAP_MANAGEMENT_TOKEN": TOKEN + "-m",
                "TEXTSWAP_FEEDBACK_TOKEN": TOKEN + "-feedback"}
     svc = Service(store_copy, args=["--config", _config(tmp_path)], env=secrets)
@@ -72,10 +92,14 @@ def test_no_child_process_gets_the_services_secrets(store_copy, tmp_path):
     try:
         # the tokens work: they were read before they left the environment
         assert svc.mpost("/apply", {"name": "sent"}, headers=ok, timeout=240)[0] == 200
-        assert svc.mget("/status")[0] == 401
+        assert svc.mget("/status", auth=False)[0] == 401
         code, _ = svc.predict({"text": "fine"})
         assert code == 200
         workers = {w["pid"] for w in svc.mget("/status", headers=ok)[1]["workers"]}
+        # the audit trail: the apply's history entry names the key that made it
+        hist = svc.mget("/history", headers=ok)[1]["history"]
+        apply = next(h for h in hist if h["kind"] == "apply" and h["source"] == "api")
+        assert apply["details"]["key"] == "admin", apply
         kids = wait_for(lambda: (lambda k: len(k) >= 3 and k)(svc.children()), 60,
                         "the zygote, a worker and the log writer")
         assert workers <= {k.pid for k in kids}
@@ -106,8 +130,8 @@ def test_no_cross_site_request_drives_the_management_api(tmp_path):
         for ctype in ("application/x-www-form-urlencoded", "text/plain", None):
             headers = {"Content-Type": ctype or ""}  # "": none declared
             code, got = svc.mpost("/apply", None, raw=json.dumps(body).encode(),
-                                  headers={**headers})
-            assert code == 401, (ctype, got)  # no token: refused before the body is read
+                                  headers={**headers}, auth=False)
+            assert code == 401, (ctype, got)  # no key: refused before the body is read
             code, got = svc.mpost("/apply", None, raw=json.dumps(body).encode(),
                                   headers={**headers, **ok})
             if ctype == "text/plain":  # never JSON, with a token or without
@@ -133,20 +157,24 @@ def test_no_cross_site_request_drives_the_management_api(tmp_path):
         svc.stop()
 
 
-def test_without_a_token_a_form_body_is_refused_and_json_is_answered(tmp_path):
-    svc = Service(str(tmp_path / "models"), args=["--config", _config(tmp_path)])
+def test_with_auth_off_a_form_body_is_refused_and_public_feedback_is_off(tmp_path):
+    """auth.enabled: false on loopback: the management port takes JSON only
+    (no Authorization header can vouch for a form), and the inference port's
+    POST /feedback is off (403), not open."""
+    svc = Service(str(tmp_path / "models"),
+                  args=["--config", _config(tmp_path, "auth:\n  enabled: false\n")])
     body = json.dumps({"name": "x", "bogus": 1}).encode()
     try:
+        assert not os.path.exists(keys_file(svc.models_dir))  # no keys made
         for ctype in ("application/x-www-form-urlencoded", "text/plain", ""):
             code, got = svc.mpost("/apply", None, raw=body, headers={"Content-Type": ctype})
             assert code == 415 and got["error"]["code"] == "unsupported_media_type", got
         code, got = svc.mpost("/apply", None, raw=body,
                               headers={"Content-Type": "application/json"})
         assert code == 400 and got["error"]["code"] == "unknown_field", got
-        # POST /feedback on the public port, from another site's page
-        code, got = request(svc.port, "POST", "/feedback", None, raw=body,
-                            headers={"Content-Type": "text/plain"})
-        assert code == 415, got
+        code, got = request(svc.port, "POST", "/feedback", {"request_id": "x", "label": "a"})
+        assert code == 403 and got["error"]["code"] == "feedback_off", got
+        # POST /feedback from another site's page: its Origin is refused first
         code, got = request(svc.port, "POST", "/feedback", {"request_id": "x", "label": "a"},
                             headers={"Origin": "http://evil.example"})
         assert code == 403 and got["error"]["code"] == "forbidden_origin", got
@@ -197,9 +225,6 @@ def test_feedback_over_its_rate_is_429_with_retry_after(tmp_path):
 def test_store_files_are_the_users_alone_and_the_log_says_texts_are_kept(store_copy, tmp_path):
     """Files the service creates are 0600 and its folders 0700 (umask 077 in
     the supervisor and every child); the start log says texts are logged."""
-    import os
-    import stat
-
     svc = Service(store_copy, args=["--config", _config(tmp_path)])
     try:
         assert svc.mpost("/apply", {"name": "sent"}, timeout=240)[0] == 200
@@ -216,10 +241,8 @@ def test_store_files_are_the_users_alone_and_the_log_says_texts_are_kept(store_c
 def test_logged_texts_past_the_age_limit_are_erased(store_copy, tmp_path):
     """predictions.max_age_days: what the log holds from before the limit is
     erased when the service starts (and every minute after)."""
-    import os
     import time
 
-    from helpers import wait_for
     from state.predlog import FILENAME, PredictionLog
 
     now = time.time()
@@ -242,3 +265,216 @@ def test_logged_texts_past_the_age_limit_are_erased(store_copy, tmp_path):
         assert [r["text"] for r in plog.get("a-minute-old")] == ["new text"]
     finally:
         plog.close()
+
+
+# -- keys on by default ----------------------------------------------------------------
+def _key_file(svc) -> dict[str, str]:
+    with open(keys_file(svc.models_dir), encoding="utf-8") as fh:
+        return json.load(fh)["keys"]
+
+
+def test_generated_keys_file_and_each_keys_scope_on_each_port(tmp_path):
+    """A first start with no key configured writes admin, review and feedback
+    keys into a 0600 file beside the store (not in it), logs where, never a
+    key. On the management port admin may do everything and review may read
+    and label; on the inference port only the feedback key takes POST
+    /feedback. 401 without a key or with a wrong one, 403 with one of
+    another scope, each with a JSON body saying what the route takes."""
+    svc = Service(str(tmp_path / "models"), args=["--config", _config(tmp_path)])
+    try:
+        path = keys_file(svc.models_dir)
+        keys = _key_file(svc)
+        assert set(keys) == {"admin", "review", "feedback"}
+        assert all(len(k) >= 32 for k in keys.values()) and len(set(keys.values())) == 3
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+        assert os.path.commonpath([path, svc.models_dir]) != svc.models_dir  # not in the store
+        bearer = {name: {"Authorization": f"Bearer {k}"} for name, k in keys.items()}
+        bearer["none"], bearer["wrong"] = {}, {"Authorization": "Bearer " + "x" * 43}
+
+        def code_of(port, method, path, body, who):
+            code, got = request(port, method, path, body, headers=bearer[who], auth=False)
+            if code in (401, 403):
+                want = {401: "unauthorized", 403: "wrong_key"}[code]
+                assert got["error"]["code"] == want and got["error"]["takes"], got
+            return code
+
+        m, p = svc.mport, svc.port
+        fb = {"request_id": "never-logged", "label": "a"}
+        cases = [  # (port, method, path, body): {who: status}
+            (m, "GET", "/status", None,
+             {"admin": 200, "review": 200, "feedback": 403, "none": 401, "wrong": 401}),
+            (m, "GET", "/history", None, {"admin": 200, "review": 200, "feedback": 403}),
+            (m, "POST", "/apply", {"name": "nope"},  # 404: the key passed, no such model
+             {"admin": 404, "review": 403, "feedback": 403, "none": 401}),
+            (m, "POST", "/train", {"name": "x", "bogus": 1},
+             {"admin": 400, "review": 403, "feedback": 403}),
+            (m, "DELETE", "/predictions/never-logged", None, {"review": 403, "none": 401}),
+            (m, "POST", "/feedback", fb,  # the review queue's labels: 404, no such id
+             {"admin": 404, "review": 404, "feedback": 403, "none": 401}),
+            (p, "POST", "/feedback", fb,  # the inference port takes the feedback key only
+             {"feedback": 404, "admin": 403, "review": 403, "none": 401, "wrong": 401}),
+            (p, "POST", "/predict", {"text": "x"}, {"none": 503}),  # open: no predict key
+        ]
+        for port, method, path, body, want in cases:
+            got = {who: code_of(port, method, path, body, who) for who in want}
+            assert got == want, (port, method, path, got)
+    finally:
+        svc.stop()
+    log = svc.log()
+    assert path in log and not any(k in log for k in keys.values())
+    assert "POST /apply by the admin key" in log  # every state-changing call, by key name
+
+
+def test_a_predict_key_guards_predict_and_v2(tmp_path):
+    """predict is off by default; set, /predict (the lean path too) and /v2
+    take it, and nothing else; the probes stay open."""
+    pkey = "p" * 40
+    for fast in ("true", "false"):
+        base = tmp_path / fast
+        base.mkdir()
+        svc = Service(str(base / "models"), env={"TEXTSWAP_PREDICT_KEY": pkey},
+                      args=["--config", _config(base, f"server:\n  fast_predict: {fast}\n")])
+        try:
+            keys = _key_file(svc)  # the other keys were still generated
+            for method, path, body in (("POST", "/predict", {"text": "x"}), ("GET", "/v2", None),
+                                       ("POST", "/v2/models/x/infer", {"inputs": []})):
+                assert request(svc.port, method, path, body, auth=False)[0] == 401, path
+                code, _ = request(svc.port, method, path, body,
+                                  headers={"Authorization": f"Bearer {keys['feedback']}"})
+                assert code in (401, 403), (path, code)  # OIP errors carry no code field
+                code, _ = request(svc.port, method, path, body,
+                                  headers={"Authorization": f"Bearer {pkey}"})
+                assert code not in (401, 403), (path, code)
+            for path in ("/healthz", "/v2/health/live"):
+                assert request(svc.port, "GET", path, auth=False)[0] == 200
+        finally:
+            svc.stop()
+
+
+def test_nodes_starting_together_agree_on_one_key_file(tmp_path):
+    """Three services started at once with one key file (as nodes on one shared
+    store find the one beside it; here auth.keys_file names it, each service
+    on a store of its own): one writes it (created whole, exclusively), the
+    others read it; every one takes its keys."""
+    shared = str(tmp_path / "shared" / "keys.json")
+    cfg = _config(tmp_path, f"auth:\n  keys_file: {shared}\n")
+    svcs: list[Service] = []
+    errors: list[BaseException] = []
+
+    def start(i: int) -> None:
+        try:
+            (tmp_path / f"node{i}").mkdir()
+            svcs.append(Service(str(tmp_path / f"node{i}" / "models"), args=["--config", cfg]))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert not errors, errors
+        with open(shared, encoding="utf-8") as fh:
+            keys = json.load(fh)["keys"]
+        for svc in svcs:
+            assert svc.mget("/status", headers={"Authorization": f"Bearer {keys['admin']}"})[0] == 200
+            assert not os.path.exists(keys_file(svc.models_dir))  # the configured file only
+        logs = [svc.log() for svc in svcs]
+        assert sum("generated API keys" in log for log in logs) == 1, logs
+        # the others found it made, while starting or before
+        assert sum("another node generated" in log or "API keys from" in log
+                   for log in logs) == 2, logs
+        assert not [f for f in os.listdir(os.path.dirname(shared)) if f.endswith(".tmp")]
+    finally:
+        for svc in svcs:
+            svc.stop()
+    # the race itself, in processes released at once: one file, the winner's
+    path = str(tmp_path / "race" / "keys.json")
+    code = ("import sys, json; from state.keys import new_key, write_keys_file; "
+            "keys = {'admin': new_key()}; sys.stdin.read(); "
+            "print(json.dumps([write_keys_file(sys.argv[1], keys, replace=False), keys]))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, path], cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(6)]
+    for p in procs:  # each has imported and waits on its stdin: release them together
+        p.stdin.write("go")
+    for p in procs:
+        p.stdin.close()
+    outs = []
+    for p in procs:
+        outs.append(json.loads(p.stdout.read()))
+        assert p.wait(60) == 0
+    winners = [keys for won, keys in outs if won]
+    assert len(winners) == 1, outs
+    with open(path, encoding="utf-8") as fh:
+        assert json.load(fh)["keys"] == winners[0]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_keys_rotate_takes_effect_without_a_restart(tmp_path):
+    """`textswap keys rotate` writes a new key file whole (a new inode, 0600);
+    the running service takes the new keys and refuses the old ones."""
+    svc = Service(str(tmp_path / "models"), args=["--config", _config(tmp_path)])
+    try:
+        path = keys_file(svc.models_dir)
+        old = _key_file(svc)
+        inode = os.stat(path).st_ino
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TEXTSWAP_")}
+        p = subprocess.run([sys.executable, "-m", "textswap_cli", "--keys-file", path,
+                            "keys", "rotate"], capture_output=True, text=True, timeout=60,
+                           cwd=ROOT, env=env)
+        assert p.returncode == 0, p.stderr
+        assert not any(k in p.stdout + p.stderr for k in old.values())
+        new = _key_file(svc)
+        assert set(new) == set(old) and not set(new.values()) & set(old.values())
+        assert os.stat(path).st_ino != inode and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+        def status_with(key):
+            return svc.mget("/status", headers={"Authorization": f"Bearer {key}"})[0]
+        wait_for(lambda: status_with(new["admin"]) == 200, 10, "the new admin key taken")
+        assert status_with(old["admin"]) == 401
+        fb = {"request_id": "never-logged", "label": "a"}
+        assert request(svc.port, "POST", "/feedback", fb,
+                       headers={"Authorization": f"Bearer {old['feedback']}"})[0] == 401
+        assert request(svc.port, "POST", "/feedback", fb,
+                       headers={"Authorization": f"Bearer {new['feedback']}"})[0] == 404
+        # the CLI finds the key in the key file (TEXTSWAP_KEYS_FILE) by itself
+        p = subprocess.run([sys.executable, "-m", "textswap_cli", "--url",
+                            f"http://127.0.0.1:{svc.mport}", "status", "--json"],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT,
+                           env={**env, "TEXTSWAP_KEYS_FILE": path})
+        assert p.returncode == 0 and json.loads(p.stdout)["supervisor"], p.stderr
+        p = subprocess.run([sys.executable, "-m", "textswap_cli", "--url",
+                            f"http://127.0.0.1:{svc.mport}", "dashboard"],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT,
+                           env={**env, "TEXTSWAP_KEYS_FILE": path})
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.startswith(f"http://127.0.0.1:{svc.mport}/#code="), p.stdout
+    finally:
+        svc.stop()
+    assert not any(k in svc.log() for k in [*old.values(), *new.values()])
+
+
+def test_the_start_urls_one_time_code_works_once(tmp_path):
+    """The dashboard URL printed at start carries a code in its #fragment: it
+    buys one session (admin scope), once."""
+    import re
+
+    svc = Service(str(tmp_path / "models"), args=["--config", _config(tmp_path)])
+    try:
+        m = wait_for(lambda: re.search(r"http://127\.0\.0\.1:(\d+)/#code=([\w-]+)", svc.log()),
+                     30, "the dashboard URL in the log")
+        assert int(m.group(1)) == svc.mport
+        code, got = svc.mpost("/auth/session", {"code": m.group(2)}, auth=False)
+        assert code == 200 and got["scope"] == "admin", got
+        session = {"Authorization": f"Bearer {got['token']}"}
+        assert svc.mget("/status", headers=session)[0] == 200
+        assert svc.mpost("/apply", {"name": "nope"}, headers=session)[0] == 404  # admin scope
+        code, again = svc.mpost("/auth/session", {"code": m.group(2)}, auth=False)
+        assert code == 401 and again["error"]["code"] == "unauthorized", again
+        assert svc.mpost("/auth/session", {"code": "made-up"}, auth=False)[0] == 401
+        # a new one-time URL takes the admin key; the review key may not make one
+        assert svc.mpost("/auth/code", {}, headers=svc.auth("review"))[0] == 403
+        assert svc.dashboard_url().startswith(f"http://127.0.0.1:{svc.mport}/#code=")
+    finally:
+        svc.stop()

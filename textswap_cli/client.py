@@ -20,7 +20,7 @@ EXIT_OK = 0
 EXIT_REFUSED = 1      # the server answered with an error, or the job failed
 EXIT_USAGE = 2        # bad arguments or unreadable local input (click uses 2 too)
 EXIT_CONNECT = 3      # no answer: connection refused, DNS, timeout
-EXIT_AUTH = 4         # 401: missing or wrong TEXTSWAP_MANAGEMENT_TOKEN
+EXIT_AUTH = 4         # 401: no key or a wrong one; 403 wrong_key: a key of another scope
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 DEFAULT_URL = "http://127.0.0.1:8081"
@@ -121,8 +121,11 @@ def _http_error(method: str, path: str, exc: urllib.error.HTTPError) -> CliError
         detail = err
     else:
         detail = raw[:300].decode("utf-8", "replace") or exc.reason
-    code = EXIT_AUTH if exc.code == 401 else EXIT_REFUSED
-    hint = " (set TEXTSWAP_MANAGEMENT_TOKEN)" if exc.code == 401 else ""
+    wrong_key = exc.code == 403 and isinstance(err, dict) and err.get("code") == "wrong_key"
+    code = EXIT_AUTH if exc.code == 401 or wrong_key else EXIT_REFUSED
+    hint = (" (give the key: --key, TEXTSWAP_KEY, or the key file of a local service: "
+            "--keys-file, TEXTSWAP_KEYS_FILE, else .textswap/keys.json of the checkout)"
+            if code == EXIT_AUTH else "")
     return CliError(f"{method} {path} -> {exc.code}: {detail}{hint}", code, body, exc.code)
 
 
@@ -130,5 +133,48 @@ def quote(segment: str) -> str:
     return urllib.parse.quote(segment, safe="")
 
 
-def env_token() -> str | None:
-    return os.environ.get("TEXTSWAP_MANAGEMENT_TOKEN") or None
+# -- finding a key ----------------------------------------------------------------------
+# The key file `make serve` (and `textswap serve`) makes on a first start:
+# beside the checkout's ./models store, as the service's auth.keys_file
+# default (<models_dir>/../.textswap/keys.json) puts it.
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_KEYS_FILE = os.path.join(CHECKOUT, ".textswap", "keys.json")
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# the environment variables of each key name, first to last (the older names last)
+KEY_ENV = {"admin": ("TEXTSWAP_KEY", "TEXTSWAP_ADMIN_KEY", "TEXTSWAP_MANAGEMENT_TOKEN"),
+           "feedback": ("TEXTSWAP_FEEDBACK_KEY", "TEXTSWAP_FEEDBACK_TOKEN"),
+           "predict": ("TEXTSWAP_PREDICT_KEY",)}
+
+
+def keys_file_path(flag: str | None = None) -> str:
+    """--keys-file, else TEXTSWAP_KEYS_FILE, else the checkout's default."""
+    return os.path.abspath(flag or os.environ.get("TEXTSWAP_KEYS_FILE") or DEFAULT_KEYS_FILE)
+
+
+def read_keys_file(path: str) -> dict[str, str]:
+    """name -> key of a key file ({} when there is none or it cannot be read)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            keys = json.load(fh).get("keys")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {k: v for k, v in keys.items() if isinstance(v, str)} if isinstance(keys, dict) else {}
+
+
+def is_local(url: str) -> bool:
+    return (urllib.parse.urlsplit(url).hostname or "") in _LOOPBACK
+
+
+def find_key(name: str, url: str, flag: str | None = None,
+             keys_file: str | None = None) -> str | None:
+    """The key to send: the --key flag, else the key name's environment
+    variables, else, for a service on this machine (a loopback URL), its
+    key file (keys_file_path)."""
+    if flag:
+        return flag
+    for var in KEY_ENV.get(name, ()):
+        if os.environ.get(var):
+            return os.environ[var]
+    if is_local(url) or keys_file or os.environ.get("TEXTSWAP_KEYS_FILE"):
+        return read_keys_file(keys_file_path(keys_file)).get(name)
+    return None

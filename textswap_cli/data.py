@@ -40,6 +40,25 @@ def read_examples(path: str) -> list[dict[str, Any]]:
     return rows
 
 
+def read_descriptions(path: str) -> dict[str, Any]:
+    """{"<label>": "<description>", ...} from a JSON file (POST /train's "labels");
+    the service checks the labels and descriptions themselves."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        value = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path} is not UTF-8 (byte {exc.start}: {exc.reason})") from None
+    except ValueError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: expected a JSON object {{\"<label>\": \"<description>\", ...}}")
+    return value
+
+
 def _jsonl(text: str, path: str) -> list[dict[str, Any]]:
     rows = []
     for n, line in enumerate(text.splitlines(), 1):

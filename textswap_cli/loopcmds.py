@@ -8,29 +8,28 @@
     textswap review NAME [--limit 50] [--strategy uncertain|random] [--export queue.csv]
     textswap policy NAME [--retrain-after N] [--apply gate|canary|swap|none] [--min-score X]
 
-POST /feedback is on the inference port and takes TEXTSWAP_FEEDBACK_TOKEN,
-else TEXTSWAP_MANAGEMENT_TOKEN.
+POST /feedback is on the inference port and takes the feedback key:
+TEXTSWAP_FEEDBACK_KEY (or TEXTSWAP_FEEDBACK_TOKEN), else a local service's
+key file (client.find_key).
 """
 from __future__ import annotations
 
 import csv
 import io
-import os
 from typing import Any
 
 import click
 
 from textswap_cli import render
-from textswap_cli.client import EXIT_REFUSED, Api, CliError, quote
+from textswap_cli.client import EXIT_REFUSED, Api, CliError, find_key, quote
 from textswap_cli.data import InputError, read_examples
 
 EXPORT_COLUMNS = ["request_id", "index", "text", "predicted", "score", "label"]
 
 
 def _feedback_api(ctx: Any) -> Api:
-    token = (os.environ.get("TEXTSWAP_FEEDBACK_TOKEN")
-             or os.environ.get("TEXTSWAP_MANAGEMENT_TOKEN") or None)
-    return Api(ctx.infer.base, token, ctx.infer.timeout)
+    return Api(ctx.infer.base, find_key("feedback", ctx.infer.base, keys_file=ctx.keys_file),
+               ctx.infer.timeout)
 
 
 def _read_queue(path: str) -> list[dict[str, str]]:

@@ -16,16 +16,20 @@ import click
 
 from textswap_cli import loopcmds, render
 from textswap_cli.client import (DEFAULT_PREDICT_URL, DEFAULT_URL, EXIT_INTERRUPTED, EXIT_OK,
-                                 EXIT_REFUSED, EXIT_USAGE, Api, CliError, env_token, quote)
-from textswap_cli.data import InputError, iter_texts, parse_params, read_examples
+                                 EXIT_REFUSED, EXIT_USAGE, Api, CliError, find_key,
+                                 keys_file_path, quote, read_keys_file)
+from textswap_cli.data import (InputError, iter_texts, parse_params, read_descriptions,
+                               read_examples)
 
 TERMINAL = ("succeeded", "failed", "cancelled", "interrupted")
 
 
 class Ctx:
-    def __init__(self, url: str, predict_url: str, timeout: float, as_json: bool) -> None:
-        self.manage = Api(url, env_token(), timeout)
-        self.infer = Api(predict_url, None, timeout)
+    def __init__(self, url: str, predict_url: str, timeout: float, as_json: bool,
+                 key: str | None = None, keys_file: str | None = None) -> None:
+        self.keys_file = keys_file
+        self.manage = Api(url, find_key("admin", url, key, keys_file), timeout)
+        self.infer = Api(predict_url, find_key("predict", predict_url, None, keys_file), timeout)
         self.json = as_json
 
 
@@ -75,16 +79,25 @@ def command(fn: Callable) -> Callable:
 @click.option("--timeout", default=120.0, show_default=True,
               help="Seconds to wait for one HTTP answer.")
 @click.option("--json", "as_json", is_flag=True, help="JSON output (any subcommand).")
+@click.option("--key", help="The management key (admin, or review for reading); else "
+                            "TEXTSWAP_KEY, else a local service's key file.")
+@click.option("--keys-file", type=click.Path(dir_okay=False),
+              help="A service's key file (env TEXTSWAP_KEYS_FILE; default: "
+                   ".textswap/keys.json of this checkout, what `make serve` makes).")
 @click.version_option("0.1.0", prog_name="textswap")
 @click.pass_context
-def cli(ctx: click.Context, url: str, predict_url: str, timeout: float, as_json: bool) -> None:
+def cli(ctx: click.Context, url: str, predict_url: str, timeout: float, as_json: bool,
+        key: str | None, keys_file: str | None) -> None:
     """Train, apply and query textswap models.
 
-    The management token comes from TEXTSWAP_MANAGEMENT_TOKEN. Exit codes: 0 ok,
-    1 the server refused or the job failed, 2 usage or unreadable input,
-    3 cannot connect, 4 token missing or wrong, 130 interrupted.
+    The management key: --key, else TEXTSWAP_KEY (or TEXTSWAP_ADMIN_KEY,
+    TEXTSWAP_MANAGEMENT_TOKEN), else, for a service on this machine, the
+    admin key of its key file (--keys-file, TEXTSWAP_KEYS_FILE, else
+    .textswap/keys.json of this checkout). Exit codes: 0 ok, 1 the server
+    refused or the job failed, 2 usage or unreadable input, 3 cannot connect,
+    4 key missing, wrong or of another scope, 130 interrupted.
     """
-    ctx.obj = Ctx(url, predict_url, timeout, as_json)
+    ctx.obj = Ctx(url, predict_url, timeout, as_json, key, keys_file)
 
 
 # -- serving -----------------------------------------------------------------------
@@ -121,6 +134,77 @@ def serve(config_path: str | None, args: tuple[str, ...]) -> None:
     os.execv(sys.executable, argv)  # signals (Ctrl-C) go straight to the service
 
 
+# -- keys --------------------------------------------------------------------------
+@cli.group()
+def keys() -> None:
+    """The key file of a service on this machine (never prints a key)."""
+
+
+@keys.command("rotate")
+@click.argument("names", nargs=-1, type=click.Choice(["admin", "review", "feedback",
+                                                      "predict"]))
+@click.pass_obj
+def keys_rotate(ctx: Ctx, names: tuple[str, ...]) -> None:
+    """New keys for NAMES (default: every key in the file), written whole to a
+    new file that replaces the old one (temp file, fsync, rename): the
+    service uses them within a second, without a restart; the old ones stop
+    working then."""
+    import secrets
+
+    path = keys_file_path(ctx.keys_file)
+    old = read_keys_file(path)
+    if not old:
+        render.err.print(f"error: no key file at {path} (a service makes it on its first "
+                         "start; --keys-file or TEXTSWAP_KEYS_FILE names another)")
+        sys.exit(EXIT_USAGE)
+    chosen = list(names) or sorted(old)
+    new = {**old, **{n: secrets.token_urlsafe(32) for n in chosen}}
+    folder = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".keys-", suffix=".tmp")  # mode 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({"keys": new, "created": time.time()}, fh, indent=1)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    dfd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    if ctx.json:
+        emit_json({"keys_file": path, "rotated": chosen})
+    else:
+        click.echo(f"new {', '.join(chosen)} key(s) in {path}")
+
+
+@keys.command("path")
+@click.pass_obj
+def keys_path(ctx: Ctx) -> None:
+    """Where the key file is looked for, and the names it holds."""
+    path = keys_file_path(ctx.keys_file)
+    names = sorted(read_keys_file(path))
+    if ctx.json:
+        emit_json({"keys_file": path, "names": names})
+    else:
+        click.echo(f"{path}: {', '.join(names) if names else 'no key file there'}")
+
+
+@cli.command()
+@command
+def dashboard(ctx: Ctx) -> None:
+    """A one-time dashboard URL that logs a browser in (admin key)."""
+    got = ctx.manage.post("/auth/code", {})
+    if ctx.json:
+        emit_json(got)
+    else:
+        click.echo(got["url"])
+
+
 # -- training ----------------------------------------------------------------------
 @cli.command()
 @click.argument("name")
@@ -133,19 +217,27 @@ def serve(config_path: str | None, args: tuple[str, ...]) -> None:
 @click.option("--wait", is_flag=True, help="Follow the job until it ends (progress bar).")
 @click.option("--server-path", is_flag=True,
               help="DATA is a path on the server (under its data roots), not a local file.")
+@click.option("--labels-file", "labels_file", metavar="FILE",
+              help="A JSON object {label: description}: without DATA a zero-shot version "
+                   "(scores: uncalibrated similarities); with DATA one more example per label.")
 @command
 def train(ctx: Ctx, name: str, data: str | None, params: tuple[str, ...], apply_: bool,
-          wait: bool, server_path: bool, feedback: bool = False) -> None:
+          wait: bool, server_path: bool, feedback: bool = False,
+          labels_file: str | None = None) -> None:
     """Train model NAME on DATA (a CSV with text,label columns, or JSONL).
 
     DATA is read here and sent inline, so the service may be remote.
     """
     body: dict[str, Any] = {"name": name, "apply": apply_,
-                            "params": parse_params(params) if params or data else None}
+                            "params": parse_params(params) if params or data or labels_file
+                            else None}
+    if labels_file is not None:
+        body["labels"] = read_descriptions(labels_file)
     if feedback:
         body["feedback"] = True
-    elif data is None:
-        raise click.UsageError("DATA is needed (or --feedback: the last training's data)")
+    elif data is None and labels_file is None:
+        raise click.UsageError("DATA is needed (or --feedback: the last training's data; "
+                               "or --labels-file: a zero-shot version)")
     if data is not None:
         body["data"] = {"path": data} if server_path else {"examples": read_examples(data)}
     try:

@@ -1,6 +1,7 @@
-// Calls to the management API (same origin). The bearer token, when the
-// service needs one, lives in this tab's sessionStorage only: asked once,
-// sent on every call, dropped when the service refuses it.
+// Calls to the management API (same origin). The bearer token (the admin or
+// review key a person types in, or the session token the start URL's
+// one-time code is exchanged for) lives in this tab's sessionStorage only:
+// asked once, sent on every call, dropped when the service refuses it.
 
 const KEY = "textswap.token";
 let token = sessionStorage.getItem(KEY) || "";
@@ -66,6 +67,21 @@ export async function call(method, path, body) {
     throw new ApiError(resp.status, typeof err.code === "string" ? err.code : "error", message, data);
   }
   return data;
+}
+
+// The URL the service prints at start carries a one-time code in its
+// #fragment (never sent to a server by the browser): it is taken off the
+// address bar at once and traded (POST /auth/session) for a session token.
+export async function exchangeStartCode() {
+  const m = /(?:^#|&)code=([A-Za-z0-9_-]+)/.exec(location.hash);
+  if (!m) return;
+  history.replaceState(null, "", location.pathname + location.search);
+  try {
+    const got = await call("POST", "/auth/session", {code: m[1]});
+    if (got && typeof got.token === "string") setToken(got.token);
+  } catch (e) {
+    // a used or expired code: the page asks for a key as without one
+  }
 }
 
 export const get = (path) => call("GET", path);

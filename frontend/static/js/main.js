@@ -35,12 +35,12 @@ api.onAuthNeeded((why) => {
   const box = $("#auth");
   const msg = $("#auth-msg");
   msg.textContent = why === "wrong"
-    ? "The service refused this token (401 Unauthorized). Check the management token and enter it again."
-    : "This service needs its management token. It is kept in this tab only (sessionStorage).";
+    ? "The service refused this key (401 Unauthorized). Check the key and enter it again."
+    : "This service needs a key: the admin or review key from its key file (or open the dashboard URL it printed at start). It is kept in this tab only (sessionStorage).";
   msg.className = why === "wrong" ? "auth-msg error" : "auth-msg";
   api.setToken("");
   box.hidden = false;
-  $("#conn").textContent = why === "wrong" ? "token refused" : "token needed";
+  $("#conn").textContent = why === "wrong" ? "key refused" : "key needed";
   $("#conn").className = "conn bad";
   setTimeout(() => $("#auth-token").focus(), 0);
 });
@@ -59,7 +59,7 @@ $("#auth-form").addEventListener("submit", (ev) => {
 
 $("#forget").addEventListener("click", () => {
   api.setToken("");
-  toast("Token forgotten for this tab.");
+  toast("Key forgotten for this tab.");
   schedule(0);
 });
 
@@ -271,4 +271,4 @@ document.addEventListener("visibilitychange", () => { if (!document.hidden && !s
 window.addEventListener("resize", () => draw());
 // for measuring what the page costs (requests per second while open)
 window.textswapDashboard = {stats: api.stats, state};
-schedule(0);
+api.exchangeStartCode().then(() => schedule(0));

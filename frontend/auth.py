@@ -1,0 +1,133 @@
+"""Who may call what: the API keys (state/keys.py) checked per request.
+
+An `Access` belongs to a group of routes and says which key names they take:
+
+    management port   admin: every route; review: GET/HEAD routes, and the
+                      routes whose handler says `review_may_post` (POST
+                      /feedback, POST /try)
+    inference port    POST /feedback: feedback; /predict and /v2 (when a
+                      predict key is set): predict
+
+Answers: 401 `unauthorized` without a key or with one that is no key here,
+403 `wrong_key` with a key of another scope (an admin key sent to the
+inference port too), each saying what the route takes. With auth switched
+off (auth.enabled: false), the management port is open and the inference
+port's POST /feedback answers 403 `feedback_off`.
+
+`POST /auth/session` (management port, no key) exchanges the one-time code
+of the dashboard URL the service prints at start for a session token with
+the admin scope (state/keys.py KeyRing.session); `POST /auth/code` (admin
+key) makes a new one-time URL.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from frontend.base import ApiError, JsonHandler
+from state.keys import ACTOR, KeyRing, scope_of
+
+log = logging.getLogger("textswap.auth")
+
+READ_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+class Access:
+    """The key check of one group of routes."""
+
+    def __init__(self, keys: KeyRing | None, where: str, realm: str) -> None:
+        self.keys = keys  # None: auth is off
+        self.where = where  # "management", "feedback" or "predict"
+        self.realm = realm
+
+    def allowed(self, method: str, review_may_post: bool = False) -> tuple[str, ...]:
+        if self.where == "management":
+            if method in READ_METHODS or review_may_post:
+                return ("admin", "review")
+            return ("admin",)
+        return (self.where,)
+
+    def check(self, method: str, headers: Any, review_may_post: bool = False) -> str | None:
+        """The name of the key the request came with (also set as the request's
+        ACTOR for the history), None when auth is off; ApiError otherwise."""
+        if self.keys is None:
+            if self.where == "feedback":
+                raise ApiError(403, "feedback_off",
+                               "POST /feedback on this port is off while auth is off "
+                               "(auth.enabled: false): labels train models. Send them to the "
+                               "management port's /feedback")
+            return None
+        want = self.allowed(method, review_may_post)
+        www = {"WWW-Authenticate": f'Bearer realm="{self.realm}"'}
+        got = headers.get("Authorization", "")
+        scheme, _, value = got.partition(" ")
+        if not got:
+            raise ApiError(401, "unauthorized",
+                           f"this route needs 'Authorization: Bearer <key>' with the "
+                           f"{' or '.join(want)} key", {"takes": list(want)}, headers=www)
+        name = self.keys.match(value.strip()) if scheme.lower() == "bearer" else None
+        if name is None:
+            raise ApiError(401, "unauthorized",
+                           f"the key sent is not one of this service's keys; this route takes "
+                           f"the {' or '.join(want)} key ('Authorization: Bearer <key>')",
+                           {"takes": list(want)}, headers=www)
+        if scope_of(name) not in want:
+            port = "management" if self.where == "management" else "inference"
+            raise ApiError(403, "wrong_key",
+                           f"the {scope_of(name)} key is not accepted for "
+                           f"{method} on this route of the {port} port; it takes the "
+                           f"{' or '.join(want)} key", {"key": scope_of(name), "takes": list(want)})
+        ACTOR.set(name)
+        return name
+
+
+def accesses(keys: KeyRing | None, config: Any) -> dict[str, Access | None]:
+    """The Access of each group of routes: management, feedback, predict (None:
+    open; predict is open unless a predict key is set)."""
+    predict = None
+    if keys is not None and keys.has("predict"):
+        predict = Access(keys, "predict", "textswap-predict")
+    return {"management": Access(keys, "management", "textswap-management"),
+            "feedback": Access(keys, "feedback", "textswap-feedback"),
+            "predict": predict}
+
+
+class SessionHandler(JsonHandler):
+    """POST /auth/session {"code"}: the dashboard URL's one-time code for a
+    session token (admin scope). No key needed: the code is the credential."""
+
+    needs_key = False
+
+    async def post(self) -> None:
+        data = self.json_object({"code"})
+        code = data.get("code")
+        keys = getattr(self.sup, "keys", None)
+        if keys is None:
+            raise ApiError(409, "auth_off", "auth is off (auth.enabled: false): no key needed")
+        if not isinstance(code, str) or not code:
+            raise ApiError(400, "invalid_field", "'code' must be the code of the dashboard URL")
+        token = keys.session(code)
+        if token is None:
+            raise ApiError(401, "unauthorized",
+                           "this code is unknown, used or expired (a code works once); use "
+                           "the admin or review key, or the URL of a newer start")
+        log.info("a dashboard session started with the start URL's code")
+        self.send_json({"token": token, "scope": "admin",
+                        "expires_in_s": int(keys.session_s)})
+
+
+class CodeHandler(JsonHandler):
+    """POST /auth/code (admin key): a new one-time dashboard URL, for when the
+    start URL's code is used (`textswap dashboard` prints it)."""
+
+    async def post(self) -> None:
+        self.json_object(set(), required=False)
+        keys = getattr(self.sup, "keys", None)
+        if keys is None:
+            raise ApiError(409, "auth_off", "auth is off (auth.enabled: false): no key needed")
+        code = keys.new_code()
+        self.send_json({"code": code, "url": f"http://{self.request.host}/#code={code}"})
+
+
+def routes(kw: dict[str, Any]) -> list[Any]:
+    return [(r"/auth/session", SessionHandler, kw), (r"/auth/code", CodeHandler, kw)]
