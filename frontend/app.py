@@ -13,7 +13,9 @@ from frontend import quality_handlers
 from frontend import metrics_http
 from frontend import artifact, auth, clusterapi, loop_handlers, oip, openapi, training
 from frontend import dashboard_routes
+from control.feedback import FeedbackService
 from frontend.base import NotFoundHandler, log_level
+from frontend.pipeline import PredictPipeline
 
 log = logging.getLogger("textswap.http")
 
@@ -24,23 +26,28 @@ log = logging.getLogger("textswap.http")
 _MIN_TRANSPORT_CAP = 64 * 1024 * 1024
 
 
-def inference_app(sup: Any, config: Any) -> Application:
+def inference_app(sup: Any, config: Any, pipeline: PredictPipeline | None = None,
+                  feedback: FeedbackService | None = None) -> Application:
     kw = {"supervisor": sup, "config": config}
+    pipeline = pipeline or PredictPipeline.of(sup, config)
+    feedback = feedback or loop_handlers.feedback_service(sup, config)
     access = auth.accesses(getattr(sup, "keys", None), config)
     pkw = {**kw, "auth": access["predict"]}  # None (open) unless a predict key is set
     return Application([
-        (r"/predict", h.PredictHandler, pkw),
+        (r"/predict", h.PredictHandler, {**pkw, "pipeline": pipeline}),
         (r"/healthz", h.HealthHandler, kw),
         (r"/readyz", h.ReadyHandler, kw),
         (r"/openapi.json", openapi.InferenceSpecHandler, kw),
-        *oip.routes(pkw),  # Open Inference Protocol v2
+        *oip.routes(pkw, pipeline),  # Open Inference Protocol v2
         # POST /feedback (docs/loop.md): the feedback key
-        *loop_handlers.inference_routes({**kw, "auth": access["feedback"]}, config),
+        *loop_handlers.inference_routes({**kw, "auth": access["feedback"]}, feedback),
     ], default_handler_class=NotFoundHandler, default_handler_args=kw,
-        log_function=metrics_http.counting(sup, _log))  # counts what fastpath.py does not
+        log_function=metrics_http.counting(sup, _log))  # what the predict pipeline does not count
 
 
-def management_app(sup: Any, config: Any) -> Application:
+def management_app(sup: Any, config: Any, feedback: FeedbackService | None = None
+                   ) -> Application:
+    feedback = feedback or loop_handlers.feedback_service(sup, config)
     # guard: Host and Origin checked, no cross-site bodies (frontend/base.py check_site)
     # auth: the admin key, or the review key for reading (frontend/auth.py)
     access = auth.accesses(getattr(sup, "keys", None), config)
@@ -60,8 +67,9 @@ def management_app(sup: Any, config: Any) -> Application:
         *quality_handlers.routes(kw),  # GET /models/<name>/quality (live quality, drift)
         *metrics_http.routes(kw),  # GET /metrics (Prometheus)
         *clusterapi.routes(kw),  # GET /cluster (cluster mode; 404 otherwise)
-        *loop_handlers.management_routes(kw),  # review queue, retrain policy
-        *dashboard_routes.routes(kw),  # POST /feedback, /try for the dashboard's panels
+        *loop_handlers.management_routes(kw, feedback),  # review queue, retrain policy
+        # POST /feedback, /try for the dashboard's panels
+        *dashboard_routes.routes(kw, PredictPipeline.of(sup, config), feedback),
     ]
     routes += training.routes(kw)
     from frontend import dashboard  # GET / and /ui/*: the web page (no data, no key)
@@ -91,13 +99,16 @@ def _audit_log(handler: Any) -> None:
 def start_servers(sup: Any, config: Any) -> list[HTTPServer]:
     s = config["server"]
     servers = []
-    inference: Any = inference_app(sup, config)
+    pipeline = PredictPipeline.of(sup, config)
+    feedback = loop_handlers.feedback_service(sup, config)  # one for both ports (its label cache)
+    inference: Any = inference_app(sup, config, pipeline, feedback)
     if s["fast_predict"]:
         from frontend.fastpath import PredictRouter
-        inference = PredictRouter(inference, sup, config,
+        inference = PredictRouter(inference, pipeline, config,
                                   auth.accesses(getattr(sup, "keys", None), config)["predict"])
     for app, host, port in ((inference, s["host"], s["port"]),
-                            (management_app(sup, config), s["manage_host"], s["manage_port"])):
+                            (management_app(sup, config, feedback), s["manage_host"],
+                             s["manage_port"])):
         cap = max(_MIN_TRANSPORT_CAP, 2 * config["limits"]["max_body_bytes"])
         server = HTTPServer(app, max_body_size=cap, xheaders=False)
         server.listen(port, address=host)

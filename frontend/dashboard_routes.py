@@ -7,13 +7,14 @@ scope). Two of its panels need what lives on the inference port, so the
 management port answers them itself, through the same code:
 
 - ``POST /feedback``: the very handler of the inference port's POST /feedback
-  (frontend/loop_handlers.py, the prediction log's methods), but taking the
-  admin or review key (labelling the review queue is what the review key is
-  for); the inference port's /feedback takes only the feedback key.
+  (frontend/loop_handlers.py, control/feedback.py's FeedbackService), but
+  taking the admin or review key (labelling the review queue is what the
+  review key is for); the inference port's /feedback takes only the
+  feedback key.
   The Review panel posts ``{"request_id", "index", "label"}`` here.
 - ``POST /try``: a /predict body (text or texts, model, top_k, min_score,
-  explain) answered by the same ``predictions.predict`` as /predict, but NOT
-  logged: a text typed by a person to look at a model is not traffic, and
+  explain) answered by the same pipeline as /predict (frontend/pipeline.py,
+  with the wire ``predictions.TRY``), but NOT logged: a text typed by a person to look at a model is not traffic, and
   must not enter the prediction log, the review queue, live quality or the
   drift window. No request id either (nothing to give feedback on). The
   "Try it" box uses it with ``explain``.
@@ -27,9 +28,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from control.feedback import FeedbackService
+from frontend import predictions
 from frontend.base import JsonHandler
-from frontend.handlers import PREDICT_FIELDS, predict_request
 from frontend.loop_handlers import FeedbackHandler
+from frontend.pipeline import PipelineHandler, PredictPipeline
 
 
 class ManagementFeedbackHandler(FeedbackHandler):
@@ -38,21 +41,17 @@ class ManagementFeedbackHandler(FeedbackHandler):
     review_may_post = True
 
 
-class TryHandler(JsonHandler):
+class TryHandler(PipelineHandler):
     """POST /try: a prediction for a person to look at (not logged); the admin
-    or review key."""
+    or review key. The body is read as on every management route."""
 
     review_may_post = True
 
     async def post(self) -> None:
-        from frontend import predictions
-
-        data = self.json_object(PREDICT_FIELDS)
-        texts, top_k, model = predict_request(data, self.limits)
-        self.send_json(await predictions.predict(self.sup, texts, top_k, model,
-                                                 predictions.predict_options(data)))
+        await self.answer(predictions.TRY, data=self.json_object(predictions.PREDICT_FIELDS))
 
 
-def routes(kw: dict[str, Any]) -> list[Any]:
-    return [(r"/feedback", ManagementFeedbackHandler, kw),
-            (r"/try", TryHandler, kw)]
+def routes(kw: dict[str, Any], pipeline: PredictPipeline, feedback: FeedbackService
+           ) -> list[Any]:
+    return [(r"/feedback", ManagementFeedbackHandler, {**kw, "feedback": feedback}),
+            (r"/try", TryHandler, {**kw, "pipeline": pipeline})]

@@ -4,17 +4,16 @@ Profiles of the service under single-text load showed about half of the
 supervisor's CPU in RequestHandler's own machinery (handler set-up, default
 headers, the Date header, flush/finish bookkeeping), not in predicting. This
 module answers POST /predict straight from Tornado's HTTP/1 connection
-(`HTTPMessageDelegate`): the same checks (`handlers.predict_request`), the
-same supervisor call and the same JSON answers and errors, with a fraction
-of that overhead. The Open Inference Protocol's infer (POST
-/v2/models/<name>[/versions/<v>]/infer) is answered here too, by the same
-function as its RequestHandler (`oip.infer`). Every other request (other
-paths, other methods) goes to the inference Application untouched, so
-/healthz, /readyz, /openapi.json, 404s and 405s behave exactly as before.
+(`HTTPMessageDelegate`) through the same predict pipeline as the
+RequestHandlers (frontend/pipeline.py: the same checks, routing, log,
+metrics, answers and errors), with a fraction of that overhead. The Open
+Inference Protocol's infer (POST /v2/models/<name>[/versions/<v>]/infer) is
+answered here too, with its own wire (`oip.INFER`). Every other request
+(other paths, other methods) goes to the inference Application untouched:
+/healthz, /readyz, /openapi.json, 404s and 405s are Tornado's.
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -26,14 +25,12 @@ from tornado.ioloop import IOLoop
 from tornado.iostream import StreamClosedError
 from tornado.web import Application
 
-from frontend import loop, oip, predictions
-from frontend.base import ApiError, check_object, log_level, parse_json
-from frontend.handlers import PREDICT_FIELDS, predict_request
+from frontend import oip, predictions
+from frontend.base import ApiError, log_level
+from frontend.pipeline import Call, PredictPipeline, Wire
 
 log = logging.getLogger("textswap.http")
 
-_JSON = "application/json; charset=utf-8"
-_NO_MODEL: dict[str, Any] = {"name": "", "version": None}
 # the Open Inference Protocol's infer, as routed in frontend/oip.py
 _OIP_INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 
@@ -41,13 +38,12 @@ _OIP_INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 class PredictRouter(httputil.HTTPServerConnectionDelegate):
     """The inference server's delegate: POST /predict here, the rest to `app`."""
 
-    def __init__(self, app: Application, supervisor: Any, config: Any,
+    def __init__(self, app: Application, pipeline: PredictPipeline, config: Any,
                  access: Any = None) -> None:
         self.app = app
+        self.pipeline = pipeline
         self.access = access  # frontend.auth.Access of the predict key; None: open
-        self.sup = supervisor
         self.limits = config["limits"]
-        self.metrics = getattr(supervisor, "metrics", None)
 
     def start_request(self, server_conn: object,
                       request_conn: httputil.HTTPConnection) -> httputil.HTTPMessageDelegate:
@@ -74,7 +70,7 @@ class _Predict(httputil.HTTPMessageDelegate):
         path = start_line.path.split("?", 1)[0]
         if start_line.method == "POST" and path != "/predict" and path.startswith("/v2/"):
             m = _OIP_INFER.match(path)
-            self.oip = m.groups() if m else None  # type: ignore[assignment]  # the pattern's 2 groups
+            self.oip = (m.group(1), m.group(2)) if m else None
         if start_line.method != "POST" or (path != "/predict" and self.oip is None):
             self.inner = self.router.app.start_request(self.server_conn, self.conn)
             return self.inner.headers_received(start_line, headers)
@@ -105,7 +101,7 @@ class _Predict(httputil.HTTPMessageDelegate):
         if self.inner is not None:
             self.inner.finish()
             return
-        IOLoop.current().spawn_callback(self._answer_oip if self.oip else self._answer)
+        IOLoop.current().spawn_callback(self._answer)
 
     def on_connection_close(self) -> None:
         if self.inner is not None:
@@ -113,75 +109,34 @@ class _Predict(httputil.HTTPMessageDelegate):
         self.closed = True
 
     async def _answer(self) -> None:
-        status, rid = 200, None
-        try:
-            if self.router.access is not None:
+        """POST /predict or an OIP infer: the pipeline, less RequestHandler's overhead."""
+        if self.oip is None:
+            wire: Wire = predictions.JSON
+            args: tuple[str | None, ...] = ()
+        else:
+            wire, args = oip.INFER, self.oip
+        denied = refused = None
+        if self.router.access is not None:
+            try:
                 self.router.access.check("POST", self.headers)
-            rid = loop.request_id(self.headers)
-            if self.too_large:
-                raise ApiError(413, "body_too_large", self.too_large)
-            body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-            data = check_object(parse_json(body, self.headers.get("Content-Type")),
-                                PREDICT_FIELDS)
-            texts, top_k, model = predict_request(data, self.router.limits)
-            raw: list[Any] = []
-            payload: Any = await predictions.predict(self.router.sup, texts, top_k, model,
-                                                     predictions.predict_options(data), raw)
-            loop.log_predictions(self.router.sup, rid, texts, payload, raw)
-        except ApiError as exc:
-            status = exc.status_code
-            payload = {"error": {**exc.details, "code": exc.code, "message": exc.message}}
-        except Exception:  # never an HTML page or a dropped connection
-            log.exception("POST /predict failed")
-            status = 500
-            payload = {"error": {"code": "internal", "message": "internal error"}}
-        out = json.dumps(payload, ensure_ascii=False, allow_nan=False).encode()
-        m = self.router.metrics
-        if m is not None:
-            ref = payload["model"] if status == 200 else _NO_MODEL
-            m.observe_request("predict", ref["name"], ref["version"], status,
-                              time.monotonic() - self.started)
-        if status >= 400:  # a 503 while no model serves yet is expected: not ERROR
-            log.log(log_level(status), "%d POST /predict %.1fms", status,
-                    1000 * (time.monotonic() - self.started))
-        self._write(status, out, {"Content-Type": _JSON} if rid is None
-                    else {"Content-Type": _JSON, loop.HEADER: rid})
-
-    async def _answer_oip(self) -> None:
-        """POST /v2/models/<name>[/versions/<v>]/infer: frontend/oip.py's infer,
-        with the same answers as its RequestHandler, less the overhead."""
-        status, headers, model = 200, {"Content-Type": _JSON}, _NO_MODEL
-        try:
-            if self.router.access is not None:
-                self.router.access.check("POST", self.headers)
-            if self.too_large:
-                raise ApiError(413, "body_too_large", self.too_large)
+            except ApiError as exc:
+                denied = exc
+        if self.too_large:
+            refused = ApiError(413, "body_too_large", self.too_large)
+        elif self.oip is not None:
             try:  # as Tornado decodes path arguments
-                name, version = (None if x is None else unquote_to_bytes(x).decode("utf-8")
-                                 for x in self.oip)  # type: ignore[union-attr]  # an OIP infer: set
+                args = tuple(None if x is None else unquote_to_bytes(x).decode("utf-8")
+                             for x in self.oip)
             except UnicodeDecodeError:
-                raise ApiError(400, "bad_path", "the path is not valid UTF-8") from None
-            body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-            model, out, head = await oip.infer(self.router.sup, self.router.limits, name,  # type: ignore[arg-type]  # the name group always matches
-                                               version, self.headers, body)
-            if head is not None:
-                headers = {"Content-Type": "application/octet-stream",
-                           oip.HEADER_LENGTH: str(head)}
-            headers[loop.HEADER] = model["request_id"]
-        except ApiError as exc:
-            status = exc.status_code
-            out = json.dumps({"error": exc.message}, ensure_ascii=False).encode()
-        except Exception:  # never an HTML page or a dropped connection
-            log.exception("POST %s failed", self.start_line.path)
-            status, out = 500, b'{"error": "internal error"}'
-        m = self.router.metrics
-        if m is not None:
-            m.observe_request("oip_infer", model["name"], model["version"], status,
-                              time.monotonic() - self.started)
-        if status >= 400:
-            log.log(log_level(status), "%d POST %s %.1fms", status, self.start_line.path,
-                    1000 * (time.monotonic() - self.started))
-        self._write(status, out, headers)
+                refused = ApiError(400, "bad_path", "the path is not valid UTF-8")
+        body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        reply = await self.router.pipeline.answer(
+            wire, Call(self.headers, body, self.start_line.path, args, refused, denied=denied),
+            self.started)
+        if reply.status >= 400:  # a 503 while no model serves yet is expected: not ERROR
+            log.log(log_level(reply.status), "%d POST %s %.1fms", reply.status,
+                    self.start_line.path, 1000 * (time.monotonic() - self.started))
+        self._write(reply.status, reply.body, reply.headers)
 
     def _write(self, status: int, out: bytes, fields: dict[str, str]) -> None:
         if self.closed:

@@ -1,81 +1,21 @@
 """Inference and management handlers: validate, call the supervisor, answer JSON."""
 from __future__ import annotations
 
-from typing import Any
-
 from control.slots import MAX_REPLICAS
+from frontend import predictions
 from frontend.base import ApiError, JsonHandler, int_field, name_field, service_error
+from frontend.pipeline import PipelineHandler
 from frontend.rollout_handlers import ROLLOUT_FIELDS, rollout_options
 from state.errors import InvalidName
 
 
 # -- inference port ----------------------------------------------------------------
-PREDICT_FIELDS = {"text", "texts", "top_k", "model", "min_score", "explain"}
-
-
-def predict_request(data: dict[str, Any], lim: dict[str, Any]
-                    ) -> tuple[list[str], int, str | None]:
-    """(texts, top_k, model) of a checked /predict body, or an ApiError naming
-    the problem. model None means the default model."""
-    if ("text" in data) == ("texts" in data):
-        raise ApiError(400, "bad_request", "give exactly one of 'text' (a string) or "
-                                           "'texts' (a list of strings)")
-    if "text" in data:
-        texts = [data["text"]]
-        if not isinstance(texts[0], str):
-            raise ApiError(400, "invalid_field", "'text' must be a string")
-        what = "'text'"
-    else:
-        texts = data["texts"]
-        if not isinstance(texts, list):
-            raise ApiError(400, "invalid_field", "'texts' must be a list of strings")
-        if not texts:
-            raise ApiError(400, "invalid_field", "'texts' must not be empty")
-        if len(texts) > lim["max_texts"]:
-            raise ApiError(413, "too_many_texts",
-                           f"'texts' has {len(texts)} items; the limit is {lim['max_texts']}")
-        what = "'texts'"
-    cap = lim["max_text_chars"]
-    for i, t in enumerate(texts):
-        where = what if len(texts) == 1 and "text" in data else f"{what}[{i}]"
-        if not isinstance(t, str):
-            raise ApiError(400, "invalid_field", f"{where} must be a string")
-        if not t or t.isspace():
-            raise ApiError(400, "empty_text", f"{where} is empty")
-        if len(t) > cap:
-            # a validation error, not 413: that status is about the body's size
-            raise ApiError(422, "text_too_long",
-                           f"{where} has {len(t)} characters; the limit is {cap}")
-        if not t.isascii():
-            try:
-                t.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ApiError(400, "bad_text", f"{where} contains an unpaired surrogate "
-                                                "escape, which is not valid Unicode") from None
-    top_k = int_field(data, "top_k", minimum=1, maximum=lim["max_top_k"],
-                      default=lim["default_top_k"])
-    model = data.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ApiError(400, "invalid_field", "'model' must be a model name (a string)")
-    return texts, top_k, model
-
-
-class PredictHandler(JsonHandler):
-    """POST /predict through Tornado's RequestHandler (see frontend/fastpath.py
-    for the lean path that normally answers it)."""
+class PredictHandler(PipelineHandler):
+    """POST /predict through Tornado's RequestHandler (frontend/fastpath.py's
+    lean path answers it when server.fast_predict is on)."""
 
     async def post(self) -> None:
-        from frontend import loop, predictions
-
-        rid = loop.request_id(self.request.headers)
-        self.set_header(loop.HEADER, rid)
-        data = self.json_object(PREDICT_FIELDS)
-        texts, top_k, model = predict_request(data, self.limits)
-        raw: list[Any] = []
-        payload = await predictions.predict(self.sup, texts, top_k, model,
-                                            predictions.predict_options(data), raw)
-        loop.log_predictions(self.sup, rid, texts, payload, raw)
-        self.send_json(payload)
+        await self.answer(predictions.JSON)
 
 
 class HealthHandler(JsonHandler):

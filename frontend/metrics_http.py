@@ -3,10 +3,10 @@
 /metrics is served on the management port, behind the admin or review key,
 and, when `metrics.port` is set, on a port of its own without a key (for
 scrapers that cannot send one; bind it where only they can reach it).
-Requests answered through Tornado's RequestHandler (everything on the
-inference port except the lean path of fastpath.py, POST /predict and the
-OIP infer, which counts itself) are counted from the application's log
-function, once per answer.
+The predict pipeline (frontend/pipeline.py) counts the predictions it
+answers, on the lean path of fastpath.py and through RequestHandlers alike;
+every other answer of the inference port is counted from the application's
+log function, once per answer.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any, Callable
 from tornado.web import Application
 
 from frontend.base import ApiError, JsonHandler, NotFoundHandler
+from frontend.pipeline import PipelineHandler
 
 
 class MetricsHandler(JsonHandler):
@@ -49,6 +50,8 @@ def counting(sup: Any, log_function: Callable[[Any], None]) -> Callable[[Any], N
 
     def log_and_count(handler: Any) -> None:
         log_function(handler)
+        if isinstance(handler, PipelineHandler) and handler.counted:
+            return  # the pipeline counted it
         request = handler.request
         api = getattr(handler, "metric_api", None) or (
             "predict" if request.path == "/predict" else "other")

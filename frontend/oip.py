@@ -32,13 +32,15 @@ import json
 import struct
 import sys
 import zlib
+from dataclasses import dataclass, field
 from typing import Any
 
 from tornado.web import HTTPError
 
-from state.errors import ServiceError, UnknownModel
 from frontend import loop, predictions
 from frontend.base import ApiError, JsonHandler
+from frontend.pipeline import (Call, PipelineHandler, PredictPipeline, PredictRequest,
+                               Rendered, Routed, Serving)
 
 SERVER = "textswap"
 SERVER_VERSION = "1"
@@ -49,6 +51,7 @@ OUTPUTS = ("label", "scores")
 MULTI_OUTPUT = "labels"  # multi-label models: each text's label set
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _LITTLE = sys.byteorder == "little"
+_JSON = "application/json; charset=utf-8"
 
 
 class OipError(ApiError):
@@ -59,26 +62,21 @@ class OipError(ApiError):
         self.status = status
 
 
-# -- the supervisor ----------------------------------------------------------------------
-def serving_model(sup: Any, name: str | None) -> dict[str, Any] | None:
-    """{"name", "version", "labels", ...} of what serves under name, or None."""
-    return sup.serving_model(name)
-
-
-def _not_serving(sup: Any, name: str, version: str | None = None) -> OipError:
+# -- what serves ---------------------------------------------------------------------------
+def _not_serving(sup: Serving, name: str, version: str | None = None) -> OipError:
     names = sup.serving_names()
     serving = ", ".join(repr(n) for n in names) if names else "none"
     if version is not None:
-        m = serving_model(sup, name)
+        m = sup.serving_model(name)
         if m is not None:
             return OipError(404, f"version {version} of model '{name}' is not serving; "
                                  f"version {m['version']} is")
     return OipError(404, f"model '{name}' is not serving here (serving: {serving})")
 
 
-def resolve(sup: Any, name: str, version: str | None) -> dict[str, Any]:
+def resolve(sup: Serving, name: str, version: str | None) -> dict[str, Any]:
     """The serving model named in the URL, or a 404 that says what serves."""
-    m = serving_model(sup, name)
+    m = sup.serving_model(name)
     if m is None:
         raise _not_serving(sup, name)
     if version is not None and version != str(m["version"]):
@@ -352,35 +350,63 @@ def infer_response(model: dict[str, Any], labels: list[str], scores: list[list[f
     return head + b"".join(blobs), len(head)
 
 
-def _service_status(exc: Exception) -> OipError:
-    if isinstance(exc, UnknownModel):
-        return OipError(404, str(exc))
-    if isinstance(exc, ServiceError):
-        return OipError(exc.status, str(exc))
-    raise exc
+@dataclass(slots=True)
+class InferRequest(PredictRequest):
+    """An infer request: the texts, and what its answer is to hold."""
+    served: dict[str, Any] = field(default_factory=dict)  # what served when it came
+    version: str | None = None  # the version its URL names
+    outputs: list[tuple[str, bool, int]] = field(default_factory=list)
+    echo_id: Any = None  # the body's "id", answered back
 
 
-async def infer(sup: Any, limits: dict[str, Any], name: str, version: str | None,
-                headers: Any, body: bytes) -> tuple[dict[str, Any], bytes, int | None]:
-    """One infer call: (model, body, header length or None). Raises OipError."""
-    served = resolve(sup, name, version)  # 404 before parsing: the model must serve
-    info = predictions.model_info(sup, served)
-    texts, outputs, rid = parse_infer(body, headers, limits, info["multi_label"])
-    request_id = loop.request_id(headers, rid)  # X-Request-Id, else the body's id
-    try:
-        model, labels, scores = await sup.predict(texts, model=name)
-    except Exception as exc:
-        raise _service_status(exc) from None
-    if version is not None and str(model["version"]) != version:
-        # an apply swapped versions while this request waited: say so, don't mislabel
-        raise _not_serving(sup, name, version)
-    if any(o[0] == MULTI_OUTPUT for o in outputs) and model.get("version") != served.get("version"):
-        info = predictions.model_info(sup, model)  # an apply swapped versions meanwhile
-        if not info["multi_label"]:
-            raise OipError(409, f"model '{name}' is no longer multi-label (a new version serves)")
-    out, head = infer_response(model, labels, scores, outputs, rid, info)
-    loop.log_scores(sup, request_id, texts, model, labels, scores)
-    return {**model, "request_id": request_id}, out, head
+class InferWire:
+    """POST /v2/models/<name>[/versions/<v>]/infer: JSON or binary tensors in
+    and out; errors as {"error": "<message>"}."""
+
+    api = "oip_infer"
+
+    def request_id(self, call: Call) -> str | None:
+        return None  # the body's "id" may give it: known after parsing
+
+    def parse(self, pipe: PredictPipeline, call: Call, rid: str | None) -> PredictRequest:
+        if call.refused is not None:
+            raise call.refused
+        name, version = call.args
+        assert name is not None  # the route's pattern always has it
+        served = resolve(pipe.serving, name, version)  # 404 before parsing: it must serve
+        info = pipe.info(served)
+        texts, outputs, echo = parse_infer(call.body, call.headers, pipe.limits,
+                                           info["multi_label"])
+        request_id = loop.request_id(call.headers, echo)  # X-Request-Id, else the body's id
+        return InferRequest(texts, name, request_id=request_id, log_k=5, served=served,
+                            version=version, outputs=outputs, echo_id=echo)
+
+    def render(self, pipe: PredictPipeline, req: PredictRequest, routed: Routed) -> Rendered:
+        assert isinstance(req, InferRequest)
+        model, name = routed.model, req.model
+        assert name is not None
+        if req.version is not None and str(model["version"]) != req.version:
+            # an apply swapped versions while this request waited: say so, don't mislabel
+            raise _not_serving(pipe.serving, name, req.version)
+        if (any(o[0] == MULTI_OUTPUT for o in req.outputs)
+                and model.get("version") != req.served.get("version")
+                and not routed.info["multi_label"]):  # an apply swapped versions meanwhile
+            raise OipError(409, f"model '{name}' is no longer multi-label (a new version "
+                                "serves)")
+        out, head = infer_response(model, routed.labels, routed.scores, req.outputs,
+                                   req.echo_id, routed.info)
+        assert req.request_id is not None
+        headers = ({"Content-Type": _JSON} if head is None else
+                   {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(head)})
+        headers[loop.HEADER] = req.request_id
+        return out, headers, None
+
+    def error(self, exc: ApiError, rid: str | None) -> tuple[bytes, dict[str, str]]:
+        return (json.dumps({"error": exc.message}, ensure_ascii=False).encode(),
+                {"Content-Type": _JSON})
+
+
+INFER = InferWire()
 
 
 # -- handlers ------------------------------------------------------------------------------
@@ -428,10 +454,15 @@ class ServerReadyHandler(OipHandler):
 
 
 class ModelMetadataHandler(OipHandler):
+    def initialize(self, supervisor: Any, config: Any, auth: Any = None,
+                   guard: bool = False, pipeline: PredictPipeline | None = None) -> None:
+        super().initialize(supervisor, config, auth, guard)
+        self.pipeline = pipeline or PredictPipeline.of(supervisor, config)
+
     def get(self, name: str, version: str | None = None) -> None:
         m = resolve(self.sup, name, version)
         self.metric_model = m
-        self.oip_json(model_metadata(m, predictions.model_info(self.sup, m)))
+        self.oip_json(model_metadata(m, self.pipeline.info(m)))
 
 
 class ModelReadyHandler(OipHandler):
@@ -441,33 +472,31 @@ class ModelReadyHandler(OipHandler):
         self.oip_json({"name": m["name"], "version": str(m["version"]), "ready": True})
 
 
-class InferHandler(OipHandler):
+class InferHandler(PipelineHandler, OipHandler):
+    """The infer through Tornado's RequestHandler (fastpath.py answers it
+    with less overhead when server.fast_predict is on)."""
+
     metric_api = "oip_infer"
 
     async def post(self, name: str, version: str | None = None) -> None:
-        model, out, head = await infer(self.sup, self.limits, name, version,
-                                       self.request.headers, self.body)
-        self.metric_model = model
-        self.set_header(loop.HEADER, model["request_id"])
-        if head is not None:
-            self.set_header("Content-Type", "application/octet-stream")
-            self.set_header(HEADER_LENGTH, str(head))
-        self.finish(out)
+        await self.answer(INFER, (name, version))
 
 
 _MODEL = r"/v2/models/([^/]+)"
 _VERSION = r"/versions/([^/]+)"
 
 
-def routes(kw: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
+def routes(kw: dict[str, Any], pipeline: PredictPipeline
+           ) -> list[tuple[str, type, dict[str, Any]]]:
+    pkw = {**kw, "pipeline": pipeline}
     return [
         (r"/v2", ServerMetadataHandler, kw),
         (r"/v2/health/live", LiveHandler, kw),
         (r"/v2/health/ready", ServerReadyHandler, kw),
-        (_MODEL, ModelMetadataHandler, kw),
-        (_MODEL + _VERSION, ModelMetadataHandler, kw),
+        (_MODEL, ModelMetadataHandler, pkw),
+        (_MODEL + _VERSION, ModelMetadataHandler, pkw),
         (_MODEL + r"/ready", ModelReadyHandler, kw),
         (_MODEL + _VERSION + r"/ready", ModelReadyHandler, kw),
-        (_MODEL + r"/infer", InferHandler, kw),
-        (_MODEL + _VERSION + r"/infer", InferHandler, kw),
+        (_MODEL + r"/infer", InferHandler, pkw),
+        (_MODEL + _VERSION + r"/infer", InferHandler, pkw),
     ]

@@ -1,6 +1,9 @@
-"""The /predict answer beyond the ranked labels: abstaining, explanations,
-multi-label sets. Shared by the lean path (fastpath.py), PredictHandler and
-the Open Inference Protocol (oip.py). Imports no TensorFlow.
+"""The /predict JSON protocol: the body's parse and the answer's render
+(`JSON`, and `TRY` for the dashboard's POST /try), run by frontend/pipeline.py
+for the lean path (fastpath.py), PredictHandler and TryHandler. The answer
+beyond the ranked labels: abstaining, explanations, multi-label sets.
+`label_set` serves the Open Inference Protocol (oip.py) too. Imports no
+TensorFlow.
 
 - `min_score` (request, else the model's policy `min_score`): a prediction
   whose top score is below it answers `"label": null, "abstained": true`,
@@ -8,25 +11,78 @@ the Open Inference Protocol (oip.py). Imports no TensorFlow.
 - `explain: k`: each prediction gets the k n-grams that pushed its label most
   (`explanation`), computed in the worker next to the prediction
   (model_worker/explain.py). Asked only then: a request without it costs
-  what it cost before.
+  no more than one without the field.
 - Multi-label models (meta.json `multi_label`): `labels` lists every label
   whose score clears its threshold (chosen by cross-validation), best first;
   at least `min_labels` (0 or 1) of them.
 """
 from __future__ import annotations
 
+import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from frontend.base import ApiError, service_error
+from frontend import loop
+from frontend.base import ApiError, check_object, int_field, parse_json
+from frontend.pipeline import Call, PredictRequest, Rendered, Routed
 
-# /predict fields beyond text(s), model and top_k
-OPTION_FIELDS = {"min_score", "explain"}
+if TYPE_CHECKING:
+    from frontend.pipeline import PredictPipeline
+
+PREDICT_FIELDS = {"text", "texts", "top_k", "model", "min_score", "explain"}
 MAX_EXPLAIN = 100
+_JSON = "application/json; charset=utf-8"
 
 
-def predict_options(data: dict[str, Any]) -> dict[str, Any]:
-    """{"min_score": float | None, "explain": int} of a /predict body; 400 when bad."""
+def predict_request(data: dict[str, Any], lim: dict[str, Any]
+                    ) -> tuple[list[str], int, str | None]:
+    """(texts, top_k, model) of a checked /predict body, or an ApiError naming
+    the problem. model None means the default model."""
+    if ("text" in data) == ("texts" in data):
+        raise ApiError(400, "bad_request", "give exactly one of 'text' (a string) or "
+                                           "'texts' (a list of strings)")
+    if "text" in data:
+        texts = [data["text"]]
+        if not isinstance(texts[0], str):
+            raise ApiError(400, "invalid_field", "'text' must be a string")
+        what = "'text'"
+    else:
+        texts = data["texts"]
+        if not isinstance(texts, list):
+            raise ApiError(400, "invalid_field", "'texts' must be a list of strings")
+        if not texts:
+            raise ApiError(400, "invalid_field", "'texts' must not be empty")
+        if len(texts) > lim["max_texts"]:
+            raise ApiError(413, "too_many_texts",
+                           f"'texts' has {len(texts)} items; the limit is {lim['max_texts']}")
+        what = "'texts'"
+    cap = lim["max_text_chars"]
+    for i, t in enumerate(texts):
+        where = what if len(texts) == 1 and "text" in data else f"{what}[{i}]"
+        if not isinstance(t, str):
+            raise ApiError(400, "invalid_field", f"{where} must be a string")
+        if not t or t.isspace():
+            raise ApiError(400, "empty_text", f"{where} is empty")
+        if len(t) > cap:
+            # a validation error, not 413: that status is about the body's size
+            raise ApiError(422, "text_too_long",
+                           f"{where} has {len(t)} characters; the limit is {cap}")
+        if not t.isascii():
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ApiError(400, "bad_text", f"{where} contains an unpaired surrogate "
+                                                "escape, which is not valid Unicode") from None
+    top_k = int_field(data, "top_k", minimum=1, maximum=lim["max_top_k"],
+                      default=lim["default_top_k"])
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ApiError(400, "invalid_field", "'model' must be a model name (a string)")
+    return texts, top_k, model
+
+
+def predict_options(data: dict[str, Any]) -> tuple[float | None, int]:
+    """(min_score or None, explain) of a /predict body; 400 when bad."""
     min_score = data.get("min_score")
     if min_score is not None:
         if isinstance(min_score, bool) or not isinstance(min_score, (int, float)) or not (
@@ -39,89 +95,61 @@ def predict_options(data: dict[str, Any]) -> dict[str, Any]:
     if isinstance(explain, bool) or not isinstance(explain, int) or not 0 <= explain <= MAX_EXPLAIN:
         raise ApiError(400, "invalid_field",
                        f"'explain' must be an integer between 0 (off) and {MAX_EXPLAIN}")
-    return {"min_score": min_score, "explain": explain}
+    return min_score, explain
 
 
-# -- what a model version is (from its meta.json, read once per version) -------------
-_INFO: dict[tuple[str, Any], dict[str, Any]] = {}
-_INFO_CAP = 256
+class JsonWire:
+    """POST /predict's JSON body and answer. logged: the answer carries a
+    request id (the client's X-Request-Id, else a new one) and goes to the
+    prediction log; api: the request metrics' label (None: not counted)."""
+
+    def __init__(self, api: str | None, logged: bool) -> None:
+        self.api = api
+        self.logged = logged
+
+    def request_id(self, call: Call) -> str | None:
+        return loop.request_id(call.headers) if self.logged else None
+
+    def parse(self, pipe: PredictPipeline, call: Call, rid: str | None) -> PredictRequest:
+        if call.refused is not None:
+            raise call.refused
+        data = call.data
+        if data is None:
+            data = check_object(parse_json(call.body, call.headers.get("Content-Type")),
+                                PREDICT_FIELDS)
+        texts, top_k, model = predict_request(data, pipe.limits)
+        min_score, explain = predict_options(data)
+        return PredictRequest(texts, model, top_k, min_score, explain, rid, top_k)
+
+    def render(self, pipe: PredictPipeline, req: PredictRequest, routed: Routed) -> Rendered:
+        labels, info = routed.labels, routed.info
+        min_score = pipe.min_score(req, routed.model["name"])
+        k = min(req.top_k, len(labels))
+        shown = [prediction(row, labels, k, info, min_score) for row in routed.scores]
+        if routed.explained is not None:
+            for p, e in zip(shown, routed.explained):
+                p["explanation"] = e
+        payload: dict[str, Any] = {"model": routed.model, "predictions": shown}
+        if req.request_id is None:
+            return json.dumps(payload, ensure_ascii=False, allow_nan=False).encode(), \
+                {"Content-Type": _JSON}, shown
+        payload["request_id"] = req.request_id
+        return (json.dumps(payload, ensure_ascii=False, allow_nan=False).encode(),
+                {"Content-Type": _JSON, loop.HEADER: req.request_id}, shown)
+
+    def error(self, exc: ApiError, rid: str | None) -> tuple[bytes, dict[str, str]]:
+        body = json.dumps({"error": {**exc.details, "code": exc.code, "message": exc.message}},
+                          ensure_ascii=False, default=str).encode()
+        headers = {**exc.headers, "Content-Type": _JSON}
+        if rid is not None:
+            headers[loop.HEADER] = rid
+        return body, headers
 
 
-def model_info(sup: Any, model: dict[str, Any]) -> dict[str, Any]:
-    """{"multi_label", "thresholds", "min_labels", "explainable", "why"} of a
-    served version; plain single-label defaults when its meta cannot be read."""
-    key: tuple[Any, Any] = (model.get("name"), model.get("version"))
-    info = _INFO.get(key)
-    if info is not None:
-        return info
-    meta: dict[str, Any] = {}
-    try:
-        meta = sup.store.meta(model["name"], int(model["version"]))
-    except Exception:  # a tiny test model or a store hiccup: a plain classifier
-        meta = {}
-    info = describe_meta(meta)
-    if len(_INFO) >= _INFO_CAP:
-        _INFO.clear()
-    _INFO[key] = info
-    return info
-
-
-def describe_meta(meta: dict[str, Any]) -> dict[str, Any]:
-    labels = meta.get("labels") or []
-    thresholds: Any = meta.get("thresholds")  # {label: threshold} when multi-label
-    multi = bool(meta.get("multi_label")) and isinstance(thresholds, dict)
-    params = meta.get("params") or {}
-    arch = params.get("architecture")
-    chosen = ((meta.get("report") or {}).get("chosen") or {}).get("members") or []
-    explainable, why = True, ""
-    if arch in ("bow", "cnn"):
-        explainable = False
-        why = (f"a {arch} model cannot explain its predictions exactly (only the linear "
-               "models that architecture 'auto' builds can)")
-    elif arch != "auto" or any(m.get("learner") in ("bow", "cnn") for m in chosen):
-        explainable = False
-        why = "this model is not one of auto's linear models, which alone can explain exactly"
-    return {"multi_label": multi,
-            "thresholds": [float(thresholds.get(lab, 0.5)) for lab in labels] if multi else None,
-            "min_labels": int(meta.get("min_labels", 1)) if multi else 1,
-            "explainable": explainable, "why": why}
-
-
-# -- the model's policy -------------------------------------------------------------------
-def policy_min_score(sup: Any, name: str) -> float | None:
-    """The `min_score` of the model's policy (PUT /models/<name>/policy), if the
-    supervisor keeps policies and this one sets a valid one."""
-    policies = getattr(sup, "policies", None)
-    get = getattr(policies, "get", None)
-    if not callable(get):
-        return None
-    try:
-        policy = get(name)
-    except Exception:
-        return None
-    value = policy.get("min_score") if isinstance(policy, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        return None
-    return float(value)
-
-
-# -- calling the worker ----------------------------------------------------------------
-async def scores_for(sup: Any, texts: list[str], name: str | None, explain: int
-                     ) -> tuple[dict[str, Any], list[str], list[Any], list[Any] | None]:
-    """(model, labels, score rows, explanations or None)."""
-    if not explain:
-        model, labels, scores = await sup.predict(texts, name)
-        return model, labels, scores, None
-    serving = sup.serving_model(name)
-    if serving is not None:
-        info = model_info(sup, serving)
-        if not info["explainable"]:
-            raise ApiError(422, "cannot_explain", info["why"])
-    # through the router like any request (it answers 422 cannot_explain itself)
-    model, labels, out = await sup.predict(texts, name, options={"x": explain})
-    if isinstance(out, dict):
-        return model, labels, out["scores"], out.get("explain")
-    return model, labels, out, None
+JSON = JsonWire("predict", logged=True)  # POST /predict on the inference port
+# POST /try on the management port: a text a person typed to look at a model is
+# not traffic: not logged (no request id), not in the request metrics
+TRY = JsonWire(None, logged=False)
 
 
 # -- the answer ---------------------------------------------------------------------------
@@ -158,28 +186,3 @@ def prediction(row: list[float], labels: list[str], k: int, info: dict[str, Any]
     return p
 
 
-async def predict(sup: Any, texts: list[str], top_k: int, name: str | None,
-                  options: dict[str, Any] | None = None, keep: list[Any] | None = None
-                  ) -> dict[str, Any]:
-    """The /predict answer: one prediction per text, in order. keep: a list that
-    receives (labels, score rows, k), for the prediction log."""
-    options = options or {}
-    try:
-        model, labels, scores, explained = await scores_for(sup, texts, name,
-                                                            options.get("explain", 0))
-    except ApiError:
-        raise
-    except Exception as exc:
-        raise service_error(exc) from None
-    info = model_info(sup, model)
-    min_score = options.get("min_score")
-    if min_score is None:
-        min_score = policy_min_score(sup, model["name"])
-    k = min(top_k, len(labels))
-    predictions = [prediction(row, labels, k, info, min_score) for row in scores]
-    if keep is not None:
-        keep.extend((labels, scores, k))
-    if explained is not None:
-        for p, e in zip(predictions, explained):
-            p["explanation"] = e
-    return {"model": model, "predictions": predictions}

@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -75,31 +74,32 @@ def test_bad_min_score_is_400(svc, bad):
 
 def test_policy_min_score_is_the_default():
     """The model's policy (PUT /models/<name>/policy) gives min_score when the
-    request does not; a request's own value wins; no policies: no abstaining."""
-    from frontend import predictions
+    request does not; a request's own value wins; no policy: no abstaining; a
+    policy whose min_score is not a number in (0, 1] (policies are checked
+    when set, so only a bug gets there) fails the request instead of quietly
+    answering labels its owner said to withhold."""
+    from frontend.base import ApiError
+    from frontend.pipeline import PredictPipeline, PredictRequest
 
-    class Sup:
+    class Stored:  # what the pipeline reads of control/policies.py's Policies
         def __init__(self, policies):
-            if policies is not None:
-                self.policies = policies
-            self.store = SimpleNamespace(meta=lambda n, v: {"labels": ["a", "b"]})
+            self.policies = policies
 
-        def serving_model(self, name):
-            return {"name": "m", "version": 1}
+        def get(self, name):
+            return self.policies.get(name)
 
-        async def predict(self, texts, name=None):
-            return {"name": "m", "version": 1}, ["a", "b"], [[0.6, 0.4]] * len(texts)
+    def threshold(policies, asked):
+        pipe = PredictPipeline(None, None, policies, None, None, {}, 1.0)
+        return pipe.min_score(PredictRequest(["t"], None, min_score=asked), "m")
 
-    import asyncio
-
-    def run(sup, **opts):
-        return asyncio.run(predictions.predict(sup, ["t"], 2, None, {"explain": 0, **opts}))["predictions"][0]
-
-    assert "abstained" not in run(Sup(None), min_score=None)
-    assert run(Sup({"m": {"min_score": 0.7}}), min_score=None)["abstained"] is True
-    assert run(Sup({"m": {"min_score": 0.7}}), min_score=0.5)["abstained"] is False
-    assert "abstained" not in run(Sup({"m": {"min_score": "high"}}), min_score=None)  # ignored
-    assert "abstained" not in run(Sup({}), min_score=None)
+    assert threshold(None, None) is None
+    assert threshold(Stored({}), None) is None
+    assert threshold(Stored({"m": {"retrain_after_labels": 5}}), None) is None
+    assert threshold(Stored({"m": {"min_score": 0.7}}), None) == 0.7
+    assert threshold(Stored({"m": {"min_score": 0.7}}), 0.5) == 0.5
+    with pytest.raises(ApiError) as err:
+        threshold(Stored({"m": {"min_score": "high"}}), None)
+    assert (err.value.status_code, err.value.code) == (500, "broken_policy")
 
 
 def test_a_policys_min_score_makes_predict_abstain_through_the_service(svc):

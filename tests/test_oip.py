@@ -257,8 +257,9 @@ def test_other_routes_and_methods(svc):
 
 
 def test_lean_path_and_handler_answer_alike(svc, tiny_store, tmp_path):
-    """server.fast_predict false sends infer through the RequestHandler
-    (InferHandler) instead of the lean path: same statuses, headers, bytes."""
+    """server.fast_predict false sends infer and POST /predict through the
+    RequestHandlers (InferHandler, PredictHandler) instead of the lean path:
+    same statuses, headers, bytes, each request counted once."""
     root = str(tmp_path / "models")
     shutil.copytree(tiny_store, root)
     cfg = str(tmp_path / "config.yaml")
@@ -291,5 +292,45 @@ def test_lean_path_and_handler_answer_alike(svc, tiny_store, tmp_path):
             assert fast[2] == handler[2], (path, fast[2], handler[2])
         assert _raw(svc.port, "/v2/models/%ff/infer", binary, bheaders)[0] == 400
         assert _raw(slow.port, "/v2/models/%ff/infer", binary, bheaders)[0] == 400
+        # POST /predict: the lean path and PredictHandler run the same pipeline
+        js = {"Content-Type": "application/json"}
+        predicts = [
+            (b'{"text": "love it", "top_k": 2}', {**js, "X-Request-Id": "same-1"}),
+            (b'{"texts": ["a", "b"], "min_score": 0.99}', {**js, "X-Request-Id": "same-2"}),
+            (b'{"text": "   "}', {**js, "X-Request-Id": "same-3"}),
+            (b'{"text": "x", "model": "nope"}', {**js, "X-Request-Id": "same-4"}),
+            (b'{"text": "x", "explain": 3}', {**js, "X-Request-Id": "same-5"}),
+            (b"{not json", js),
+            (b'{"text": "x"}', {**js, "X-Request-Id": "bad id!"}),
+            (b'{"text": "' + b"x" * 5000 + b'"}', js),
+        ]
+        before = _predict_counts(slow)
+        for body, headers in predicts:
+            fast = _raw(svc.port, "/predict", body, headers)
+            handler = _raw(slow.port, "/predict", body, headers)
+            assert fast[0] == handler[0], (body, fast, handler)
+            assert fast[1]["content-type"] == handler[1]["content-type"], (body, fast, handler)
+            if "X-Request-Id" in headers:  # else each made its own
+                assert fast[1].get("x-request-id") == handler[1].get("x-request-id"), body
+            else:
+                assert len(fast[1]["x-request-id"]) == len(handler[1]["x-request-id"]) == 42
+            assert fast[2] == handler[2], (body, fast[2], handler[2])
+        after = _predict_counts(slow)
+        assert sum(after.values()) - sum(before.values()) == len(predicts)  # each once
+        assert after.get(("sent", "200"), 0) - before.get(("sent", "200"), 0) == 2
     finally:
         slow.stop()
+
+
+def _predict_counts(svc: Service) -> dict[tuple[str, str], float]:
+    """textswap_requests_total of api="predict" by (model, code)."""
+    code, _, raw = _raw(svc.mport, "/metrics", b"", svc.auth(), method="GET")
+    assert code == 200
+    out: dict[tuple[str, str], float] = {}
+    for line in raw.decode().splitlines():
+        if line.startswith("textswap_requests_total{") and 'api="predict"' in line:
+            labels = dict(kv.split("=", 1) for kv in line[line.index("{") + 1:
+                                                           line.index("}")].split(","))
+            key = (labels["model"].strip('"'), labels["code"].strip('"'))
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
