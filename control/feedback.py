@@ -45,7 +45,7 @@ MAX_LABEL_CHARS = 200
 STRATEGIES = ("uncertain", "random")
 MAX_REVIEW = 1000
 MAX_INDEX = 10**6
-ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")  # a request id (frontend/loop.py's form)
+ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")  # a request id (frontend/request_ids.py's form)
 WRITE_TIMEOUT_S = 30.0
 _META_CAP = 512
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="loop")

@@ -21,7 +21,7 @@ from typing import Any, Callable, TypeVar
 
 from control.feedback import FeedbackService, off_loop
 from frontend.base import ApiError, JsonHandler, service_error
-from frontend.loop import check_id
+from frontend.request_ids import check_id
 from state.errors import InvalidName, NotFound, ServiceError
 
 log = logging.getLogger("textswap.loop")

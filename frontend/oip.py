@@ -37,7 +37,7 @@ from typing import Any
 
 from tornado.web import HTTPError
 
-from frontend import loop, predictions
+from frontend import predictions, request_ids
 from frontend.base import ApiError, JsonHandler
 from frontend.pipeline import (Call, PipelineHandler, PredictPipeline, PredictRequest,
                                Rendered, Routed, Serving)
@@ -377,7 +377,7 @@ class InferWire:
         info = pipe.info(served)
         texts, outputs, echo = parse_infer(call.body, call.headers, pipe.limits,
                                            info["multi_label"])
-        request_id = loop.request_id(call.headers, echo)  # X-Request-Id, else the body's id
+        request_id = request_ids.request_id(call.headers, echo)  # X-Request-Id, else the body's id
         return InferRequest(texts, name, request_id=request_id, log_k=5, served=served,
                             version=version, outputs=outputs, echo_id=echo)
 
@@ -398,7 +398,7 @@ class InferWire:
         assert req.request_id is not None
         headers = ({"Content-Type": _JSON} if head is None else
                    {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(head)})
-        headers[loop.HEADER] = req.request_id
+        headers[request_ids.HEADER] = req.request_id
         return out, headers, None
 
     def error(self, exc: ApiError, rid: str | None) -> tuple[bytes, dict[str, str]]:

@@ -789,7 +789,7 @@ class ManagementSpecHandler(JsonHandler):
         self.send_json(management_spec(self.cfg))
 
 
-# -- the learning loop (frontend/loop.py, frontend/loop_handlers.py; docs/loop.md) ---------
+# -- the learning loop (frontend/request_ids.py, frontend/loop_handlers.py; docs/loop.md) ---------
 REQUEST_ID: S = {"type": "string", "pattern": r"^[A-Za-z0-9._:-]{1,64}$",
                  "description": "this request's id (the client's X-Request-Id when it sent "
                                 "one): POST /feedback names predictions by it",

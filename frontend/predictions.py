@@ -22,7 +22,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from frontend import loop
+from frontend import request_ids
 from frontend.base import ApiError, check_object, int_field, parse_json
 from frontend.pipeline import Call, PredictRequest, Rendered, Routed
 
@@ -108,7 +108,7 @@ class JsonWire:
         self.logged = logged
 
     def request_id(self, call: Call) -> str | None:
-        return loop.request_id(call.headers) if self.logged else None
+        return request_ids.request_id(call.headers) if self.logged else None
 
     def parse(self, pipe: PredictPipeline, call: Call, rid: str | None) -> PredictRequest:
         if call.refused is not None:
@@ -135,14 +135,14 @@ class JsonWire:
                 {"Content-Type": _JSON}, shown
         payload["request_id"] = req.request_id
         return (json.dumps(payload, ensure_ascii=False, allow_nan=False).encode(),
-                {"Content-Type": _JSON, loop.HEADER: req.request_id}, shown)
+                {"Content-Type": _JSON, request_ids.HEADER: req.request_id}, shown)
 
     def error(self, exc: ApiError, rid: str | None) -> tuple[bytes, dict[str, str]]:
         body = json.dumps({"error": {**exc.details, "code": exc.code, "message": exc.message}},
                           ensure_ascii=False, default=str).encode()
         headers = {**exc.headers, "Content-Type": _JSON}
         if rid is not None:
-            headers[loop.HEADER] = rid
+            headers[request_ids.HEADER] = rid
         return body, headers
 
 

@@ -51,7 +51,7 @@ _BATCH = ("INSERT INTO batches (model, version, n, at_first, at, data) "
 # a client's id sent again (a retry) never replaces the answer logged first
 _RID = "INSERT OR IGNORE INTO rids (request_id, batch) VALUES (?, ?)"
 
-# Finding a request by its id. The ids the service makes (frontend/loop.py
+# Finding a request by its id. The ids the service makes (frontend/request_ids.py
 # new_id: 8 hex digits, the time in ms modulo 10**10 as 10 digits, 24 random
 # hex digits) carry their time, and the answer is logged within moments of it:
 # such a request is found among the few batches written around that time,

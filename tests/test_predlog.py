@@ -171,14 +171,14 @@ def test_trim_cuts_a_batch_and_keeps_the_newest_texts_exactly(tmp_path):
 
 
 def test_service_made_ids_are_found_by_their_time_without_a_row_of_their_own(tmp_path):
-    """An id the service made (frontend/loop.py new_id) carries its time: its
+    """An id the service made (frontend/request_ids.py new_id) carries its time: its
     answer, logged within moments, is found among the batches written then
     (no `rids` row); one logged long after its id's time, and any other id,
     gets a row; both read back the same."""
     import sqlite3
     import time
 
-    from frontend.loop import new_id
+    from frontend.request_ids import new_id
     path = str(tmp_path / "p.db")
     p = PredictionLog(path)
     try:
