@@ -35,7 +35,7 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.locks import Event
 
 from state.config import Config, ConfigError, scrub_secret_env
-from state.keys import KeyError_, KeyRing, configured_keys
+from state.keys import KeyError_, KeyRing, open_keys
 from state.options import build_config, parse_args
 from control.retention import Retention
 from state.predlog import FILENAME as PREDLOG_DB, PredictionLog
@@ -232,32 +232,6 @@ class Supervisor:
 
 
 # -- entry point ---------------------------------------------------------------------
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def open_keys(config: Config, insecure_no_auth: bool) -> KeyRing | None:
-    """The API keys (state/keys.py), generated on a first start; None with auth
-    off, which a management bind beyond loopback refuses unless the
-    --insecure-no-auth flag says otherwise (then it warns, every start)."""
-    manage_host = config["server"]["manage_host"]
-    if config["auth"]["enabled"]:
-        return KeyRing.open(config)
-    configured_keys(config)  # a key too short is an error even while auth is off
-    if manage_host not in LOOPBACK:
-        if not insecure_no_auth:
-            raise ConfigError(f"auth is off (auth.enabled: false) and the management API would "
-                              f"be bound to {manage_host}, beyond loopback: anyone who reaches "
-                              "it could train, apply and read logged texts. Turn auth on, bind "
-                              "it to 127.0.0.1, or start with --insecure-no-auth")
-        log.warning("INSECURE: auth is off and the management API is bound to %s "
-                    "(--insecure-no-auth): anyone who reaches it can train, apply, unload and "
-                    "read logged texts", manage_host)
-    else:
-        log.warning("auth is off (auth.enabled: false): the management API on %s takes no "
-                    "key, and POST /feedback on the inference port is off", manage_host)
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if os.environ.pop("TEXTSWAP_PRELOAD_SUPERVISOR_ONLY", None):

@@ -38,6 +38,8 @@ import threading
 import time
 from typing import Any
 
+from state.config import Config, ConfigError
+
 log = logging.getLogger("textswap.auth")
 
 SCOPES = ("admin", "review", "feedback", "predict")
@@ -302,3 +304,29 @@ class KeyRing:
 def scope_of(name: str) -> str:
     """The scope a matched key name carries."""
     return "admin" if name == SESSION_NAME else name
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def open_keys(config: Config, insecure_no_auth: bool) -> KeyRing | None:
+    """The API keys (state/keys.py), generated on a first start; None with auth
+    off, which a management bind beyond loopback refuses unless the
+    --insecure-no-auth flag says otherwise (then it warns, every start)."""
+    manage_host = config["server"]["manage_host"]
+    if config["auth"]["enabled"]:
+        return KeyRing.open(config)
+    configured_keys(config)  # a key too short is an error even while auth is off
+    if manage_host not in LOOPBACK:
+        if not insecure_no_auth:
+            raise ConfigError(f"auth is off (auth.enabled: false) and the management API would "
+                              f"be bound to {manage_host}, beyond loopback: anyone who reaches "
+                              "it could train, apply and read logged texts. Turn auth on, bind "
+                              "it to 127.0.0.1, or start with --insecure-no-auth")
+        log.warning("INSECURE: auth is off and the management API is bound to %s "
+                    "(--insecure-no-auth): anyone who reaches it can train, apply, unload and "
+                    "read logged texts", manage_host)
+    else:
+        log.warning("auth is off (auth.enabled: false): the management API on %s takes no "
+                    "key, and POST /feedback on the inference port is off", manage_host)
+    return None
