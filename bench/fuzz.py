@@ -7,7 +7,7 @@ The same setup and checks as tests/test_openapi.py (which runs fewer cases so
 config, tiny real models, the OpenAPI documents read from /openapi.json.
 Prints, per API, the cases run, the failures and errors, and the seed to
 replay them with; exits 1 when anything failed. Needs schemathesis
-(requirements.txt, tests section).
+(requirements-dev.txt).
 """
 from __future__ import annotations
 

@@ -37,7 +37,8 @@ def inference_app(sup: Any, config: Any, pipeline: PredictPipeline | None = None
         (r"/predict", h.PredictHandler, {**pkw, "pipeline": pipeline}),
         (r"/healthz", h.HealthHandler, kw),
         (r"/readyz", h.ReadyHandler, kw),
-        (r"/openapi.json", openapi.InferenceSpecHandler, kw),
+        (r"/openapi.json", openapi.InferenceSpecHandler,
+         {**kw, "predict_key": access["predict"] is not None}),
         *oip.routes(pkw, pipeline),  # Open Inference Protocol v2
         # POST /feedback (docs/loop.md): the feedback key
         *loop_handlers.inference_routes({**kw, "auth": access["feedback"]}, feedback),

@@ -120,7 +120,9 @@ SPEC = _get("This OpenAPI document.", _json(ANY_OBJECT, "OpenAPI 3.0 document"))
 
 
 # -- inference API -----------------------------------------------------------------------
-def inference_spec(cfg: Any) -> S:
+def inference_spec(cfg: Any, predict_key: bool = False) -> S:
+    """The inference port's document; predict_key: a predict key guards
+    /predict and the protocol's model routes (frontend/auth.py accesses)."""
     lim = cfg["limits"]
     text: S = {"type": "string", "minLength": 1, "maxLength": lim["max_text_chars"],
                "pattern": r"\S", "description": "not blank; valid Unicode"}
@@ -218,7 +220,7 @@ def inference_spec(cfg: Any) -> S:
     doc = _doc("textswap inference API", "Predictions from the applied model.", paths,
                {"PredictRequest": request, "PredictResponse": response, **oip_schemas},
                security=False)
-    return loop_security(doc, cfg)
+    return predict_security(loop_security(doc, cfg), predict_key)
 
 
 # -- management API ----------------------------------------------------------------------
@@ -780,8 +782,12 @@ def quality_paths(name_param: S, bad_path: S) -> S:
 
 # -- the handlers ------------------------------------------------------------------------
 class InferenceSpecHandler(JsonHandler):
+    def initialize(self, predict_key: bool = False, **kw: Any) -> None:
+        super().initialize(**kw)
+        self.predict_key = predict_key  # a predict key guards /predict and /v2
+
     def get(self) -> None:
-        self.send_json(inference_spec(self.cfg))
+        self.send_json(inference_spec(self.cfg, self.predict_key))
 
 
 class ManagementSpecHandler(JsonHandler):
@@ -883,6 +889,33 @@ def loop_security(doc: S, cfg: Any) -> S:
         doc["components"].setdefault("securitySchemes", {})["bearer"] = {
             "type": "http", "scheme": "bearer"}
         doc["paths"]["/feedback"]["post"]["security"] = [{"bearer": []}]
+    return doc
+
+
+# the protocol's probes answer without the predict key (like /healthz and /readyz)
+_OPEN_V2 = ("/v2/health/live", "/v2/health/ready")
+
+
+def predict_security(doc: S, predict_key: bool) -> S:
+    """With a predict key: POST /predict and the protocol's routes but its
+    probes take it (401 without it, 403 with a key of another scope)."""
+    if not predict_key:
+        return doc
+    doc["components"].setdefault("securitySchemes", {})["bearer"] = {
+        "type": "http", "scheme": "bearer"}
+    for path, item in doc["paths"].items():
+        if not (path == "/predict" or path.startswith("/v2")) or path in _OPEN_V2:
+            continue
+        oip = path.startswith("/v2")
+        shape = "#/components/schemas/OipError" if oip else "#/components/schemas/Error"
+        for method, op in item.items():
+            if method == "parameters":
+                continue
+            op["security"] = [{"bearer": []}]
+            op["responses"]["401"] = _json({"$ref": shape}, "no 'Authorization: Bearer "
+                                           "<key>', or a key that is none of this service's")
+            op["responses"]["403"] = _json({"$ref": shape}, "a key of another scope "
+                                           "(wrong_key): this route takes the predict key")
     return doc
 
 

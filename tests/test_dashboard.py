@@ -52,12 +52,12 @@ def _chromium() -> str | None:
 CHROMIUM = _chromium()
 try:
     from playwright import sync_api
-except ImportError:  # requirements.txt pins it; say so rather than fail to collect
+except ImportError:  # requirements-dev.txt pins it; say so rather than fail to collect
     sync_api = None
 browser = pytest.mark.skipif(
     CHROMIUM is None or sync_api is None,
     reason="no Chromium found (/usr/bin/chromium; apt-get install chromium)" if CHROMIUM is None
-    else "playwright is not installed (pip install -r requirements.txt)")
+    else "playwright is not installed (make venv: requirements-dev.txt)")
 
 
 class Browser:

@@ -348,6 +348,15 @@ def test_a_predict_key_guards_predict_and_v2(tmp_path):
                 assert code not in (401, 403), (path, code)
             for path in ("/healthz", "/v2/health/live"):
                 assert request(svc.port, "GET", path, auth=False)[0] == 200
+            # the inference document says which routes take the key
+            code, doc = request(svc.port, "GET", "/openapi.json", auth=False)
+            assert code == 200 and doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+            guarded = {p for p, item in doc["paths"].items()
+                       for m, op in item.items() if m != "parameters" and op.get("security")}
+            assert {"/predict", "/v2", "/v2/models/{name}/infer", "/feedback"} <= guarded, guarded
+            assert not guarded & {"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready",
+                                  "/openapi.json"}, guarded
+            assert doc["paths"]["/predict"]["post"]["responses"]["401"]
         finally:
             svc.stop()
 

@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from helpers import ROOT, Service, request, wait_for
+from test_dashboard import ARTIFACTS, Browser, browser, pw  # noqa: F401 (pw: the fixture)
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -181,3 +182,44 @@ def test_the_cli_trains_a_zero_shot_version_from_a_labels_file(svc, tmp_path):
     assert proc.returncode == 0, proc.stderr
     job = json.loads(proc.stdout)["job"]
     assert job["state"] == "succeeded" and job["params"]["architecture"] == "zero_shot", job
+
+
+@browser
+def test_the_dashboards_form_trains_a_zero_shot_version_from_descriptions(svc, pw):
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    b = Browser(pw)
+    try:
+        page = b.page
+        page.goto(svc.dashboard_url())
+        page.locator("#conn.ok").wait_for()
+        form = page.locator("#train-form")
+        form.locator('input[name="name"]').fill("webtopics")
+        form.locator('input[name="source"][value="none"]').check()
+        # no data: the path box hides, the descriptions are required, the
+        # architecture and epochs (not a zero-shot version's) are off
+        assert form.locator(".src-path").is_hidden() and form.locator(".src-csv").is_hidden()
+        assert "required" in form.locator(".labels-need").inner_text()
+        assert form.locator('select[name="architecture"]').is_disabled()
+        submit, msg = form.locator('button[type="submit"]'), form.locator(".form-msg")
+        # refused in the page, before any request: no descriptions, a line without a colon
+        for text, says in (("", "give each label a description"),
+                           ("sports football tennis", "line 1: write it as 'label: description'")):
+            form.locator('textarea[name="labels"]').fill(text)
+            submit.click()
+            msg.filter(has_text=says).wait_for()
+            assert "error" in (msg.get_attribute("class") or "")
+        lines = "\n".join(f"{label}: {text}" for label, text in DESCRIPTIONS.items())
+        form.locator('textarea[name="labels"]').fill(lines + "\n")
+        submit.click()
+        msg.filter(has_text="Started job").wait_for()
+        job_id = msg.inner_text().split("Started job ")[1].split(" ")[0]
+        page.screenshot(path=os.path.join(ARTIFACTS, "dashboard-zero-shot-form.png"), full_page=True)
+        job = _wait_job(svc, job_id)
+        assert job["state"] == "succeeded" and job["params"]["architecture"] == "zero_shot", job
+        # the label ends at the first colon: each description arrived whole
+        assert job["data"]["descriptions"] == DESCRIPTIONS, job["data"]
+        assert _meta(svc, "webtopics", job["result"]["version"])["labels"] == sorted(DESCRIPTIONS)
+        assert not b.js_errors and not b.console_errors, (b.js_errors, b.console_errors)
+        assert not b.bad_responses, b.bad_responses
+    finally:
+        b.close()

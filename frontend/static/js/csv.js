@@ -50,3 +50,28 @@ export function examplesFrom(text) {
   if (ti < 0 || li < 0) throw new Error("the first line must be a header naming the columns 'text' and 'label'");
   return rows.map((r) => ({text: r[ti] ?? "", label: r[li] ?? ""}));
 }
+
+// Label descriptions -> {label: description} for POST /train's "labels": one
+// per line, "label: description" (the label ends at the first colon), or a
+// JSON object. Blank lines are skipped; the service checks the rest again.
+export function descriptionsFrom(text) {
+  const src = String(text || "").trim();
+  if (!src) return null;
+  if (src[0] === "{") {
+    let o;
+    try { o = JSON.parse(src); } catch (e) { throw new Error("label descriptions: not JSON (" + e.message + ")"); }
+    if (!o || typeof o !== "object" || Array.isArray(o)) throw new Error("label descriptions: a JSON object {label: description}");
+    return o;
+  }
+  const out = {};
+  src.split(/\r?\n/).forEach((line, n) => {
+    if (!line.trim()) return;
+    const at = line.indexOf(":");
+    if (at < 0) throw new Error("label descriptions, line " + (n + 1) + ": write it as 'label: description'");
+    const label = line.slice(0, at).trim(), description = line.slice(at + 1).trim();
+    if (!label) throw new Error("label descriptions, line " + (n + 1) + ": no label before the colon");
+    if (Object.hasOwn(out, label)) throw new Error("label descriptions: '" + label + "' is given twice");
+    out[label] = description;
+  });
+  return out;
+}

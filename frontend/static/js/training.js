@@ -3,7 +3,7 @@
 // while automatic selection searches), the start form, cancel.
 
 import {h, table, badge, isObj, num, fmtNum, fmtSecs, fmtTime, renderInto, toast} from "./ui.js";
-import {examplesFrom} from "./csv.js";
+import {examplesFrom, descriptionsFrom} from "./csv.js";
 import * as api from "./api.js";
 
 const ACTIVE = new Set(["queued", "running", "starting", "publishing", "applying"]);
@@ -122,10 +122,17 @@ export function renderJobs(root, jobs, selectedId, actions) {
 
 export function setupForm(form, onStarted) {
   const sourceRadios = form.querySelectorAll("input[name=source]");
+  const source = () => form.querySelector("input[name=source]:checked").value;
   const sync = () => {
-    const csv = form.querySelector("input[name=source]:checked").value === "csv";
-    form.querySelector(".src-path").hidden = csv;
-    form.querySelector(".src-csv").hidden = !csv;
+    const src = source();
+    form.querySelector(".src-path").hidden = src !== "path";
+    form.querySelector(".src-csv").hidden = src !== "csv";
+    // without data the descriptions are the whole model: a zero-shot version
+    form.querySelector(".labels-need").textContent = src === "none"
+      ? "required: each label's description is all the model knows of it"
+      : "optional: with data, each is one more example of its label";
+    form.querySelector("select[name=architecture]").disabled = src === "none";
+    form.querySelector("input[name=epochs]").disabled = src === "none";
   };
   sourceRadios.forEach((r) => r.addEventListener("change", sync));
   sync();
@@ -137,13 +144,15 @@ export function setupForm(form, onStarted) {
     msg.className = "form-msg";
     try {
       const body = {name: f.name.value.trim(), params: {}};
-      if (form.querySelector("input[name=source]:checked").value === "csv") body.data = {examples: examplesFrom(f.csv.value)};
-      else {
+      const src = source(), labels = descriptionsFrom(f.labels.value);
+      if (src === "csv") body.data = {examples: examplesFrom(f.csv.value)};
+      else if (src === "path") {
         if (!f.path.value.trim()) throw new Error("give a data path (a CSV or JSONL file under the service's data roots)");
         body.data = {path: f.path.value.trim()};
-      }
-      if (f.architecture.value) body.params.architecture = f.architecture.value;
-      if (f.epochs.value) body.params.epochs = Number(f.epochs.value);
+      } else if (!labels) throw new Error("give each label a description (one per line, 'label: description'): with no data they are the model");
+      if (labels) body.labels = labels;
+      if (src !== "none" && f.architecture.value) body.params.architecture = f.architecture.value;
+      if (src !== "none" && f.epochs.value) body.params.epochs = Number(f.epochs.value);
       if (f.params.value.trim()) {
         let extra;
         try { extra = JSON.parse(f.params.value); } catch (e) { throw new Error("more params: not JSON (" + e.message + ")"); }
