@@ -138,6 +138,19 @@ class JsonHandler(RequestHandler):
         return [m for m in self.SUPPORTED_METHODS
                 if getattr(type(self), m.lower(), None) is not getattr(RequestHandler, m.lower())]
 
+    def audit(self, name: str | None, kind: str, details: dict[str, Any] | None = None) -> None:
+        """A history entry for a state change this call made (training,
+        cancelling, golden sets, policies, erasures): what changed and, with
+        auth on, which key did it (state/statedb.py add_history). The change
+        is done and persisted already; a failed entry is logged, not answered."""
+        db = getattr(self.sup, "state", None)
+        if db is None:
+            return
+        try:
+            db.add_history(name, kind, source="api", details=details)
+        except Exception as exc:
+            log.error("cannot record %s of %s in the history: %s", kind, name, exc)
+
     def send_json(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(data, ensure_ascii=False, allow_nan=False))

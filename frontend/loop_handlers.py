@@ -14,7 +14,6 @@ control/feedback.py (`off_loop`), awaited.
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 import time
 from typing import Any, Callable, TypeVar
@@ -24,7 +23,6 @@ from frontend.base import ApiError, JsonHandler, service_error
 from frontend.request_ids import check_id
 from state.errors import InvalidName, NotFound, ServiceError
 
-log = logging.getLogger("textswap.loop")
 FEEDBACK_FIELDS = {"request_id", "index", "label", "labels", "model", "examples"}
 T = TypeVar("T")
 
@@ -167,13 +165,17 @@ class PolicyHandler(JsonHandler):
                        path=getattr(self.sup.policies, "path", ""))
         except PolicyError as exc:
             raise ApiError(400, "invalid_policy", str(exc)) from None
-        self.send_json(self.sup.policies.describe(name))
+        policy = self.sup.policies.describe(name)
+        self.audit(name, "policy", {"policy": policy.get("policy")})
+        self.send_json(policy)
         self.sup.policies.labels_arrived(name)  # labels may be waiting already
 
     async def delete(self, name: str) -> None:
         await self._known(name)
         removed = await _run(self.sup.policies.delete, name, what=f"the policy of {name}",
                              path=getattr(self.sup.policies, "path", ""))
+        if removed:
+            self.audit(name, "policy_deleted")
         self.send_json({**self.sup.policies.describe(name), "removed": removed})
 
 
@@ -187,15 +189,6 @@ class _Erasure(JsonHandler):
             raise ApiError(409, "log_off", "the service keeps no prediction log")
         return plog
 
-    def _record(self, model: str | None, answer: dict[str, Any]) -> None:
-        state = getattr(self.sup, "state", None)
-        if state is None:
-            return
-        try:
-            state.add_history(model, "erase", source="api", details=answer)
-        except Exception as exc:  # the erasure is done; its record is what failed
-            log.error("cannot record an erasure in the history: %s", exc)
-
 
 class RequestErasureHandler(_Erasure):
     """DELETE /predictions/<request_id>: one request's texts erased from the
@@ -208,7 +201,7 @@ class RequestErasureHandler(_Erasure):
         removed = await _run(plog.erase, rid, what="the prediction log",
                              path=getattr(plog, "path", ""))
         answer = {"request_id": rid, "removed": removed}
-        self._record(None, answer)
+        self.audit(None, "erase", answer)
         self.send_json(answer)
 
 
@@ -222,7 +215,7 @@ class ModelErasureHandler(_Erasure):
         removed = await _run(plog.purge, model, what="the prediction log",
                              path=getattr(plog, "path", ""))
         answer = {"model": model, "removed": removed}
-        self._record(model, answer)
+        self.audit(model, "erase", answer)
         self.send_json(answer)
 
 

@@ -128,6 +128,8 @@ class GoldenHandler(JsonHandler):
                 name, ds.texts, ds.labels, ds.source, ds.sha256, floor)
         except ServiceError as exc:
             raise service_error(exc) from None
+        self.audit(name, "golden", {"examples": len(ds.texts), "sha256": ds.sha256,
+                                    "min_accuracy": floor})
         self.send_json({"golden": entry})
 
     def get(self, name: str) -> None:
@@ -147,6 +149,7 @@ class GoldenHandler(JsonHandler):
             raise service_error(exc) from None
         if not deleted:
             raise ApiError(404, "not_found", f"no golden set for {name!r}")
+        self.audit(name, "golden_deleted")
         self.send_json({"deleted": name})
 
 

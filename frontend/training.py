@@ -36,8 +36,11 @@ class TrainHandler(JsonHandler):
                                              descriptions=data.get("labels"))
         except JobError as exc:
             raise _job_error(exc) from None
+        described = job.describe()
+        self.audit(data["name"], "train", {"job": job.id, "architecture": (
+            described.get("params") or {}).get("architecture"), "apply": bool(data.get("apply"))})
         self.set_header("Location", f"/train/{job.id}")
-        self.send_json({"job": job.describe()}, status=202)
+        self.send_json({"job": described}, status=202)
 
     async def get(self) -> None:  # cluster mode: every node's jobs, from Redis
         self.send_json({"jobs": await _queue(self.sup.jobs.queue.list())})
@@ -65,6 +68,7 @@ class JobHandler(JsonHandler):
             raise ApiError(404, "not_found", f"no job with id {job_id!r}")
         if verdict.startswith("done:"):
             raise ApiError(409, "conflict", f"job {job_id} is already {verdict[5:]}")
+        self.audit(doc.get("name"), "cancel", {"job": job_id})
         self.send_json({"job": doc})
 
 

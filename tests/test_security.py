@@ -268,6 +268,44 @@ def test_logged_texts_past_the_age_limit_are_erased(store_copy, tmp_path):
 
 
 # -- keys on by default ----------------------------------------------------------------
+def test_every_state_change_names_its_key_in_the_history(store_copy, tmp_path):
+    """The audit trail: training, cancelling, golden sets and policies (as
+    applies do) leave a history entry naming the key that made the change;
+    the review key may make none of them."""
+    svc = Service(store_copy, args=["--config", _config(tmp_path)])
+    try:
+        review = svc.auth("review")
+        examples = [{"text": t, "label": l} for t, l in (
+            ("很好", "pos"), ("不错", "pos"), ("太差了", "neg"), ("很糟糕", "neg"))]
+        calls = [("PUT", "/models/sent/policy", {"retrain_after_labels": 500, "apply": "none"}),
+                 ("DELETE", "/models/sent/policy", None),
+                 ("PUT", "/models/sent/golden", {"data": {"examples": examples}}),
+                 ("DELETE", "/models/sent/golden", None)]
+        for method, path, body in calls:
+            assert request(svc.mport, method, path, body, headers=review)[0] == 403, path
+            code, got = request(svc.mport, method, path, body)
+            assert code == 200, (path, got)
+        code, got = svc.mpost("/train", {"name": "audited", "data": {"examples": examples},
+                                         "params": {"architecture": "bow", "epochs": 1}})
+        assert code == 202, got
+        job = got["job"]["id"]
+        cancelled = request(svc.mport, "DELETE", f"/train/{job}")[0]
+        assert cancelled in (200, 409)  # 409: it ended first
+        code, got = svc.mget("/history?limit=50")
+        assert code == 200, got
+        rows = [h for h in got["history"] if h["source"] == "api"]
+        kinds = {h["kind"]: h for h in rows}
+        want = {"policy", "policy_deleted", "golden", "golden_deleted", "train"} | (
+            {"cancel"} if cancelled == 200 else set())
+        assert want <= set(kinds), [h["kind"] for h in rows]
+        assert all(kinds[k]["details"]["key"] == "admin" for k in want), rows
+        assert kinds["train"]["name"] == "audited" and kinds["train"]["details"]["job"] == job
+        assert kinds["golden"]["details"]["examples"] == 4
+        assert kinds["policy"]["details"]["policy"]["retrain_after_labels"] == 500
+    finally:
+        svc.stop()
+
+
 def _key_file(svc) -> dict[str, str]:
     with open(keys_file(svc.models_dir), encoding="utf-8") as fh:
         return json.load(fh)["keys"]

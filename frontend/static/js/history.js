@@ -2,7 +2,10 @@
 // is {id, at, name, kind, source, from_version, to_version, phases, reason,
 // details}; kind is one of apply, apply_failed, rollback, promote, abort,
 // gate_refused, unload, crash, restart, recycle, failed, shadow, canary,
-// probation_ended. An apply shows its phase timings as a bar.
+// probation_ended, the retrain policy's retrain/retrain_done/retrain_failed,
+// and the API's train, cancel, golden(_deleted), policy(_deleted), erase
+// (details.key: the key that made the call). An apply shows its phase
+// timings as a bar.
 
 import {h, isObj, num, fmtNum, fmtSecs, fmtMs, fmtTime, renderInto} from "./ui.js";
 
@@ -87,6 +90,16 @@ function detailText(r) {
       if (num(d.exitcode) !== null) out.push("exit code " + d.exitcode);
       break;
     case "probation_ended": if (num(d.requests) !== null) out.push(v(r.to_version) + " answered " + statsText(d)); break;
+    case "train":
+      out.push("job " + d.job + (d.architecture ? " · " + d.architecture : "") + (d.apply ? " · applies when trained" : ""));
+      break;
+    case "cancel": out.push("job " + d.job); break;
+    case "golden":
+      out.push(fmtNum(d.examples) + " golden examples" + (num(d.min_accuracy) !== null ? " · floor " + pct(d.min_accuracy) : ""));
+      break;
+    case "policy":
+      if (isObj(d.policy)) out.push((d.policy.retrain_after_labels ? "retrain after " + fmtNum(d.policy.retrain_after_labels) + " labels" : "no retraining") + (d.policy.apply ? " · apply: " + d.policy.apply : ""));
+      break;
     case "crash": case "restart": case "recycle":
       if (num(d.pid) !== null) out.push("pid " + d.pid);
       if (num(d.exitcode) !== null) out.push("exit code " + d.exitcode);
@@ -110,7 +123,8 @@ export function renderHistory(root, records, error, filter) {
             h("span", {class: "badge b-" + cls(r.kind)}, String(r.kind ?? "event").replace("_", " ")),
             h("strong", {class: "ev-name"}, String(r.name ?? "")),
             h("span", {class: "ev-versions"}, versions(r)),
-            r.source ? h("span", {class: "ev-source muted"}, String(r.source)) : null),
+            r.source ? h("span", {class: "ev-source muted"}, String(r.source) +
+              (isObj(r.details) && r.details.key ? " · " + String(r.details.key) : "")) : null),
           r.reason ? h("div", {class: "ev-reason"}, String(r.reason)) : null,
           detail ? h("div", {class: "ev-detail muted"}, detail) : null,
           phasesBar(r.phases));
