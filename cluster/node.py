@@ -103,6 +103,7 @@ class ClusterNode:
         self._write_error: BaseException | None = None
         self._delivered = 0
         self._written = 0  # the revision of this node's latest record write
+        self._written_record: dict[str, Any] | None = None  # and that record
         self._delivered_at = 0.0
         self._on_change: Any = None
 
@@ -181,6 +182,7 @@ class ClusterNode:
                 rec = await self.cluster.update_record(mutate)
                 self._write_error = None
                 self._written = rec["revision"]  # holds this node's change
+                self._written_record = rec
                 self.state.record = rec
                 self._delivered = max(self._delivered, rec["revision"])
                 self._check_applied()
@@ -288,6 +290,15 @@ class ClusterNode:
             done, pending = await self.cluster.serving_revision(rev)
         except ClusterUnreachable:
             done, pending = [self.node_id], []
+        # this node serves what it wrote (the write was made from its own
+        # state), whatever its heartbeat says yet: a record notification that
+        # came before the write's answer, or a beat still on its way, may leave
+        # the beat a revision behind for a moment
+        written = self._written_record
+        if (self.node_id not in done and written is not None
+                and written["revision"] == rev and self.matches(written)):
+            done = sorted([*done, self.node_id])
+            pending = [n for n in pending if n != self.node_id]
         out = {"revision": rev, "node": self.node_id, "nodes_serving": done,
                "nodes_pending": pending}
         prepared = PREPARED.get()

@@ -94,6 +94,7 @@ class Cluster:
         self.k_events = f"{prefix}:events"
         self.record: dict[str, Any] | None = self._read_cache()
         self.applied_revision = 0       # the revision this node fully serves
+        self._beat_lock = asyncio.Lock()  # heartbeat(): one beat in flight at a time
         self.up: bool | None = None     # None: not known yet
         self.down_since: float | None = None
         self.last_error: str | None = None
@@ -341,12 +342,17 @@ class Cluster:
 
     # -- heartbeats ---------------------------------------------------------------------
     async def heartbeat(self) -> None:
+        """Write this node's beat. One at a time, each built when its turn
+        comes: two beats in flight on two connections could land in the other
+        order, leaving an older revision as the node's last word."""
         if self._describe is None:
             return
-        beat = {**self._describe(), "node": self.node_id, "revision": self.applied_revision,
-                "time": time.time()}
-        await self.call(lambda: self.redis.set(self.key("node", self.node_id), json.dumps(beat),
-                                               px=int(self.heartbeat_ttl * 1000)))
+        async with self._beat_lock:
+            beat = {**self._describe(), "node": self.node_id,
+                    "revision": self.applied_revision, "time": time.time()}
+            await self.call(lambda: self.redis.set(
+                self.key("node", self.node_id), json.dumps(beat),
+                px=int(self.heartbeat_ttl * 1000)))
 
     def note_applied(self, revision: int) -> None:
         """The node now fully serves this revision (or no longer does): say so at once."""

@@ -174,3 +174,23 @@ class Provisioner:
                 log.info("ending the probation of %s v%s early: %s needs room", slot.name,
                          slot.probation.version, what)
                 await self.retire(self.end_probation(slot))
+        await self._wait_for_leavers(need, what)
+
+    async def _wait_for_leavers(self, need: int, what: str) -> None:
+        """Workers draining on their way out (an unload, a swap's old replicas)
+        give their place back within drain_timeout + stop_timeout: wait for
+        them rather than refuse the load (obtain refuses if there is still
+        no room then)."""
+        if need <= 0 or self.pool.has_room(need):
+            return
+        leaving = [w.exited for w in self.pool.workers.values()
+                   if w.state is State.DRAINING and not w.exited.done()]
+        if not leaving:
+            return
+        log.info("%s waits for %d draining worker(s) to exit", what, len(leaving))
+        try:
+            await gen.with_timeout(
+                self.loop.time() + self.wcfg["drain_timeout"] + self.wcfg["stop_timeout"],
+                gen.multi(leaving))
+        except gen.TimeoutError:
+            pass

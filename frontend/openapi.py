@@ -782,8 +782,9 @@ def quality_paths(name_param: S, bad_path: S) -> S:
 
 # -- the handlers ------------------------------------------------------------------------
 class InferenceSpecHandler(JsonHandler):
-    def initialize(self, predict_key: bool = False, **kw: Any) -> None:
-        super().initialize(**kw)
+    def initialize(self, supervisor: Any, config: Any, auth: Any = None, guard: bool = False,
+                   predict_key: bool = False) -> None:
+        super().initialize(supervisor, config, auth, guard)
         self.predict_key = predict_key  # a predict key guards /predict and /v2
 
     def get(self) -> None:
