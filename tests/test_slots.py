@@ -248,3 +248,52 @@ def test_recycling_replaces_workers_without_a_failed_request(budget):
     assert load.failed == []
     wait_for(lambda: pid_gone(first), 30, "the recycled worker to exit")
     assert all(len(budget.status()["workers"]) <= 3 for _ in range(3))
+
+
+def test_a_load_waits_for_a_draining_worker_rather_than_refuse(store_copy, tmp_path):
+    """With the budget full of a worker that is draining on its way out (an
+    unload waiting for an in-flight request), a load of another model waits
+    for it to exit (drain_timeout + stop_timeout at most) instead of answering
+    409 memory_budget. The worker is held in its drain by SIGSTOP (a request
+    it cannot answer), then let go."""
+    import threading
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("worker:\n  max_workers: 1\n  standby: false\n  drain_timeout: 120\n"
+                   "training:\n  demo_on_empty_store: false\nrollout:\n  probation_s: 0\n")
+    s = Service(store_copy, args=["--config", str(cfg)])
+    answers: dict[str, tuple] = {}
+
+    def call(key: str, fn, *args, **kw) -> threading.Thread:
+        t = threading.Thread(target=lambda: answers.__setitem__(key, fn(*args, **kw)))
+        t.start()
+        return t
+
+    try:
+        assert s.mpost("/apply", {"name": "sent"}, timeout=180)[0] == 200
+        (worker,) = _slot(s, "sent")["workers"]
+        pid = worker["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        threads = []
+        try:
+            threads.append(call("predict", s.predict, {"text": "很好"}, timeout=240))
+            wait_for(lambda: any(w["pid"] == pid and w["inflight"] >= 1
+                                 for w in s.status()["workers"]), 30, "the request in flight")
+            threads.append(call("unload", s.mpost, "/unload", {"name": "sent"}, timeout=240))
+            wait_for(lambda: any(w["pid"] == pid and w["state"] == "DRAINING"
+                                 for w in s.status()["workers"]), 30, "the worker draining")
+            threads.append(call("apply", s.mpost, "/apply", {"name": "topic"}, timeout=240))
+            wait_for(lambda: "waits for 1 draining worker(s) to exit" in s.log(), 30,
+                     "the load waiting for the draining worker")
+            assert "apply" not in answers  # it waits; it did not refuse
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for t in threads:
+            t.join(240)
+        assert answers["predict"][0] == 200, answers["predict"]  # drained: answered
+        assert answers["unload"][0] == 200, answers["unload"]
+        assert answers["apply"][0] == 200, answers["apply"]
+        wait_for(lambda: pid_gone(pid), 30, "the drained worker gone")
+        assert s.predict({"text": "x", "model": "topic"})[0] == 200
+    finally:
+        s.stop()
