@@ -597,6 +597,12 @@ def test_dashboard_renders_rollout_shapes_as_text(locked, rollout_states, pw):
         assert any(MARKUP_NAME in t and "v1 unloaded, v4 kept" in t
                    for t in text["probation_ended"]), text["probation_ended"]
         assert any("v4 beside v1" in t for t in text["canary"]), text["canary"]
+        # the API's own changes are in the timeline too, with the key that made them
+        golden = [r for r in history if r["kind"] == "golden"][0]
+        assert golden["source"] == "api" and golden["details"]["key"] == "admin", golden
+        (shown,) = text["golden"]
+        assert (f"{golden['details']['examples']} golden examples" in shown
+                and "api · admin" in shown), shown
         assert got["markup"] == 0 and b.page.evaluate("window.__xss") is None
         assert not b.js_errors, b.js_errors
     finally:
