@@ -32,6 +32,12 @@ from model_worker import protocol
 
 log = logging.getLogger("textswap.trainer")
 
+# what a version holding a pretrained word table carries (from the project's
+# root): the Llama 2 attribution notice, the licence agreement and the
+# acceptable use policy it incorporates
+LLAMA_FILES = ("NOTICE", "LICENSES/LLAMA2-COMMUNITY-LICENSE.txt",
+               "LICENSES/LLAMA2-ACCEPTABLE-USE-POLICY.md")
+
 
 def _limit_resources(spec: dict[str, Any]) -> None:
     nice = int(spec.get("nice", 10))
@@ -131,12 +137,16 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
         b = textmodel.make_predict_fn(again)(probe)
         if not np.allclose(a, b, atol=1e-5):
             raise RuntimeError("saved model does not reproduce the trained model's outputs")
-        # a model holding a pretrained word table carries the Llama 2 notice (NOTICE)
+        # a model holding a pretrained word table carries the Llama 2 notice
+        # (NOTICE) and a copy of the licence agreement and its acceptable use
+        # policy (LICENSES/): whoever passes the version on passes them on
         from model_worker.layers import PretrainedEmbedding
 
         if any(isinstance(lay, PretrainedEmbedding) for lay in result.model.layers):
-            shutil.copyfile(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "NOTICE"),
-                            os.path.join(staged, "NOTICE"))
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            for name in LLAMA_FILES:
+                shutil.copyfile(os.path.join(root, name),
+                                os.path.join(staged, os.path.basename(name)))
         # the portable copy: a SavedModel that needs no project code to load
         t_export = time.monotonic()
         textmodel.export_saved_model(result.model, os.path.join(staged, textmodel.SAVED_MODEL_DIR),

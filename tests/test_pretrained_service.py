@@ -55,8 +55,12 @@ def test_train_apply_predict_with_the_pretrained_view(tmp_path):
         pre = card["report"]["pretrained"]
         assert pre["used"] is True and "WordLlama" in pre["origin"], pre
         # a version holding a word table carries the Llama 2 notice
-        notice = os.path.join(svc.models_dir, "films", str(version), "NOTICE")
-        assert "Llama 2" in open(notice, encoding="utf-8").read()
+        # and the licence agreement with its acceptable use policy
+        folder = os.path.join(svc.models_dir, "films", str(version))
+        assert "Llama 2" in open(os.path.join(folder, "NOTICE"), encoding="utf-8").read()
+        with open(os.path.join(folder, "LLAMA2-COMMUNITY-LICENSE.txt"), encoding="utf-8") as fh:
+            assert fh.read().startswith("LLAMA 2 COMMUNITY LICENSE AGREEMENT")
+        assert os.path.getsize(os.path.join(folder, "LLAMA2-ACCEPTABLE-USE-POLICY.md")) > 1000
     finally:
         svc.stop()
 
@@ -72,5 +76,7 @@ def test_the_service_switch_keeps_every_job_off_the_view(tmp_path):
         code, card = svc.mget(f"/models/films/{job['result']['version']}")
         assert card["report"]["pretrained"] == {"used": False, "why": "pretrained is false"}
         assert not os.path.exists(os.path.join(svc.models_dir, "films", "1", "NOTICE"))
+        assert not os.path.exists(os.path.join(svc.models_dir, "films", "1",
+                                               "LLAMA2-COMMUNITY-LICENSE.txt"))
     finally:
         svc.stop()
