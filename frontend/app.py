@@ -32,13 +32,12 @@ def inference_app(sup: Any, config: Any, pipeline: PredictPipeline | None = None
     pipeline = pipeline or PredictPipeline.of(sup, config)
     feedback = feedback or loop_handlers.feedback_service(sup, config)
     access = auth.accesses(getattr(sup, "keys", None), config)
-    pkw = {**kw, "auth": access["predict"]}  # None (open) unless a predict key is set
+    pkw = {**kw, "auth": access["predict"]}  # open while no predict key exists
     return Application([
         (r"/predict", h.PredictHandler, {**pkw, "pipeline": pipeline}),
         (r"/healthz", h.HealthHandler, kw),
         (r"/readyz", h.ReadyHandler, kw),
-        (r"/openapi.json", openapi.InferenceSpecHandler,
-         {**kw, "predict_key": access["predict"] is not None}),
+        (r"/openapi.json", openapi.InferenceSpecHandler, {**kw, "predict": access["predict"]}),
         *oip.routes(pkw, pipeline),  # Open Inference Protocol v2
         # POST /feedback (docs/loop.md): the feedback key
         *loop_handlers.inference_routes({**kw, "auth": access["feedback"]}, feedback),

@@ -47,9 +47,20 @@ class Access:
             return ("admin",)
         return (self.where,)
 
+    def required(self) -> bool:
+        """Whether a key is asked for now: the predict routes are open until a
+        predict key exists (configured, or added to the key file by rotation:
+        taken at once, like every key change)."""
+        if self.keys is None:
+            return self.where == "feedback"  # refused with auth off (check says why)
+        return self.where != "predict" or self.keys.has("predict")
+
     def check(self, method: str, headers: Any, review_may_post: bool = False) -> str | None:
         """The name of the key the request came with (also set as the request's
-        ACTOR for the history), None when auth is off; ApiError otherwise."""
+        ACTOR for the history), None when auth is off or the route is open;
+        ApiError otherwise."""
+        if self.where == "predict" and not self.required():
+            return None
         if self.keys is None:
             if self.where == "feedback":
                 raise ApiError(403, "feedback_off",
@@ -83,9 +94,9 @@ class Access:
 
 def accesses(keys: KeyRing | None, config: Any) -> dict[str, Access | None]:
     """The Access of each group of routes: management, feedback, predict (None:
-    open; predict is open unless a predict key is set)."""
+    open; with auth on, predict is open while no predict key exists)."""
     predict = None
-    if keys is not None and keys.has("predict"):
+    if keys is not None:
         predict = Access(keys, "predict", "textswap-predict")
     return {"management": Access(keys, "management", "textswap-management"),
             "feedback": Access(keys, "feedback", "textswap-feedback"),

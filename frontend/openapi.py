@@ -783,12 +783,13 @@ def quality_paths(name_param: S, bad_path: S) -> S:
 # -- the handlers ------------------------------------------------------------------------
 class InferenceSpecHandler(JsonHandler):
     def initialize(self, supervisor: Any, config: Any, auth: Any = None, guard: bool = False,
-                   predict_key: bool = False) -> None:
+                   predict: Any = None) -> None:
         super().initialize(supervisor, config, auth, guard)
-        self.predict_key = predict_key  # a predict key guards /predict and /v2
+        self.predict = predict  # the predict routes' Access (frontend/auth.py), or None
 
     def get(self) -> None:
-        self.send_json(inference_spec(self.cfg, self.predict_key))
+        # as the routes are now: a predict key added by rotation guards them at once
+        self.send_json(inference_spec(self.cfg, bool(self.predict and self.predict.required())))
 
 
 class ManagementSpecHandler(JsonHandler):

@@ -253,7 +253,10 @@ class KeyRing:
         return {**self._file, **self.configured}
 
     def has(self, name: str) -> bool:
-        return name in self.keys()
+        """Whether a key of that name exists now (asked on every request to
+        the predict routes: no merged dict built)."""
+        self._refresh()
+        return name in self.configured or name in self._file
 
     def match(self, value: str) -> str | None:
         """The name of the key `value` is (compared in constant time against

@@ -497,6 +497,23 @@ def test_keys_rotate_takes_effect_without_a_restart(tmp_path):
                            env={**env, "TEXTSWAP_KEYS_FILE": path})
         assert p.returncode == 0, p.stderr
         assert p.stdout.startswith(f"http://127.0.0.1:{svc.mport}/#code="), p.stdout
+        # a predict key added by rotation guards /predict (and says so) at once
+        def predict_doc_guarded() -> bool:
+            return bool(request(svc.port, "GET", "/openapi.json", auth=False)[1]["paths"]
+                        ["/predict"]["post"].get("security"))
+        assert request(svc.port, "POST", "/predict", {"text": "x"}, auth=False)[0] not in (401, 403)
+        assert not predict_doc_guarded()
+        p = subprocess.run([sys.executable, "-m", "textswap_cli", "--keys-file", path,
+                            "keys", "rotate", "predict"], capture_output=True, text=True,
+                           timeout=60, cwd=ROOT, env=env)
+        assert p.returncode == 0, p.stderr
+        pkey = _key_file(svc)["predict"]
+        wait_for(lambda: request(svc.port, "POST", "/predict", {"text": "x"},
+                                 auth=False)[0] == 401, 10, "the new predict key asked for")
+        assert predict_doc_guarded()
+        assert request(svc.port, "POST", "/predict", {"text": "x"},
+                       headers={"Authorization": f"Bearer {pkey}"})[0] not in (401, 403)
+        new["predict"] = pkey
     finally:
         svc.stop()
     assert not any(k in svc.log() for k in [*old.values(), *new.values()])
