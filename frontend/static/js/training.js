@@ -53,7 +53,7 @@ function makeChart(el, s, width) {
 
 export function renderCharts(container, jobs, details) {
   const want = new Set(jobs.map((j) => j.id));
-  for (const [id, c] of charts) if (!want.has(id)) { c.plot.destroy(); c.el.remove(); charts.delete(id); }
+  for (const [id, c] of charts) if (!want.has(id)) { c.plot?.destroy(); c.el.remove(); charts.delete(id); }
   if (!jobs.length) {
     if (!container.querySelector(".empty")) container.replaceChildren(h("p", {class: "empty"}, "No job to chart. Start one below; its loss and validation figures appear here per epoch."));
     return;
