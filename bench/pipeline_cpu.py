@@ -50,10 +50,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# both trees' admin key, given to each service (any tree with keys takes it)
+ADMIN = "bench-pipeline-admin-key-of-32-characters-or-more"
+
+
 def call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {ADMIN}"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read() or b"null")
@@ -87,7 +92,7 @@ class Side:
              "--models-dir", models, "--host", "127.0.0.1", "--port", str(self.port),
              "--manage-port", str(self.mport)],
             cwd=root, stdout=self.log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "TEXTSWAP_MANAGEMENT_TOKEN": ADMIN})
         wait(lambda: call(self.port, "GET", "/healthz")[0] == 200, 60, f"{label} /healthz")
         code, body = call(self.mport, "POST", "/apply", {"name": "sent"})
         if code != 200:
