@@ -152,11 +152,10 @@ class Explainer:
         words = tf.strings.split(texts)
         ids = lay.lookup(words.flat_values).numpy().astype(np.int64)
         rows = words.value_rowids().numpy().astype(np.int64)
-        sums = np.asarray(lay.vector_sums.embeddings.numpy(), dtype=np.float64)
-        counts = np.asarray(lay.subword_counts.embeddings.numpy(), dtype=np.float64)[:, 0]
-        known = np.bincount(rows, weights=counts[ids], minlength=n)
+        sums, counts = lay.table_rows(ids)   # the rows of the text's words, in order
+        known = np.bincount(rows, weights=counts, minlength=n)
         total = np.zeros((n, sums.shape[1]))
-        np.add.at(total, rows, sums[ids])
+        np.add.at(total, rows, sums)
         mean = total / np.maximum(known, 1.0)[:, None]
         f = 1.0 / np.maximum(known, 1.0)
         if lay.scale:
@@ -164,10 +163,12 @@ class Explainer:
         keep = ids > 0
         rows, ids = rows[keep], ids[keep]
         # one entry per (text, word): occurrences summed
-        cell, occ = np.unique(rows * len(sums) + ids, return_counts=True)
-        rows, ids = cell // len(sums), cell % len(sums)
+        size = lay.vocabulary_size + 1
+        cell, occ = np.unique(rows * size + ids, return_counts=True)
+        rows, ids = cell // size, cell % size
+        sums, _ = lay.table_rows(ids)
         kernel = self.kernels[v].astype(np.float64)
-        weights = f[rows] * (np.einsum("ed,de->e", sums[ids], kernel[:, best[rows]]) if len(ids) else np.zeros(0))
+        weights = f[rows] * (np.einsum("ed,de->e", sums, kernel[:, best[rows]]) if len(ids) else np.zeros(0))
         vals = occ.astype(np.float64)
         return rows, np.full(len(rows), v), ids, vals, weights, vals * weights
 

@@ -90,7 +90,22 @@ def standardize_lower(text: tf.Tensor) -> tf.Tensor:
     return tf.strings.regex_replace(text, r"[\s\x0b\p{Z}]+", " ")
 
 
-_STANDARDIZERS = {"char": standardize_char, "word": standardize_word, "lower": standardize_lower}
+# Any one character that is not a letter, mark, digit or space.
+_PUNCT_CHAR = r"([^\p{L}\p{M}\p{N}\s\x0b\p{Z}])"
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+def standardize_word_punct(text: tf.Tensor) -> tf.Tensor:
+    """Lowercase; every punctuation mark or symbol becomes a token of its own
+    ("why?" -> "why ?"), words stay whole. The zero-shot view's split: the
+    pretrained vectors of "?", quotes or "--" carry meaning there, and the
+    package's own embedding of a whole text sees them too. CJK runs stay whole."""
+    text = tf.strings.lower(text, encoding="utf-8")
+    return tf.strings.regex_replace(text, _PUNCT_CHAR, r" \1 ")
+
+
+_STANDARDIZERS = {"char": standardize_char, "word": standardize_word, "lower": standardize_lower,
+                  "word_punct": standardize_word_punct}
 # The n-gram widths (and whether unigrams come too) of each char split, for
 # CharNgramCounts, which computes the same counts by number.
 CHAR_SPLIT_WIDTHS = {split_char_2_5: ((2, 3, 4, 5), False), split_char_1_3: ((2, 3), True)}
@@ -396,27 +411,39 @@ class SparseLinear(keras.layers.Layer):
 class PretrainedEmbedding(keras.layers.Layer):
     """Raw (or already word-standardized) texts -> the scaled mean subword vector.
 
-    words (StringLookup; index 0: unknown) -> two Embeddings: the sum of each
-    word's subword vectors (float16) and its subword count; summed over the
-    text's words and divided: the mean subword vector of its known words;
-    then scaled to L2 norm `scale` (0: left as it is). A text with no known
-    word gets zeros.
+    words (StringLookup; index 0: unknown) -> one Embedding "vectors" whose row
+    is a word's subword vectors summed (float16) with its subword count as one
+    more column; summed over the text's words (a sorted segment sum: the
+    words of a batch come text by text) and divided: the mean subword vector
+    of its known words; then scaled to L2 norm `scale` (0: left as it is). A
+    text with no known word gets zeros.
+
+    `packed` false is the first layout (two Embeddings, the sums and the
+    counts), kept so that versions saved with it load and serve unchanged; it
+    computes the same numbers with one more gather and sum a call.
     """
 
     def __init__(self, vocabulary_size: int = 0, dim: int = 256, standardize: str | None = "word",
-                 scale: float = 0.5, **kwargs: Any) -> None:
+                 scale: float = 0.5, packed: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size, self.dim = int(vocabulary_size), int(dim)
-        self.standardize, self.scale = standardize, float(scale)
+        self.standardize, self.scale, self.packed = standardize, float(scale), bool(packed)
         self.lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="words")
-        self.vector_sums = keras.layers.Embedding(self.vocabulary_size + 1, self.dim, dtype="float16",
-                                                  trainable=False, name="vector_sums")
-        self.subword_counts = keras.layers.Embedding(self.vocabulary_size + 1, 1, dtype="float16",
-                                                     trainable=False, name="subword_counts")
+        if self.packed:
+            self.vectors = keras.layers.Embedding(self.vocabulary_size + 1, self.dim + 1, dtype="float16",
+                                                  trainable=False, name="vectors")
+        else:
+            self.vector_sums = keras.layers.Embedding(self.vocabulary_size + 1, self.dim, dtype="float16",
+                                                      trainable=False, name="vector_sums")
+            self.subword_counts = keras.layers.Embedding(self.vocabulary_size + 1, 1, dtype="float16",
+                                                         trainable=False, name="subword_counts")
 
     def build(self, input_shape: Any = None) -> None:
-        self.vector_sums.build((None,))
-        self.subword_counts.build((None,))
+        if self.packed:
+            self.vectors.build((None,))
+        else:
+            self.vector_sums.build((None,))
+            self.subword_counts.build((None,))
         self.built = True
 
     def set_table(self, table: Any) -> None:
@@ -430,8 +457,19 @@ class PretrainedEmbedding(keras.layers.Layer):
         sums[1:] = table.sums
         counts = np.zeros((self.vocabulary_size + 1, 1), dtype=np.float16)
         counts[1:, 0] = table.counts
-        self.vector_sums.embeddings.assign(sums)
-        self.subword_counts.embeddings.assign(counts)
+        if self.packed:
+            self.vectors.embeddings.assign(np.concatenate([sums, counts], axis=1))
+        else:
+            self.vector_sums.embeddings.assign(sums)
+            self.subword_counts.embeddings.assign(counts)
+
+    def table_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The table's rows `ids` (0: the unknown word) as float64: (sums (len, dim), counts (len,))."""
+        if self.packed:
+            rows = np.asarray(tf.gather(self.vectors.embeddings, ids).numpy(), dtype=np.float64)
+            return rows[:, :self.dim], rows[:, self.dim]
+        return (np.asarray(tf.gather(self.vector_sums.embeddings, ids).numpy(), dtype=np.float64),
+                np.asarray(tf.gather(self.subword_counts.embeddings, ids).numpy(), dtype=np.float64)[:, 0])
 
     def call(self, texts: Any) -> Any:
         texts = tf.convert_to_tensor(texts, tf.string)
@@ -441,8 +479,17 @@ class PretrainedEmbedding(keras.layers.Layer):
         ids = self.lookup(words.flat_values)
         rows = words.value_rowids()
         n = tf.shape(texts, out_type=tf.int64)[0]
-        sums = tf.math.unsorted_segment_sum(tf.cast(self.vector_sums(ids), "float32"), rows, n)
-        counts = tf.math.unsorted_segment_sum(tf.cast(self.subword_counts(ids), "float32"), rows, n)
+
+        def per_text(x: Any) -> Any:
+            # rows are sorted; texts after the last one with a word get zeros
+            summed = tf.math.segment_sum(tf.cast(x, "float32"), rows)
+            return tf.pad(summed, [[0, n - tf.shape(summed, out_type=tf.int64)[0]], [0, 0]])
+
+        if self.packed:
+            both = per_text(self.vectors(ids))
+            sums, counts = both[:, :self.dim], both[:, self.dim:]
+        else:
+            sums, counts = per_text(self.vector_sums(ids)), per_text(self.subword_counts(ids))
         mean = sums / tf.maximum(counts, 1.0)
         if self.scale:
             mean = mean * (self.scale * tf.math.rsqrt(
@@ -454,4 +501,4 @@ class PretrainedEmbedding(keras.layers.Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "dim": self.dim,
-                "standardize": self.standardize, "scale": self.scale}
+                "standardize": self.standardize, "scale": self.scale, "packed": self.packed}

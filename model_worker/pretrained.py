@@ -98,21 +98,30 @@ def tokenizer() -> Any:
     return Tokenizer.from_file(os.path.join(where, TOKENIZER_FILE))
 
 
-def words_of(texts: list[str]) -> list[str]:
-    """The words of `texts` as the graph splits them (standardize_word, whitespace)."""
+def words_of(texts: list[str], standardize: str = "word") -> list[str]:
+    """The words of `texts` as the graph splits them (the standardizer, whitespace)."""
     out: set[str] = set()
+    std = layers._STANDARDIZERS[standardize]
     for i in range(0, len(texts), 2048):
-        split = tf.strings.split(layers.standardize_word(tf.constant(texts[i:i + 2048], tf.string)))
+        split = tf.strings.split(std(tf.constant(texts[i:i + 2048], tf.string)))
         out.update(w.decode("utf-8") for w in np.unique(split.flat_values.numpy()))
     return sorted(out)
 
 
+# Punctuation and symbols that the "word_punct" split makes tokens of, in the
+# table whether or not the descriptions use them (wordfreq lists words only).
+PUNCTUATION = tuple(sorted({chr(c) for c in range(33, 127) if not chr(c).isalnum()}
+                           | set("\u2018\u2019\u201c\u201d\u2013\u2014\u2026\u00ab\u00bb")))
+
+
 @functools.lru_cache(maxsize=4)
-def frequent_words(n: int = FREQUENT_WORDS) -> tuple[str, ...]:
-    """The n most frequent English words (wordfreq), split as the graph splits."""
+def frequent_words(n: int = FREQUENT_WORDS, standardize: str = "word") -> tuple[str, ...]:
+    """The n most frequent English words (wordfreq), split as the graph splits
+    (with "word_punct", the punctuation marks too)."""
     from wordfreq import top_n_list
 
-    return tuple(words_of(top_n_list("en", n)))
+    extra = list(PUNCTUATION) if standardize == "word_punct" else []
+    return tuple(words_of(top_n_list("en", n) + extra, standardize))
 
 
 def subword_sums(words: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -148,10 +157,12 @@ class WordTable:
                 "origin": ORIGIN}
 
 
-def build_table(texts: list[str], n_frequent: int = FREQUENT_WORDS) -> WordTable:
-    """Every word of `texts` plus the n_frequent most frequent English words."""
-    own = words_of(texts)
-    frequent = frequent_words(n_frequent) if n_frequent else ()
+def build_table(texts: list[str], n_frequent: int = FREQUENT_WORDS,
+                standardize: str = "word") -> WordTable:
+    """Every word of `texts` plus the n_frequent most frequent English words,
+    split by the `standardize` the view's layer will use."""
+    own = words_of(texts, standardize)
+    frequent = frequent_words(n_frequent, standardize) if n_frequent else ()
     words = sorted(set(own) | set(frequent))
     sums, counts = subword_sums(words)
     return WordTable(words, sums.astype(np.float16), counts, from_training=len(own), frequent=len(frequent))
@@ -184,7 +195,7 @@ class PretrainedView:
     def layer(self, standardized: bool = False) -> PretrainedEmbedding:
         lay = PretrainedEmbedding(len(self.table.words), self.table.sums.shape[1],
                                   None if standardized else self.standardize, self.scale,
-                                  name=f"vectorizer_{self.name}")
+                                  packed=True, name=f"vectorizer_{self.name}")
         lay.set_table(self.table)
         return lay
 
@@ -200,7 +211,8 @@ class PretrainedView:
         known = set(self.table.words)
         total = unknown = 0
         for i in range(0, len(texts), 2048):
-            split = tf.strings.split(layers.standardize_word(tf.constant(texts[i:i + 2048], tf.string)))
+            split = tf.strings.split(layers._STANDARDIZERS[self.standardize](
+                tf.constant(texts[i:i + 2048], tf.string)))
             for w in split.flat_values.numpy():
                 total += 1
                 unknown += w.decode("utf-8") not in known

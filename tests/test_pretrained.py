@@ -115,6 +115,30 @@ def test_raw_texts_close_to_the_package():
     assert _cos(got, _package_means(RAW)).min() > 0.95
 
 
+def test_punctuation_split_gives_each_mark_its_vector():
+    """The zero-shot view's split (word_punct) keeps each punctuation mark as a
+    token of its own, with the package's vector of that mark; the words' part
+    of the mean is the word split's; a text of marks alone has a vector (the
+    word split gives it none)."""
+    texts = [t.lower() for t in RAW] + ["why? -- because!"]
+    words = pretrained.build_table(texts, n_frequent=2000)
+    marks = pretrained.build_table(texts, n_frequent=2000, standardize="word_punct")
+    assert {"?", "!", ",", ":", "-"} <= set(marks.words) and "?" not in words.words
+    assert set(pretrained.PUNCTUATION) <= set(marks.words)   # the table holds every mark
+    assert set(words.words) <= set(marks.words)
+    split = pretrained.PretrainedView(marks, standardize="word_punct", scale=0.0)
+    plain = pretrained.PretrainedView(words, scale=0.0)
+    # "why? -- because!" = the mean over the pieces of why, ?, -, -, because, !
+    ids = [pretrained.tokenizer().encode(t, add_special_tokens=False).ids
+           for t in ("why", "?", "-", "-", "because", "!")]
+    want = np.concatenate([pretrained.codebook()[i].astype(np.float32) for i in ids]).mean(0)
+    got = split.features(["why? -- because!"])[0]
+    assert np.allclose(got, want, atol=2e-2), np.abs(got - want).max()
+    # a text without marks: the same vector either way
+    assert np.allclose(split.features(["the cat sat"]), plain.features(["the cat sat"]), atol=1e-6)
+    assert split.features(["?!"]).any() and not plain.features(["?!"]).any()
+
+
 def test_unknown_words_are_left_out():
     table = pretrained.build_table(["the cat sat on the mat"], n_frequent=0)
     view = pretrained.PretrainedView(table, scale=0.0)
@@ -126,6 +150,31 @@ def test_unknown_words_are_left_out():
     assert not scaled[1].any()
 
 
+def test_packed_table_computes_what_the_first_layout_did():
+    """One Embedding holding sums and counts (packed, the layout new versions
+    get) and the first layout's two give the same vectors, for texts with no
+    known word anywhere in the batch (first, middle, last) too."""
+    import tensorflow as tf
+
+    table = pretrained.build_table(ENGLISH, n_frequent=500)
+    packed = pretrained.PretrainedView(table).layer()
+    first = pretrained.PretrainedEmbedding(len(table.words), pretrained.DIM, "word", 0.5, packed=False)
+    first.set_table(table)
+    assert packed.packed and not first.packed
+    texts = ["zqxjv", *ENGLISH[:3], "", "blorfle", *RAW, "zqxjv blorfle", ""]
+    a, b = packed(tf.constant(texts)).numpy(), first(tf.constant(texts)).numpy()
+    assert a.shape == (len(texts), pretrained.DIM)
+    assert np.allclose(a, b, atol=1e-6)
+    empty = [i for i, t in enumerate(texts) if not t or "zqxjv" in t or t == "blorfle"]
+    assert not a[empty].any() and all(a[i].any() for i in range(len(texts)) if i not in empty)
+    assert packed(tf.constant([], tf.string)).numpy().shape == (0, pretrained.DIM)
+    ids = np.array([0, 5, 2])
+    for lay in (packed, first):
+        sums, counts = lay.table_rows(ids)
+        assert sums.shape == (3, pretrained.DIM) and counts[0] == 0 and not sums[0].any()
+        assert counts[1] == table.counts[4] and np.allclose(sums[1], table.sums[4].astype(np.float64))
+
+
 def test_saved_model_reloads_in_a_serving_process(tmp_path):
     import keras
     import tensorflow as tf
@@ -134,8 +183,14 @@ def test_saved_model_reloads_in_a_serving_process(tmp_path):
 
     table = pretrained.build_table(ENGLISH, n_frequent=500)
     view = pretrained.PretrainedView(table)
+    # beside the view's layer, one in the first layout (two Embeddings), as
+    # versions saved before the packed table hold it: both load and serve
+    first = pretrained.PretrainedEmbedding(len(table.words), pretrained.DIM, "word", 0.5, packed=False,
+                                           name="first_layout")
+    first.set_table(table)
     text = keras.Input(shape=(), dtype="string", name="text")
-    out = keras.layers.Dense(3, activation="softmax", name="probs")(view.layer()(text))
+    both = keras.layers.Concatenate()([view.layer()(text), first(text)])
+    out = keras.layers.Dense(3, activation="softmax", name="probs")(both)
     model = keras.Model(text, out)
     probe = ENGLISH + RAW + ["", "zqxjv"]
     expected = model(tf.constant(probe)).numpy()
