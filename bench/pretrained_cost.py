@@ -1,21 +1,31 @@
-"""Serving cost of auto's pretrained view: worker memory (PSS) and throughput.
+"""Serving cost of auto's pretrained view: worker memory (PSS, USS) and throughput.
 
-    .venv/bin/python bench/pretrained_cost.py [--set debian_en] [--n 1000] [--budget 30]
+    .venv/bin/python bench/pretrained_cost.py [--set debian_en] [--n 1000] [--rounds 3] [--first-layout]
 
 Builds `auto`'s served graph from the set's first --n training texts for the
 same learner (svm C=1) on word + char with and without the pretrained view
-(autoselect.final_model, as the trainer does), saves both as .keras, then for each one starts a fresh interpreter that does what a
-serving worker does (imports model_worker.textmodel, loads the model in
-safe mode, predicts) and reports its PSS and USS after warm-up (USS, the process's own pages,
-is the steadier of the two on a machine where other TensorFlow processes
-share the libraries' pages), texts/s at batch 1
-and at batch 256 (make_predict_fn, one thread), and the artifact's size.
+(autoselect.final_model, as the trainer does; with --first-layout also the
+view in the layout versions saved before the packed table hold), saves each
+as .keras, then, --rounds times, the models taking turns, starts a fresh
+interpreter for each that does what a serving worker does (imports
+model_worker.textmodel, loads the model in safe mode, predicts, gives the
+heap's freed pages back after the load and after the batches, as
+model_worker.worker.release_free_memory does when idle) and reports
+its PSS and USS after warm-up (USS also after the first single-text call,
+before any batch: what a model holds loaded, without the batches' scratch
+memory that the allocator keeps) (USS, the process's own pages, is the steadier
+of the two on a machine where other TensorFlow processes share the
+libraries' pages), texts/s at batch 1 and at batch 256 (make_predict_fn, one
+thread), and the artifact's size. Prints the medians, and each model against
+the one without the view (today's auto) measured in the same run.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,12 +41,15 @@ import psutil, tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 import keras
-from model_worker import textmodel
+from model_worker import textmodel, worker
 texts = json.load(open(sys.argv[2]))
 before = psutil.Process().memory_full_info().pss
 model = keras.saving.load_model(sys.argv[1], safe_mode=True)
 predict = textmodel.make_predict_fn(model)
-predict(texts[:256]); predict(texts[:1])
+predict(texts[:1])
+worker.release_free_memory()  # as the worker does after its load's warm-up
+uss_single = psutil.Process().memory_full_info().uss
+predict(texts[:256])
 def rate(batch, seconds=2.0):
     chunk = (texts * (batch // len(texts) + 1))[:batch]
     done, t0 = 0, time.perf_counter()
@@ -45,25 +58,56 @@ def rate(batch, seconds=2.0):
     return done / (time.perf_counter() - t0)
 r1, r256 = rate(1), rate(256)
 r1, r256 = max(r1, rate(1)), max(r256, rate(256))
+worker.release_free_memory()  # as the worker does when idle after a large call
 info = psutil.Process().memory_full_info()
 pss = info.pss
 bad = [p for p in ("tokenizers", "safetensors", "wordfreq", "wordllama") if p in sys.modules]
 print(json.dumps({"pss_mb": round(pss / 2**20, 1), "uss_mb": round(info.uss / 2**20, 1), "pss_model_mb": round((pss - before) / 2**20, 1),
+                  "uss_single_mb": round(uss_single / 2**20, 1),
                   "texts_per_s_1": round(r1), "texts_per_s_256": round(r256), "imported": bad}))
 """
+
+
+@contextlib.contextmanager
+def first_layout(on: bool):
+    """PretrainedView.layer() builds the first layout (packed=False) while on."""
+    from model_worker import pretrained
+
+    if not on:
+        yield
+        return
+    orig = pretrained.PretrainedView.layer
+
+    def layer(self, standardized: bool = False):
+        lay = pretrained.PretrainedEmbedding(len(self.table.words), self.table.sums.shape[1],
+                                             None if standardized else self.standardize, self.scale,
+                                             packed=False, name=f"vectorizer_{self.name}")
+        lay.set_table(self.table)
+        return lay
+
+    pretrained.PretrainedView.layer = layer
+    try:
+        yield
+    finally:
+        pretrained.PretrainedView.layer = orig
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--set", default="debian_en")
     ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--keep", metavar="DIR", help="save the models and the probe texts in DIR (kept)")
+    ap.add_argument("--rounds", type=int, default=3, help="fresh processes a model, taking turns")
+    ap.add_argument("--first-layout", action="store_true",
+                    help="also the view in its first layout (two Embeddings, unsorted sums), as versions "
+                         "saved before the packed table hold it")
     args = ap.parse_args()
     import datasets
 
     ds = datasets.load(args.set)
     texts, labels = ds.train_texts[:args.n], ds.train_labels[:args.n]
     out = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory()) as tmp:
         probe = os.path.join(tmp, "probe.json")
         Path(probe).write_text(json.dumps(ds.test_texts[:512]))
         import time
@@ -79,18 +123,46 @@ def main() -> None:
         search = autoselect.Search(texts, y, len(names), validate_params({}), "word", time.monotonic(), None, None)
         print(f"features (with the word table) {time.monotonic() - t0:.1f}s; table {search.pretrained.get('words')} words",
               flush=True)
-        for name, views in (("with pretrained", ("word", "char", "pretrained")), ("without", ("word", "char"))):
-            model = autoselect.final_model(search, [autoselect.Candidate(views, "svm", 1.0)], [1.0])
-            path = os.path.join(tmp, name.replace(" ", "_") + ".keras")
-            model.save(path)
-            env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
-            got = subprocess.run([sys.executable, "-c", CHILD, path, probe], capture_output=True, text=True,
-                                 env=env, check=True)
-            row = json.loads(got.stdout.strip().splitlines()[-1])
-            row["views"] = "+".join(views)
-            row["artifact_mb"] = round(os.path.getsize(path) / 2**20, 1)
-            out[name] = row
-            print(name, json.dumps(row), flush=True)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+        paths = {}
+        for name, views, packed in (("with pretrained", ("word", "char", "pretrained"), True),
+                                    ("with pretrained, first layout", ("word", "char", "pretrained"), False),
+                                    ("without", ("word", "char"), True)):
+            if not packed and not args.first_layout:
+                continue
+            with first_layout(not packed):
+                model = autoselect.final_model(search, [autoselect.Candidate(views, "svm", 1.0)], [1.0])
+            paths[name] = os.path.join(tmp, name.replace(" ", "_").replace(",", "") + ".keras")
+            model.save(paths[name])
+            out[name] = {"views": "+".join(views), "artifact_mb": round(os.path.getsize(paths[name]) / 2**20, 1),
+                         "runs": []}
+        # the variants take turns, --rounds times, each in a fresh process:
+        # the machine's drift falls on all of them alike
+        for r in range(args.rounds):
+            for name, path in paths.items():
+                got = subprocess.run([sys.executable, "-c", CHILD, path, probe], capture_output=True, text=True,
+                                     env=env, check=True)
+                row = json.loads(got.stdout.strip().splitlines()[-1])
+                out[name]["runs"].append(row)
+                print(f"round {r + 1} {name}: {json.dumps(row)}", flush=True)
+        for name in paths:
+            runs = out[name].pop("runs")
+            out[name].update({k: statistics.median(x[k] for x in runs)
+                              for k in ("pss_mb", "uss_mb", "uss_single_mb", "texts_per_s_1", "texts_per_s_256")})
+            out[name]["imported"] = sorted({p for x in runs for p in x["imported"]})
+            out[name]["rounds"] = len(runs)
+    base = out["without"]
+    print(f"\n{args.set}, {args.n} training texts, medians of {args.rounds} rounds")
+    print("| model | artifact MB | PSS MB | USS MB | USS MB before batches | texts/s, single | texts/s, batch 256 |")
+    print("|---|---|---|---|---|---|---|")
+    for name, row in out.items():
+        rel = "" if row is base else (f" ({row['pss_mb'] - base['pss_mb']:+.1f})", f" ({row['uss_mb'] - base['uss_mb']:+.1f})",
+                                       f" ({row['uss_single_mb'] - base['uss_single_mb']:+.1f})",
+                                       f" ({row['texts_per_s_1'] / base['texts_per_s_1'] - 1:+.1%})",
+                                       f" ({row['texts_per_s_256'] / base['texts_per_s_256'] - 1:+.1%})")
+        rel = rel or ("", "", "", "", "")
+        print(f"| {name} | {row['artifact_mb']} | {row['pss_mb']}{rel[0]} | {row['uss_mb']}{rel[1]} | "
+              f"{row['uss_single_mb']}{rel[2]} | {row['texts_per_s_1']:.0f}{rel[3]} | {row['texts_per_s_256']:.0f}{rel[4]} |")
     print(json.dumps(out))
 
 

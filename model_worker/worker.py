@@ -176,6 +176,7 @@ class Worker:
         self.model_name = ""
         self.model_version: Any = None
         self.restore_nice: int | None = None  # priority to return to when serving
+        self.grown, self.trimmed = False, 0.0  # a large call since the last trim; when that was
 
     def send(self, msg: dict[str, Any]) -> None:
         protocol.write_frame(self.sock, msg)
@@ -221,6 +222,7 @@ class Worker:
             raise ValueError(f"model outputs shape {tuple(scores.shape)} for one text, "
                              f"but meta.json lists {len(labels)} labels")
         t2 = time.monotonic()
+        release_free_memory()  # the load's freed buffers: the model's memory is what it keeps
         self.predict_fn, self.labels = predict_fn, labels
         self.model_name = str(msg.get("name"))
         self.model_version = msg.get("version")
@@ -263,6 +265,7 @@ class Worker:
         texts: list[str] = []
         for req in batch:
             texts.extend(req["texts"])
+        self.grown = self.grown or len(texts) >= TRIM_AFTER_TEXTS
         failing = fault("predict", f"{self.model_name}@{self.model_version}", self.sock)
         try:
             if failing:
@@ -369,7 +372,42 @@ class Worker:
 
     def run(self) -> None:
         while self.handle(self.queue.get()):
-            pass
+            if self.grown and self.queue.empty() and time.monotonic() - self.trimmed >= TRIM_EVERY_S:
+                # idle after a large call: its scratch pages go back (rate-bounded,
+                # so that a steady batch load does not pay for them again and again)
+                release_free_memory()
+                self.grown, self.trimmed = False, time.monotonic()
+
+
+def _malloc_trim() -> Callable[[], Any] | None:
+    try:
+        import ctypes
+
+        trim = ctypes.CDLL(None).malloc_trim  # glibc; other C libraries: nothing to do
+    except (OSError, AttributeError):
+        return None
+    return lambda: trim(0)
+
+
+_TRIM = _malloc_trim()
+# Trim after a call that held at least this many texts, when the worker is
+# idle, at most once this many seconds.
+TRIM_AFTER_TEXTS = 64
+TRIM_EVERY_S = 30.0
+
+
+def release_free_memory() -> float:
+    """Give the C heap's free pages back to the system (glibc malloc_trim).
+
+    Loading a model reads its weights into buffers that are copied into the
+    variables and freed, and a large batch leaves its scratch tensors freed;
+    glibc keeps such pages in the process, where they count in its USS and
+    PSS for as long as it lives: about twice a word table's size, measured
+    (bench/pretrained_cost.py). Returns the seconds it took."""
+    t0 = time.perf_counter()
+    if _TRIM is not None:
+        _TRIM()
+    return time.perf_counter() - t0
 
 
 def _set_threads(options: dict[str, Any]) -> None:
