@@ -403,7 +403,8 @@ def release_free_memory() -> float:
     variables and freed, and a large batch leaves its scratch tensors freed;
     glibc keeps such pages in the process, where they count in its USS and
     PSS for as long as it lives: about twice a word table's size, measured
-    (bench/pretrained_cost.py). Returns the seconds it took."""
+    (bench/pretrained_cost.py). About 1 ms with a model loaded. Returns the
+    seconds it took."""
     t0 = time.perf_counter()
     if _TRIM is not None:
         _TRIM()
