@@ -1,11 +1,13 @@
 """Serving cost of auto's pretrained view: worker memory (PSS, USS) and throughput.
 
-    .venv/bin/python bench/pretrained_cost.py [--set debian_en] [--n 1000] [--rounds 3] [--first-layout]
+    .venv/bin/python bench/pretrained_cost.py [--set debian_en] [--n 1000] [--rounds 3] [--vector-table] [--first-layout]
 
 Builds `auto`'s served graph from the set's first --n training texts for the
 same learner (svm C=1) on word + char with and without the pretrained view
-(autoselect.final_model, as the trainer does; with --first-layout also the
-view in the layout versions saved before the packed table hold), saves each
+(autoselect.final_model, as the trainer does: the view's linear map folded
+into its table, layers.PretrainedLogits; with --vector-table also the view
+as a vector table and a SparseLinear, with --first-layout in its first
+layout, as versions saved before hold them), saves each
 as .keras, then, --rounds times, the models taking turns, starts a fresh
 interpreter for each that does what a serving worker does (imports
 model_worker.textmodel, loads the model in safe mode, predicts, gives the
@@ -69,27 +71,32 @@ print(json.dumps({"pss_mb": round(pss / 2**20, 1), "uss_mb": round(info.uss / 2*
 
 
 @contextlib.contextmanager
-def first_layout(on: bool):
-    """PretrainedView.layer() builds the first layout (packed=False) while on."""
+def layout(kind: str):
+    """The view's served layout while building: "fused" (the table holds the
+    linear map: layers.PretrainedLogits, what the trainer builds), "vector"
+    (the packed vector table and a SparseLinear, as versions saved before the
+    fused table hold it) or "first" (two Embeddings, the first versions)."""
     from model_worker import pretrained
 
-    if not on:
+    if kind == "fused":
         yield
         return
-    orig = pretrained.PretrainedView.layer
+    orig_layer, orig_fusable = pretrained.PretrainedView.layer, pretrained.PretrainedView.fusable
 
     def layer(self, standardized: bool = False):
         lay = pretrained.PretrainedEmbedding(len(self.table.words), self.table.sums.shape[1],
                                              None if standardized else self.standardize, self.scale,
-                                             packed=False, name=f"vectorizer_{self.name}")
+                                             packed=False, l2=self.l2, name=f"vectorizer_{self.name}")
         lay.set_table(self.table)
         return lay
 
-    pretrained.PretrainedView.layer = layer
+    pretrained.PretrainedView.fusable = lambda self, units: False
+    if kind == "first":
+        pretrained.PretrainedView.layer = layer
     try:
         yield
     finally:
-        pretrained.PretrainedView.layer = orig
+        pretrained.PretrainedView.layer, pretrained.PretrainedView.fusable = orig_layer, orig_fusable
 
 
 def main() -> None:
@@ -98,9 +105,11 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--keep", metavar="DIR", help="save the models and the probe texts in DIR (kept)")
     ap.add_argument("--rounds", type=int, default=3, help="fresh processes a model, taking turns")
+    ap.add_argument("--vector-table", action="store_true",
+                    help="also the view as a vector table and a SparseLinear, as versions saved before the "
+                         "fused table hold it")
     ap.add_argument("--first-layout", action="store_true",
-                    help="also the view in its first layout (two Embeddings, unsorted sums), as versions "
-                         "saved before the packed table hold it")
+                    help="also the view in its first layout (two Embeddings), as the first versions hold it")
     args = ap.parse_args()
     import datasets
 
@@ -125,12 +134,13 @@ def main() -> None:
               flush=True)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
         paths = {}
-        for name, views, packed in (("with pretrained", ("word", "char", "pretrained"), True),
-                                    ("with pretrained, first layout", ("word", "char", "pretrained"), False),
-                                    ("without", ("word", "char"), True)):
-            if not packed and not args.first_layout:
+        for name, views, kind in (("with pretrained", ("word", "char", "pretrained"), "fused"),
+                                  ("with pretrained, vector table", ("word", "char", "pretrained"), "vector"),
+                                  ("with pretrained, first layout", ("word", "char", "pretrained"), "first"),
+                                  ("without", ("word", "char"), "fused")):
+            if (kind == "vector" and not args.vector_table) or (kind == "first" and not args.first_layout):
                 continue
-            with first_layout(not packed):
+            with layout(kind):
                 model = autoselect.final_model(search, [autoselect.Candidate(views, "svm", 1.0)], [1.0])
             paths[name] = os.path.join(tmp, name.replace(" ", "_").replace(",", "") + ".keras")
             model.save(paths[name])

@@ -171,19 +171,9 @@ def branch(view: View, vocabulary: list[str], idf: np.ndarray, text_input: Any,
     return weighting(vec(text_input))
 
 
-def _branches(views: list[tuple[View, list[str], np.ndarray]], text_input: Any) -> dict[str, keras.KerasTensor]:
-    """Every view's weighted bag; views that standardize alike share one Standardize."""
-    uses = Counter(view.standardize for view, _, _ in views)
-    shared = {std: layers.Standardize(std, name=f"standardize_{std}")(text_input)
-              for std, n in uses.items() if n > 1}
-    return {view.name: branch(view, vocab, idf, shared.get(view.standardize, text_input),
-                              standardized=view.standardize in shared)
-            for view, vocab, idf in views}
-
-
 def linear_graph(views: list[tuple[View, list[str], np.ndarray]],
                  members: list[tuple[dict[str, np.ndarray], np.ndarray]],
-                 activation: str = "softmax") -> keras.Model:
+                 activation: str = "softmax", fuse: bool = True) -> keras.Model:
     """One end-to-end model: each view's bag -> linear maps -> softmax.
 
     `views` are the branches (shared by all members); each member is a
@@ -195,24 +185,40 @@ def linear_graph(views: list[tuple[View, list[str], np.ndarray]],
     SparseLinear holding every member's block side by side, so a bag is
     read once however many members there are. `activation` "sigmoid"
     (multi-label, one member): an independent score per label.
+
+    A dense view that is linear in its words (the pretrained view of
+    pretrained.fit_view) has its linear map folded into its table instead
+    (layers.PretrainedLogits, when the view says it is `fusable` for this
+    many logit columns; `fuse` false never folds). Views that standardize
+    alike share one Standardize.
     """
     text_input = keras.Input(shape=(), dtype="string", name="text")
-    feats = _branches(views, text_input)
-    sizes = {view.name: len(vocab) for view, vocab, _ in views}
-    # sparse bags have the OOV column 0 first (kernel row 0 stays zero); dense views do not
-    offsets = {view.name: 0 if getattr(view, "dense", False) else 1 for view, _, _ in views}
     n_members, n_labels = len(members), len(members[0][1])
-    names = [name for name in feats if any(name in blocks for blocks, _ in members)]
+    units = n_members * n_labels
+    used = [(view, vocab, idf) for view, vocab, idf in views
+            if any(view.name in blocks for blocks, _ in members)]
+    uses = Counter(view.standardize for view, _, _ in used)
+    shared = {std: layers.Standardize(std, name=f"standardize_{std}")(text_input)
+              for std, n in uses.items() if n > 1}
     bias = np.concatenate([b for _, b in members]).astype("float32")
     logits = []
-    for i, name in enumerate(names):
-        linear = layers.SparseLinear(n_members * n_labels, use_bias=(i == 0), name=f"logits_{name}")
-        out = linear(feats[name])
-        kernel = np.zeros((sizes[name] + offsets[name], n_members * n_labels), dtype="float32")
+    for i, (view, vocab, idf) in enumerate(used):
+        name = view.name
+        # sparse bags have the OOV column 0 first (kernel row 0 stays zero); dense views do not
+        offset = 0 if getattr(view, "dense", False) else 1
+        kernel = np.zeros((len(vocab) + offset, units), dtype=np.float64)
         for m, (blocks, _) in enumerate(members):
             if name in blocks:  # a member without this view keeps zeros there
-                kernel[offsets[name]:, m * n_labels:(m + 1) * n_labels] = blocks[name]
-        linear.set_kernel(kernel, bias if i == 0 else None)
+                kernel[offset:, m * n_labels:(m + 1) * n_labels] = blocks[name]
+        source = shared.get(view.standardize, text_input)
+        standardized = view.standardize in shared
+        if fuse and getattr(view, "fusable", None) is not None and view.fusable(units):  # type: ignore[attr-defined]
+            fused = view.fused_layer(kernel, bias if i == 0 else None, standardized)  # type: ignore[attr-defined]
+            logits.append(fused(source))
+            continue
+        linear = layers.SparseLinear(units, use_bias=(i == 0), name=f"logits_{name}")
+        out = linear(branch(view, vocab, idf, source, standardized))
+        linear.set_kernel(kernel.astype("float32"), bias if i == 0 else None)
         logits.append(out)
     total = logits[0] if len(logits) == 1 else keras.layers.Add(name="logits")(logits)
     if n_members == 1:

@@ -209,14 +209,15 @@ class Search:
         if not pretrained.available():
             return {"used": False, "why": "the wordllama package is not installed"}
         t0 = time.monotonic()
-        view = pretrained.PretrainedView(pretrained.build_table(texts))
+        view, feats = pretrained.fit_view(texts)
         table_s = time.monotonic() - t0
-        feats = view.features(texts)
         self.view_defs["pretrained"] = view  # type: ignore[assignment]  # a dense view, read by duck typing
         self.counts["pretrained"] = autofeatures.Counts(sp.csr_matrix(feats.astype(np.float64)), view.vocabulary())
-        return {"used": True, **view.table.describe(), "scale": view.scale, "pooling": "mean",
+        return {"used": True, **view.table.describe(), "scale": round(view.scale, 6),
+                "norm": "the mean times scale (one constant: SCALE / the training texts' median norm)",
+                "pooling": "mean",
                 "unknown_words": "ignored (a text's mean is over its known words; none known: zeros)",
-                "seconds": {"table": round(table_s, 2), "features": round(time.monotonic() - t0 - table_s, 2)}}
+                "seconds": {"table_and_features": round(table_s, 2)}}
 
     def weighted(self, v: str, idf: np.ndarray, rows: Any = None) -> sp.csr_matrix:
         """View v's features (TF-IDF with this idf, or the dense view's values)."""

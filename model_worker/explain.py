@@ -52,7 +52,7 @@ class Explainer:
     """The bags and logits of a linear auto model, and the arithmetic above."""
 
     def __init__(self, model: keras.Model) -> None:
-        linear = [lay for lay in model.layers if isinstance(lay, layers.SparseLinear)]
+        linear = [lay for lay in model.layers if isinstance(lay, (layers.SparseLinear, layers.PretrainedLogits))]
         if model is None or not linear:
             raise CannotExplain(
                 "this model cannot explain its predictions exactly: only the linear models of "
@@ -60,12 +60,18 @@ class Explainer:
         self.views: list[str] = []
         self.vocab: list[list[str]] = []
         self.kernels: list[np.ndarray] = []
-        self.dense: dict[int, Any] = {}  # bag index -> the PretrainedEmbedding layer
+        self.dense: dict[int, Any] = {}  # bag index -> the PretrainedEmbedding or PretrainedLogits layer
         bags: list[Any] = []
         n_units = linear[0].units
         for lay in linear:
             view = lay.name.removeprefix("logits_")
             self.views.append(view)
+            if isinstance(lay, layers.PretrainedLogits):  # the view and its kernel in one table
+                self.vocab.append(lay.lookup.get_vocabulary())
+                self.dense[len(bags)] = lay
+                bags.append(lay.input)
+                self.kernels.append(np.zeros((0, n_units)))  # in the table
+                continue
             vec = model.get_layer(f"vectorizer_{view}")
             if isinstance(vec, layers.PretrainedEmbedding):
                 # the pretrained view: its input texts; split into words in __call__
@@ -144,7 +150,9 @@ class Explainer:
         text's known subwords, times scale / the mean's norm when scaled), so
         its logit p . K[:, c] is sum_w occurrences of w * f * (s_w . K[:, c]):
         value = occurrences, weight = f * s_w . K[:, c] (one occurrence's
-        contribution). Unknown words add nothing."""
+        contribution). Unknown words add nothing. Without the per-text norm
+        (`l2` false) f is scale / C; a PretrainedLogits table holds s_w . K
+        itself (every member's columns)."""
         lay = self.dense[v]
         texts = tf.convert_to_tensor(texts, tf.string)
         if lay.standardize:
@@ -154,11 +162,14 @@ class Explainer:
         rows = words.value_rowids().numpy().astype(np.int64)
         sums, counts = lay.table_rows(ids)   # the rows of the text's words, in order
         known = np.bincount(rows, weights=counts, minlength=n)
-        total = np.zeros((n, sums.shape[1]))
-        np.add.at(total, rows, sums)
-        mean = total / np.maximum(known, 1.0)[:, None]
         f = 1.0 / np.maximum(known, 1.0)
-        if lay.scale:
+        fused = isinstance(lay, layers.PretrainedLogits)  # rows hold s_w @ K already
+        if lay.scale and (fused or not lay.l2):
+            f = f * lay.scale
+        elif lay.scale:
+            total = np.zeros((n, sums.shape[1]))
+            np.add.at(total, rows, sums)
+            mean = total / np.maximum(known, 1.0)[:, None]
             f = f * lay.scale / np.maximum(np.linalg.norm(mean, axis=1), 1e-12)
         keep = ids > 0
         rows, ids = rows[keep], ids[keep]
@@ -167,8 +178,12 @@ class Explainer:
         cell, occ = np.unique(rows * size + ids, return_counts=True)
         rows, ids = cell // size, cell % size
         sums, _ = lay.table_rows(ids)
-        kernel = self.kernels[v].astype(np.float64)
-        weights = f[rows] * (np.einsum("ed,de->e", sums, kernel[:, best[rows]]) if len(ids) else np.zeros(0))
+        if fused:  # the members' average of s_w @ K, for each entry's label
+            per_label = sums.reshape(len(ids), self.members, self.n_labels).mean(axis=1)
+            weights = f[rows] * per_label[np.arange(len(ids)), best[rows]]
+        else:
+            kernel = self.kernels[v].astype(np.float64)
+            weights = f[rows] * (np.einsum("ed,de->e", sums, kernel[:, best[rows]]) if len(ids) else np.zeros(0))
         vals = occ.astype(np.float64)
         return rows, np.full(len(rows), v), ids, vals, weights, vals * weights
 

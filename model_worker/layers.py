@@ -421,13 +421,19 @@ class PretrainedEmbedding(keras.layers.Layer):
     `packed` false is the first layout (two Embeddings, the sums and the
     counts), kept so that versions saved with it load and serve unchanged; it
     computes the same numbers with one more gather and sum a call.
+
+    `l2` false: the mean times `scale` (a constant fitted on the training
+    texts, pretrained.fit_view), with no per-text norm, which is what lets
+    PretrainedLogits fold the linear map into the table; true (the first
+    versions, and zero-shot's cosine): scaled to L2 norm `scale`.
     """
 
     def __init__(self, vocabulary_size: int = 0, dim: int = 256, standardize: str | None = "word",
-                 scale: float = 0.5, packed: bool = False, **kwargs: Any) -> None:
+                 scale: float = 0.5, packed: bool = False, l2: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size, self.dim = int(vocabulary_size), int(dim)
         self.standardize, self.scale, self.packed = standardize, float(scale), bool(packed)
+        self.l2 = bool(l2)
         self.lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="words")
         if self.packed:
             self.vectors = keras.layers.Embedding(self.vocabulary_size + 1, self.dim + 1, dtype="float16",
@@ -472,13 +478,7 @@ class PretrainedEmbedding(keras.layers.Layer):
                 np.asarray(tf.gather(self.subword_counts.embeddings, ids).numpy(), dtype=np.float64)[:, 0])
 
     def call(self, texts: Any) -> Any:
-        texts = tf.convert_to_tensor(texts, tf.string)
-        if self.standardize:
-            texts = _STANDARDIZERS[self.standardize](texts)
-        words = tf.strings.split(texts)
-        ids = self.lookup(words.flat_values)
-        rows = words.value_rowids()
-        n = tf.shape(texts, out_type=tf.int64)[0]
+        ids, rows, n = _word_rows(texts, self.standardize, self.lookup)
 
         def per_text(x: Any) -> Any:
             # rows are sorted; texts after the last one with a word get zeros
@@ -491,7 +491,9 @@ class PretrainedEmbedding(keras.layers.Layer):
         else:
             sums, counts = per_text(self.vector_sums(ids)), per_text(self.subword_counts(ids))
         mean = sums / tf.maximum(counts, 1.0)
-        if self.scale:
+        if self.scale and not self.l2:
+            mean = mean * self.scale
+        elif self.scale:
             mean = mean * (self.scale * tf.math.rsqrt(
                 tf.maximum(tf.reduce_sum(tf.square(mean), axis=-1, keepdims=True), 1e-12)))
         return mean
@@ -501,4 +503,84 @@ class PretrainedEmbedding(keras.layers.Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "dim": self.dim,
-                "standardize": self.standardize, "scale": self.scale, "packed": self.packed}
+                "standardize": self.standardize, "scale": self.scale, "packed": self.packed, "l2": self.l2}
+
+
+def _word_rows(texts: Any, standardize: str | None, lookup: Any) -> tuple[Any, Any, Any]:
+    """(table ids of the texts' words, their text of origin (sorted), the batch size)."""
+    texts = tf.convert_to_tensor(texts, tf.string)
+    if standardize:
+        texts = _STANDARDIZERS[standardize](texts)
+    words = tf.strings.split(texts)
+    return lookup(words.flat_values), words.value_rowids(), tf.shape(texts, out_type=tf.int64)[0]
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+class PretrainedLogits(keras.layers.Layer):
+    """The pretrained view and its linear map in one table: raw (or already
+    word-standardized) texts -> that view's part of the logits.
+
+    The view with `l2` false is linear in its words: its vector is
+    scale * sum_w s_w / C (s_w: word w's subword-vector sum, C: the text's
+    known subwords), so its logits p @ K are scale * sum_w (s_w @ K) / C. The
+    table holds s_w @ K (float32, one column per unit) and the subword count
+    of each word, so a call gathers units + 1 numbers a word instead of
+    dim + 1, sums them per text (a sorted segment sum) and divides: the same
+    numbers as PretrainedEmbedding followed by SparseLinear, up to float
+    rounding. Built by autofeatures.linear_graph when the units are few
+    (FUSED_MAX_UNITS); more units keep the vector table.
+    """
+
+    def __init__(self, vocabulary_size: int = 0, units: int = 1, standardize: str | None = "word",
+                 scale: float = 1.0, use_bias: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.vocabulary_size, self.units = int(vocabulary_size), int(units)
+        self.standardize, self.scale, self.use_bias = standardize, float(scale), bool(use_bias)
+        self.lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="words")
+        self.projected = keras.layers.Embedding(self.vocabulary_size + 1, self.units + 1, dtype="float32",
+                                                trainable=False, name="projected")
+
+    def build(self, input_shape: Any = None) -> None:
+        self.projected.build((None,))
+        self.bias: Any = self.add_weight(shape=(self.units,), initializer="zeros", name="bias") \
+            if self.use_bias else None
+        self.built = True
+
+    def set_table(self, words: list[str], projected: np.ndarray, counts: np.ndarray,
+                  bias: np.ndarray | None = None) -> None:
+        """words (n), projected (n, units): s_w @ K, counts (n,): subwords per word."""
+        if len(words) != self.vocabulary_size or projected.shape != (self.vocabulary_size, self.units):
+            raise ValueError(f"table {projected.shape} for {len(words)} words, layer expects "
+                             f"({self.vocabulary_size}, {self.units})")
+        if not self.built:
+            self.build()
+        self.lookup.set_vocabulary(list(words))
+        rows = np.zeros((self.vocabulary_size + 1, self.units + 1), dtype=np.float32)
+        rows[1:, :self.units] = projected
+        rows[1:, self.units] = counts
+        self.projected.embeddings.assign(rows)
+        if self.use_bias:
+            self.bias.assign(np.asarray(bias, dtype=np.float32))
+
+    def table_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows `ids` (0: the unknown word) as float64: (s_w @ K (len, units), counts (len,))."""
+        rows = np.asarray(tf.gather(self.projected.embeddings, ids).numpy(), dtype=np.float64)
+        return rows[:, :self.units], rows[:, self.units]
+
+    def call(self, texts: Any) -> Any:
+        ids, rows, n = _word_rows(texts, self.standardize, self.lookup)
+        # the sorted sum (rows come text by text) measured ~4x faster than the
+        # unsorted one; texts after the last one with a word get zeros
+        summed = tf.math.segment_sum(self.projected(ids), rows)
+        summed = tf.pad(summed, [[0, n - tf.shape(summed, out_type=tf.int64)[0]], [0, 0]])
+        out = summed[:, :self.units] * (self.scale / tf.maximum(summed[:, self.units:], 1.0))
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def compute_output_spec(self, texts: Any) -> Any:
+        return keras.KerasTensor((texts.shape[0], self.units), dtype="float32")
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "units": self.units,
+                "standardize": self.standardize, "scale": self.scale, "use_bias": self.use_bias}

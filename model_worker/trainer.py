@@ -140,9 +140,9 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
         # a model holding a pretrained word table carries the Llama 2 notice
         # (NOTICE) and a copy of the licence agreement and its acceptable use
         # policy (LICENSES/): whoever passes the version on passes them on
-        from model_worker.layers import PretrainedEmbedding
+        from model_worker.layers import PretrainedEmbedding, PretrainedLogits
 
-        if any(isinstance(lay, PretrainedEmbedding) for lay in result.model.layers):
+        if any(isinstance(lay, (PretrainedEmbedding, PretrainedLogits)) for lay in result.model.layers):
             root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             for name in LLAMA_FILES:
                 shutil.copyfile(os.path.join(root, name),

@@ -242,18 +242,21 @@ def test_auto_tries_the_view_and_the_switch_turns_it_off():
     names = [c["name"] for c in off.report["candidates"]] + [c["name"] for c in off.report["pruned"]]
     assert not any("pretrained" in n for n in names), names
     assert off.report["pretrained"] == {"used": False, "why": "pretrained is false"}
-    assert not any(isinstance(lay, pretrained.PretrainedEmbedding) for lay in off.model.layers)
+    assert not any(isinstance(lay, (pretrained.PretrainedEmbedding, pretrained.layers.PretrainedLogits))
+                   for lay in off.model.layers)
 
 
-def test_view_in_the_served_graph(tmp_path):
-    """Forced onto the view (alone, and beside words): the served graph
-    reproduces the fitted linear model (final_model checks it on training
-    rows), explains itself, and saves and reloads in safe mode."""
+def test_view_in_the_served_graph(tmp_path, monkeypatch):
+    """Forced onto the view (alone, and beside words), with its linear map
+    folded into the table (PretrainedLogits, what training builds) and as a
+    vector table: the served graph reproduces the fitted linear model
+    (final_model checks it on training rows), explains itself, and saves
+    and reloads in safe mode."""
     import time
 
     import keras
 
-    from model_worker import autoselect, explain, textmodel
+    from model_worker import autoselect, explain, layers, textmodel
     from model_worker.params import validate_params
 
     texts, labels = _topics()
@@ -262,11 +265,18 @@ def test_view_in_the_served_graph(tmp_path):
     params = validate_params({"time_budget_s": 30, "folds": 2})
     search = autoselect.Search(texts, y, len(names), params, "word", time.monotonic(), None, None)
     assert "pretrained" in search.view_defs
+    view = search.view_defs["pretrained"]
+    assert not view.l2 and view.scale > 0  # one constant: the median training text's vector has norm SCALE
+    norms = np.linalg.norm(search.counts["pretrained"].matrix.toarray(), axis=1)
+    assert np.isclose(np.median(norms[norms > 0]), pretrained.SCALE, rtol=1e-3)
     probe = ["a tennis final", "spicy noodle soup", "zqxjv"]
-    for views in (("pretrained",), ("word", "pretrained")):
+    for views, fused in ((("pretrained",), True), (("word", "pretrained"), True), (("word", "pretrained"), False)):
+        if not fused:
+            monkeypatch.setattr(type(view), "fusable", lambda self, units: False)
         cand = autoselect.Candidate(views, "svm", 1.0)
         model = autoselect.final_model(search, [cand], [1.0])
-        assert any(isinstance(lay, pretrained.PretrainedEmbedding) for lay in model.layers)
+        kinds = {type(lay) for lay in model.layers}
+        assert (layers.PretrainedLogits in kinds) == fused and (pretrained.PretrainedEmbedding in kinds) != fused
         probs, why = explain.explainer_for(model)(probe, 3)
         assert np.allclose(probs, textmodel.make_predict_fn(model)(probe), atol=1e-5)
         for row in why:  # listed + others + bias = logit, the pretrained part one term
@@ -320,3 +330,60 @@ def test_multilabel_gets_the_view(tmp_path):
     again = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
     probe = ["news about the tennis final", "zqxjv"]
     assert np.allclose(textmodel.make_predict_fn(again)(probe), textmodel.make_predict_fn(model)(probe), atol=1e-5)
+
+
+def test_fused_table_computes_what_the_vector_table_did(tmp_path):
+    """The view's linear map folded into its table (PretrainedLogits) gives
+    the probabilities of the vector table and a SparseLinear, for one member
+    and for an ensemble, texts with no known word anywhere in a batch, and an
+    empty batch; it explains itself with the same contributions; saved, it
+    reloads in safe mode and as a portable SavedModel. Too many logit
+    columns keep the vector table."""
+    import keras
+    import tensorflow as tf
+
+    from model_worker import autofeatures, explain, layers, textmodel
+
+    view, feats = pretrained.fit_view(ENGLISH, n_frequent=500)
+    assert np.isclose(np.median(np.linalg.norm(feats, axis=1)), pretrained.SCALE, rtol=1e-4)
+    assert np.allclose(feats, view.features(ENGLISH), atol=1e-6)  # what the layer serves
+    rng = np.random.default_rng(7)
+    texts = ["zqxjv", *ENGLISH[:3], "", "blorfle", *RAW, "zqxjv blorfle", ""]
+    parts = [(view, view.vocabulary(), np.ones(pretrained.DIM))]
+    for n_members in (1, 3):
+        members = [({"pretrained": rng.normal(size=(pretrained.DIM, 4))}, rng.normal(size=4))
+                   for _ in range(n_members)]
+        fused = autofeatures.linear_graph(parts, members)
+        vector = autofeatures.linear_graph(parts, members, fuse=False)
+        assert any(isinstance(lay, layers.PretrainedLogits) for lay in fused.layers)
+        assert not any(isinstance(lay, layers.PretrainedLogits) for lay in vector.layers)
+        a, b = textmodel.make_predict_fn(fused)(texts), textmodel.make_predict_fn(vector)(texts)
+        assert a.shape == (len(texts), 4) and np.allclose(a, b, atol=1e-6)
+        # what the fitted model computes from the features (members' probabilities averaged)
+        z = np.stack([feats @ k["pretrained"] + bias for k, bias in members])
+        p = np.exp(z - z.max(axis=2, keepdims=True))
+        assert np.allclose(textmodel.make_predict_fn(fused)(ENGLISH), (p / p.sum(axis=2, keepdims=True)).mean(axis=0),
+                           atol=1e-6)
+        assert fused(tf.constant([], tf.string)).numpy().shape == (0, 4)
+        (pa, ea), (pb, eb) = explain.Explainer(fused)(texts, 50), explain.Explainer(vector)(texts, 50)
+        assert np.allclose(pa, pb, atol=1e-6)
+        for x, y in zip(ea, eb):
+            assert [f["ngram"] for f in x["features"]] == [f["ngram"] for f in y["features"]]
+            assert np.allclose([f["contribution"] for f in x["features"]],
+                               [f["contribution"] for f in y["features"]], atol=1e-5)
+            total = sum(f["contribution"] for f in x["features"]) + x["others"] + x["bias"]
+            assert abs(total - x["logit"]) < 1e-4, x
+    assert not [f for f in ea[0]["features"]] and ea[1]["features"]  # "zqxjv": nothing; English: its words
+    fused.save(tmp_path / "m.keras")
+    again = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+    expected = textmodel.make_predict_fn(fused)(texts)
+    assert np.allclose(textmodel.make_predict_fn(again)(texts), expected, atol=1e-6)
+    textmodel.export_saved_model(fused, str(tmp_path / "saved_model"), texts, expected)
+    portable = tf.saved_model.load(str(tmp_path / "saved_model"))  # held: its variables live with it
+    served = portable.serve(tf.constant(texts)).numpy()
+    assert np.allclose(served, expected, atol=1e-5)
+    many = [({"pretrained": np.zeros((pretrained.DIM, pretrained.FUSED_MAX_UNITS + 1))},
+             np.zeros(pretrained.FUSED_MAX_UNITS + 1))]
+    wide = autofeatures.linear_graph(parts, many)
+    assert not any(isinstance(lay, layers.PretrainedLogits) for lay in wide.layers)
+    assert any(isinstance(lay, pretrained.PretrainedEmbedding) for lay in wide.layers)
