@@ -180,6 +180,7 @@ class Search:
         t0 = time.monotonic()
         self.counts = {name: autofeatures.count_matrix(view, texts, params["max_tokens"])
                        for name, view in self.view_defs.items()}
+        self._word_counts: sp.csr_matrix | None = None  # the pretrained view's words per text
         self.pretrained = self._pretrained_view(texts, params, tokenize)
         self.features_s = time.monotonic() - t0
         wanted = params["folds"] or default_folds(len(y))
@@ -210,6 +211,9 @@ class Search:
             return {"used": False, "why": "the wordllama package is not installed"}
         t0 = time.monotonic()
         view, feats = pretrained.fit_view(texts)
+        # the folds see a held-out text's words as serving would: known only
+        # when a training-side text or the frequent-word list has them
+        self._word_counts = view.word_counts(texts)
         table_s = time.monotonic() - t0
         self.view_defs["pretrained"] = view  # type: ignore[assignment]  # a dense view, read by duck typing
         self.counts["pretrained"] = autofeatures.Counts(sp.csr_matrix(feats.astype(np.float64)), view.vocabulary())
@@ -236,15 +240,24 @@ class Search:
         return self._split_cache[key]
 
     def _fold_matrix(self, views: tuple[str, ...], fold: int) -> sp.csr_matrix:
-        """All rows weighted with IDF from this fold's training rows only."""
+        """All rows weighted with IDF from this fold's training rows only (the
+        pretrained view: with the table this fold's training rows would build)."""
         parts = []
         for v in views:
             key = (v, fold)
             if key not in self._weighted:
                 counts = self.counts[v].matrix
                 train = self.folds[fold][0]
-                self._weighted[key] = autofeatures.weighted(self.view_defs[v], counts,
-                                                            autofeatures.idf_weights(counts[train]))
+                view = self.view_defs[v]
+                if getattr(view, "dense", False) and self._word_counts is not None:
+                    # the pretrained view: the table of this fold's training side
+                    # (its texts' words and the frequent words), not every text's
+                    seen = np.asarray(self._word_counts[train].sum(axis=0)).ravel() > 0
+                    in_frequent = view.table.in_frequent  # type: ignore[attr-defined]
+                    known = seen if in_frequent is None else seen | in_frequent
+                    self._weighted[key] = sp.csr_matrix(view.features_of(self._word_counts, known))  # type: ignore[attr-defined]
+                else:
+                    self._weighted[key] = autofeatures.weighted(view, counts, autofeatures.idf_weights(counts[train]))
             parts.append(self._weighted[key])
         return parts[0] if len(parts) == 1 else sp.hstack(parts, format="csr")
 

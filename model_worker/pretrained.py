@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import tensorflow as tf
 
 from model_worker import layers
@@ -154,6 +155,7 @@ class WordTable:
     counts: np.ndarray   # (n,) subwords per word
     from_training: int = 0
     frequent: int = 0
+    in_frequent: np.ndarray | None = None  # (n,) bool: among the frequent English words
 
     def describe(self) -> dict[str, Any]:
         return {"words": len(self.words), "from_training": self.from_training,
@@ -170,7 +172,9 @@ def build_table(texts: list[str], n_frequent: int = FREQUENT_WORDS,
     frequent = frequent_words(n_frequent, standardize) if n_frequent else ()
     words = sorted(set(own) | set(frequent))
     sums, counts = subword_sums(words)
-    return WordTable(words, sums.astype(np.float16), counts, from_training=len(own), frequent=len(frequent))
+    common = set(frequent)
+    return WordTable(words, sums.astype(np.float16), counts, from_training=len(own), frequent=len(frequent),
+                     in_frequent=np.array([w in common for w in words], dtype=bool))
 
 
 # --------------------------------------------------------------------------
@@ -225,6 +229,37 @@ class PretrainedView:
         fn = tf.function(lambda t: lay(t), input_signature=[tf.TensorSpec([None], tf.string)])
         out = [fn(tf.constant(texts[i:i + batch], tf.string)).numpy() for i in range(0, len(texts), batch)]
         return np.concatenate(out) if out else np.zeros((0, self.table.sums.shape[1]), np.float32)
+
+    def word_counts(self, texts: list[str], batch: int = 2048) -> sp.csr_matrix:
+        """(len(texts), table words) occurrences of each table word in each
+        text, split and looked up as the served layer does."""
+        lay = self.layer()
+        rows, cols = [], []
+        for i in range(0, len(texts), batch):
+            words = tf.strings.split(layers._STANDARDIZERS[self.standardize](
+                tf.constant(texts[i:i + batch], tf.string)))
+            rows.append(words.value_rowids().numpy() + i)
+            cols.append(lay.lookup(words.flat_values).numpy())
+        r = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        c = np.concatenate(cols) if cols else np.zeros(0, np.int64)
+        known = c > 0  # id 0: not in the table
+        m = sp.csr_matrix((np.ones(int(known.sum())), (r[known], c[known] - 1)),
+                          shape=(len(texts), len(self.table.words)))
+        m.sum_duplicates()
+        return m
+
+    def features_of(self, counts: sp.csr_matrix, known: np.ndarray | None = None) -> np.ndarray:
+        """The view's vectors from word_counts, as if the table held only the
+        words where `known` is true (float64; `l2` false views).
+
+        The search's folds use it: a word met only in a fold's held-out texts
+        is unknown there, as a word first met in serving is, instead of
+        having a vector because the table was built from every training text."""
+        if known is not None:
+            counts = sp.csr_matrix(counts @ sp.diags(known.astype(np.float64)))
+        total = np.asarray(counts @ self.table.sums.astype(np.float64))
+        subwords = np.asarray(counts @ self.table.counts.astype(np.float64)).ravel()
+        return total * (self.scale / np.maximum(subwords, 1.0))[:, None]
 
     def unknown_share(self, texts: list[str]) -> float:
         """Share of the words of `texts` (running words) that the table lacks."""
