@@ -111,3 +111,33 @@ def test_report_names_the_most_accurate_and_the_chosen(monkeypatch):
     off = textmodel.train_model(texts, labels, {**REPRODUCIBLE, "cost_aware": False})
     assert off.report["serving_cost"]["applied"] is False
     assert off.report["chosen"]["name"] == cost["most_accurate"]["name"]
+
+
+def test_finalists_keep_a_view_of_the_most_accurate(search, monkeypatch):
+    """A candidate tied with the most accurate choice but reading the texts
+    through none of its views is no finalist, however fast its graph: the
+    rule trades a view's cost for speed, it does not swap the model for
+    another one on a tie between noisy folds. Candidates exactly tied with
+    the best are added by hand (scores given, so nothing depends on the set)."""
+    from dataclasses import replace
+
+    from model_worker import autoselect
+
+    members, temps, _ = autoselect.choose(search)
+    assert len(members) == 1 and set(members[0].candidate.views) == {"word"}
+    best = members[0]
+    other = replace(best, candidate=autoselect.Candidate(("punct",), "svm", 1.0))
+    sharing = replace(best, candidate=autoselect.Candidate(("word", "punct"), "svm", 1.0))
+
+    def speed(s, views, n_members=1, cache=None):
+        return 50_000.0 if tuple(views) == ("punct",) else 10_000.0 if "punct" in views else 1_000.0
+
+    monkeypatch.setattr(autoselect, "serving_speed", speed)
+    monkeypatch.setattr(search, "scored", [*search.scored, other])
+    picked, _, note = autoselect.cost_aware(search, members, temps)
+    assert note["finalists_share_a_view"] is True
+    assert "punct/svm C=1" not in {f["name"] for f in note["finalists"]}
+    assert picked == members and not note["applied"]
+    monkeypatch.setattr(search, "scored", [*search.scored, sharing])
+    picked, _, note = autoselect.cost_aware(search, members, temps)
+    assert note["applied"] and picked[0].candidate.views == ("word", "punct")
