@@ -382,6 +382,14 @@ def test_fused_table_computes_what_the_vector_table_did(tmp_path):
     portable = tf.saved_model.load(str(tmp_path / "saved_model"))  # held: its variables live with it
     served = portable.serve(tf.constant(texts)).numpy()
     assert np.allclose(served, expected, atol=1e-5)
+    # a view with the per-text norm (versions trained before) is never folded, and explains exactly
+    normed = pretrained.PretrainedView(view.table)
+    assert normed.l2 and not normed.fusable(4)
+    old = autofeatures.linear_graph([(normed, normed.vocabulary(), np.ones(pretrained.DIM))], members)
+    assert not any(isinstance(lay, layers.PretrainedLogits) for lay in old.layers)
+    _, why = explain.Explainer(old)(texts, 50)
+    for x in why:
+        assert abs(sum(f["contribution"] for f in x["features"]) + x["others"] + x["bias"] - x["logit"]) < 1e-4, x
     many = [({"pretrained": np.zeros((pretrained.DIM, pretrained.FUSED_MAX_UNITS + 1))},
              np.zeros(pretrained.FUSED_MAX_UNITS + 1))]
     wide = autofeatures.linear_graph(parts, many)
