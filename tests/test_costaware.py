@@ -113,12 +113,14 @@ def test_report_names_the_most_accurate_and_the_chosen(monkeypatch):
     assert off.report["chosen"]["name"] == cost["most_accurate"]["name"]
 
 
-def test_finalists_keep_a_view_of_the_most_accurate(search, monkeypatch):
-    """A candidate tied with the most accurate choice but reading the texts
-    through none of its views is no finalist, however fast its graph: the
-    rule trades a view's cost for speed, it does not swap the model for
-    another one on a tie between noisy folds. Candidates exactly tied with
-    the best are added by hand (scores given, so nothing depends on the set)."""
+def test_finalists_read_ngrams_when_the_most_accurate_does(search, monkeypatch):
+    """A candidate tied with the most accurate choice (n-grams) that reads the
+    pretrained view alone is no finalist, however fast its graph: the rule
+    trades n-gram views' cost for speed, it does not replace the texts' own
+    n-grams with the pretrained vectors on a tie between noisy folds. An
+    n-gram candidate with other views than the best's stays one. Candidates
+    exactly tied with the best are added by hand (scores given, speeds given,
+    so nothing depends on the set or the machine)."""
     from dataclasses import replace
 
     from model_worker import autoselect
@@ -126,18 +128,21 @@ def test_finalists_keep_a_view_of_the_most_accurate(search, monkeypatch):
     members, temps, _ = autoselect.choose(search)
     assert len(members) == 1 and set(members[0].candidate.views) == {"word"}
     best = members[0]
+    alone = replace(best, candidate=autoselect.Candidate(("pretrained",), "svm", 1.0))
     other = replace(best, candidate=autoselect.Candidate(("punct",), "svm", 1.0))
-    sharing = replace(best, candidate=autoselect.Candidate(("word", "punct"), "svm", 1.0))
 
     def speed(s, views, n_members=1, cache=None):
-        return 50_000.0 if tuple(views) == ("punct",) else 10_000.0 if "punct" in views else 1_000.0
+        return {("pretrained",): 50_000.0, ("punct",): 10_000.0}.get(tuple(views), 1_000.0)
 
     monkeypatch.setattr(autoselect, "serving_speed", speed)
+    monkeypatch.setattr(search, "scored", [*search.scored, alone])
+    picked, _, note = autoselect.cost_aware(search, members, temps)
+    assert note["finalists_read_ngrams_when_it_does"] is True
+    assert "pretrained/svm C=1" not in {f["name"] for f in note["finalists"]}
+    assert picked == members and not note["applied"]
     monkeypatch.setattr(search, "scored", [*search.scored, other])
     picked, _, note = autoselect.cost_aware(search, members, temps)
-    assert note["finalists_share_a_view"] is True
-    assert "punct/svm C=1" not in {f["name"] for f in note["finalists"]}
-    assert picked == members and not note["applied"]
-    monkeypatch.setattr(search, "scored", [*search.scored, sharing])
-    picked, _, note = autoselect.cost_aware(search, members, temps)
-    assert note["applied"] and picked[0].candidate.views == ("word", "punct")
+    assert note["applied"] and picked[0].candidate.views == ("punct",)
+    assert autoselect._keeps_ngrams(("pretrained",), ("pretrained",))
+    assert autoselect._keeps_ngrams(("word", "pretrained"), ("char",))
+    assert not autoselect._keeps_ngrams(("char",), ("pretrained",))
