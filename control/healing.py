@@ -155,6 +155,7 @@ class Healer:
         info = {"name": slot.name, "version": version, "reason": reason, "at": time.time()}
         self.state.failed_models[f"{slot.name} v{version}"] = info
         self.events.emit("failed", name=slot.name, version=version, reason=reason)
+        self.pool.forget(slot.name, version)
         if slot.replicas:
             return  # other replicas of it still answer; an operator decides
         slot.failed = info

@@ -161,6 +161,20 @@ class WorkerPool:
             if w.alive and w.state in (State.STARTING, State.STANDBY, State.LOADING, State.READY):
                 self.standby.append(w)
 
+    def forget(self, name: str, version: int) -> list[WorkerHandle]:
+        """A version that must not serve again unasked (rolled back
+        automatically, or FAILED): standbys holding it, loaded or still
+        loading (a preload that began before it failed), stop; the pool
+        tops itself up with fresh ones, whose guesses skip it."""
+        want = {"name": name, "version": version}
+        gone = [w for w in self.standby if w.model == want]
+        for w in gone:
+            self.standby.remove(w)
+            log.info("standby gen %d drops %s v%s: it was rolled back or failed",
+                     w.generation, name, version)
+            self.loop.spawn_callback(w.stop, self.wcfg["stop_timeout"])
+        return gone
+
     def refresh(self) -> None:
         """A model was published or applied: standbys may want a fresher guess."""
         for w in list(self.standby):

@@ -45,7 +45,8 @@ class Provisioner:
     def preload_guesses(self) -> list[tuple[str, int]]:
         """Models likely applied next, best first: a newer version of a serving
         model (just trained), then the version each served before (a rollback).
-        The default model's guesses come first."""
+        The default model's guesses come first; a version rolled back
+        automatically or marked FAILED is no guess (pool.forget)."""
         order = sorted(self.state.slots.values(), key=lambda s: s.name != self.state.default_name)
         newer, back = [], []
         for slot in order:
@@ -55,11 +56,13 @@ class Provisioner:
                 later = [v for v in self.store.versions(slot.name) if v > slot.version]
             except StoreError:
                 later = []
-            later = [v for v in later if not slot.rolled_back.get(v, {}).get("auto")]
+            later = [v for v in later if not slot.rolled_back.get(v, {}).get("auto")
+                     and f"{slot.name} v{v}" not in self.state.failed_models]
             if later:
                 newer.append((slot.name, later[-1]))
             if slot.previous and slot.previous != slot.version and (
-                    slot.probation is None or slot.probation.version != slot.previous):
+                    slot.probation is None or slot.probation.version != slot.previous) and (
+                    f"{slot.name} v{slot.previous}" not in self.state.failed_models):
                 back.append((slot.name, slot.previous))
         return newer + back
 
