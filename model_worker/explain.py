@@ -113,8 +113,11 @@ class Explainer:
                 parts.append(self._pretrained_terms(v, bag, best, n))
                 continue
             idx = bag.indices.numpy()
-            rows, cols = idx[:, 0], idx[:, 1]
             vals = bag.values.numpy().astype(np.float64)
+            # entries that weigh nothing (an unknown word's "[UNK]" column,
+            # its idf 0) contribute nothing and are no feature of the text
+            idx, vals = idx[vals != 0], vals[vals != 0]
+            rows, cols = idx[:, 0], idx[:, 1]
             weights = self.kernels[v][cols, best[rows]].astype(np.float64)
             parts.append((rows, np.full(len(rows), v), cols, vals, weights, vals * weights))
         rows, view, col, val, wt, con = (np.concatenate([p[i] for p in parts]) if parts

@@ -156,8 +156,12 @@ def test_explain_through_http(svc):
         _check_sum(e)
     football = body["predictions"][0]["explanation"]["features"]
     assert football and all(isinstance(f["ngram"], str) and f["ngram"] for f in football)
-    # every n-gram shown comes from the text (character n-grams padded with a space)
-    assert all(f["ngram"].strip() in TEXTS[0] for f in football)
+    # every n-gram shown comes from the text (character n-grams padded with a
+    # space): an unknown word's "[UNK]" column, which weighs nothing, is none
+    for text, p in zip(TEXTS, body["predictions"]):
+        assert all(f["ngram"].strip() in text and f["value"] != 0
+                   for f in p["explanation"]["features"]), (text, p["explanation"])
+    assert body["predictions"][3]["explanation"]["features"] == []  # "zzz": no known n-gram
     assert "explanation" not in plain["predictions"][0]
     # all features: they and the bias make the logit
     code, body = svc.predict({"text": TEXTS[0], "explain": 100})
@@ -206,6 +210,8 @@ def test_ensemble_contributions_sum_to_the_averaged_logit():
         assert e["bias"] == pytest.approx(np.mean([b[e["label_index"]] for _, b in members]), abs=1e-5)
         _check_sum(e)
     assert len({f["view"] for f in explained[0]["features"]}) == 2  # both views contribute
+    # "unseen": only its unknown words' columns, which weigh nothing
+    assert not [f for f in explained[2]["features"] if f["view"] == "word"], explained[2]
 
 
 # -- the command line -------------------------------------------------------------------------

@@ -99,6 +99,6 @@ def test_explain_explains_the_top_label_of_a_multilabel_model(svc):
         assert len(e["features"]) <= 3
         contribs = [f["contribution"] for f in e["features"]]
         assert contribs == sorted(contribs, reverse=True)
-        assert all(f["ngram"].strip() in text for f in e["features"])
+        assert all(f["ngram"].strip() in text for f in e["features"]), (text, e)
         _check_sum(e)
     assert got[0]["explanation"]["features"]  # the sport text: n-grams made its label
