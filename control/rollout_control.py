@@ -125,8 +125,8 @@ class RolloutControl:
                          from_version=bad_version, to_version=p.version, reason=reason,
                          details=figures)
         self.loop.spawn_callback(self.provision.retire, bad)
-        if auto:  # nor may a standby that preloaded it keep it (preload_guesses skip it)
-            self.provision.pool.forget(slot.name, bad_version)  # type: ignore[arg-type]
+        if auto and bad_version is not None:  # nor may a standby that preloaded it keep it
+            self.pool.forget(slot.name, bad_version)  # (and preload_guesses skip it)
         return info
 
     def rollback_now(self, slot: Slot, reason: str, auto: bool,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tornado.httpserver import HTTPServer
 from tornado.web import Application
@@ -17,6 +17,9 @@ from control.feedback import FeedbackService
 from frontend.base import NotFoundHandler, log_level
 from frontend.pipeline import PredictPipeline
 
+if TYPE_CHECKING:
+    from frontend.service import Service
+
 log = logging.getLogger("textswap.http")
 
 # Tornado must not cut a connection before a handler can answer 413 with a
@@ -26,12 +29,10 @@ log = logging.getLogger("textswap.http")
 _MIN_TRANSPORT_CAP = 64 * 1024 * 1024
 
 
-def inference_app(sup: Any, config: Any, pipeline: PredictPipeline | None = None,
-                  feedback: FeedbackService | None = None) -> Application:
+def inference_app(sup: Service, config: Any, pipeline: PredictPipeline,
+                  feedback: FeedbackService) -> Application:
     kw = {"supervisor": sup, "config": config}
-    pipeline = pipeline or PredictPipeline.of(sup, config)
-    feedback = feedback or loop_handlers.feedback_service(sup, config)
-    access = auth.accesses(getattr(sup, "keys", None), config)
+    access = auth.accesses(sup.keys, config)
     pkw = {**kw, "auth": access["predict"]}  # open while no predict key exists
     return Application([
         (r"/predict", h.PredictHandler, {**pkw, "pipeline": pipeline}),
@@ -42,15 +43,14 @@ def inference_app(sup: Any, config: Any, pipeline: PredictPipeline | None = None
         # POST /feedback (docs/loop.md): the feedback key
         *loop_handlers.inference_routes({**kw, "auth": access["feedback"]}, feedback),
     ], default_handler_class=NotFoundHandler, default_handler_args=kw,
-        log_function=metrics_http.counting(sup, _log))  # what the predict pipeline does not count
+        log_function=metrics_http.counting(sup.metrics, _log))  # what the predict pipeline does not count
 
 
-def management_app(sup: Any, config: Any, feedback: FeedbackService | None = None
-                   ) -> Application:
-    feedback = feedback or loop_handlers.feedback_service(sup, config)
+def management_app(sup: Service, config: Any, pipeline: PredictPipeline,
+                   feedback: FeedbackService) -> Application:
     # guard: Host and Origin checked, no cross-site bodies (frontend/base.py check_site)
     # auth: the admin key, or the review key for reading (frontend/auth.py)
-    access = auth.accesses(getattr(sup, "keys", None), config)
+    access = auth.accesses(sup.keys, config)
     kw = {"supervisor": sup, "config": config, "auth": access["management"], "guard": True}
     routes: list[Any] = [
         *auth.routes(kw),  # POST /auth/session: the start URL's one-time code
@@ -69,7 +69,7 @@ def management_app(sup: Any, config: Any, feedback: FeedbackService | None = Non
         *clusterapi.routes(kw),  # GET /cluster (cluster mode; 404 otherwise)
         *loop_handlers.management_routes(kw, feedback),  # review queue, retrain policy
         # POST /feedback, /try for the dashboard's panels
-        *dashboard_routes.routes(kw, PredictPipeline.of(sup, config), feedback),
+        *dashboard_routes.routes(kw, pipeline, feedback),
     ]
     routes += training.routes(kw)
     from frontend import dashboard  # GET / and /ui/*: the web page (no data, no key)
@@ -96,18 +96,22 @@ def _audit_log(handler: Any) -> None:
                  handler.request.path, name)
 
 
-def start_servers(sup: Any, config: Any) -> list[HTTPServer]:
+def start_servers(sup: Service, config: Any) -> list[HTTPServer]:
     s = config["server"]
     servers = []
-    pipeline = PredictPipeline.of(sup, config)
-    feedback = loop_handlers.feedback_service(sup, config)  # one for both ports (its label cache)
+    # one predict pipeline and one feedback service for both ports (their
+    # caches: models' labels and policies), each given only what it uses
+    pipeline = PredictPipeline(sup, sup.store, sup.policies, sup.predlog, sup.metrics,
+                               config["limits"], config["predictions"]["sample"])
+    feedback = FeedbackService(sup.predlog, sup.store, sup.policies,
+                               config["feedback"]["max_items"], config["limits"]["max_text_chars"])
     inference: Any = inference_app(sup, config, pipeline, feedback)
     if s["fast_predict"]:
         from frontend.fastpath import PredictRouter
         inference = PredictRouter(inference, pipeline, config,
-                                  auth.accesses(getattr(sup, "keys", None), config)["predict"])
+                                  auth.accesses(sup.keys, config)["predict"])
     for app, host, port in ((inference, s["host"], s["port"]),
-                            (management_app(sup, config, feedback), s["manage_host"],
+                            (management_app(sup, config, pipeline, feedback), s["manage_host"],
                              s["manage_port"])):
         cap = max(_MIN_TRANSPORT_CAP, 2 * config["limits"]["max_body_bytes"])
         server = HTTPServer(app, max_body_size=cap, xheaders=False)

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import urllib.parse
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tornado import httputil
 from tornado.web import HTTPError, RequestHandler, stream_request_body
 
 from state.errors import InvalidName, NotFound, ServiceError, StoreError
+
+if TYPE_CHECKING:
+    from frontend.service import Service
 
 log = logging.getLogger("textswap.http")
 
@@ -61,7 +64,7 @@ class JsonHandler(RequestHandler):
     needs_key = True
     review_may_post = False
 
-    def initialize(self, supervisor: Any, config: Any, auth: Any = None,
+    def initialize(self, supervisor: Service, config: Any, auth: Any = None,
                    guard: bool = False) -> None:
         self.sup = supervisor
         self.cfg = config

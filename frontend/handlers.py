@@ -86,7 +86,8 @@ class StatusHandler(JsonHandler):
 
 class ModelsHandler(JsonHandler):
     def get(self) -> None:
-        serving = {n: self.sup.serving_model(n)["version"] for n in self.sup.serving_names()}
+        serving = {n: m["version"] for n in self.sup.serving_names()
+                   if (m := self.sup.serving_model(n)) is not None}
         default = self.sup.serving_model()
         self.send_json({"models": self.sup.store.listing(),
                         "serving": default and {"name": default["name"],

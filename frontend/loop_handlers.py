@@ -16,21 +16,18 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from control.feedback import FeedbackService, off_loop
 from frontend.base import ApiError, JsonHandler, service_error
 from frontend.request_ids import check_id
 from state.errors import InvalidName, NotFound, ServiceError
 
+if TYPE_CHECKING:
+    from frontend.service import Service
+
 FEEDBACK_FIELDS = {"request_id", "index", "label", "labels", "model", "examples"}
 T = TypeVar("T")
-
-
-def feedback_service(sup: Any, config: Any) -> FeedbackService:
-    """The feedback service over a running supervisor's log, store and policies."""
-    return FeedbackService(sup.predlog, sup.store, sup.policies,
-                           config["feedback"]["max_items"], config["limits"]["max_text_chars"])
 
 
 class RateLimit:
@@ -109,19 +106,21 @@ class FeedbackHandler(JsonHandler):
             raise service_error(exc) from None
         self.send_json(answer)
 
-    def initialize(self, supervisor: Any, config: Any, auth: Any = None,
+    def initialize(self, supervisor: Service, config: Any, auth: Any = None,
                    guard: bool = False, feedback: FeedbackService | None = None) -> None:
         super().initialize(supervisor, config, auth, guard)
-        self.feedback = feedback or feedback_service(supervisor, config)
+        assert feedback is not None, "its routes pass the service's one feedback (frontend/app.py)"
+        self.feedback = feedback
 
 
 class ReviewHandler(JsonHandler):
     """GET /models/<name>/review?limit=50&strategy=uncertain|random"""
 
-    def initialize(self, supervisor: Any, config: Any, auth: Any = None,
+    def initialize(self, supervisor: Service, config: Any, auth: Any = None,
                    guard: bool = False, feedback: FeedbackService | None = None) -> None:
         super().initialize(supervisor, config, auth, guard)
-        self.feedback = feedback or feedback_service(supervisor, config)
+        assert feedback is not None, "its routes pass the service's one feedback (frontend/app.py)"
+        self.feedback = feedback
 
     async def get(self, name: str) -> None:
         args = {k: self.get_query_argument(k) for k in self.request.query_arguments}

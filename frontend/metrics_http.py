@@ -10,12 +10,16 @@ log function, once per answer.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tornado.web import Application
 
 from frontend.base import ApiError, JsonHandler, NotFoundHandler
 from frontend.pipeline import PipelineHandler
+
+if TYPE_CHECKING:
+    from control.metrics import Metrics
+    from frontend.service import Service
 
 
 class MetricsHandler(JsonHandler):
@@ -35,16 +39,15 @@ def routes(kw: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
     return [(r"/metrics", MetricsHandler, kw)]
 
 
-def metrics_app(sup: Any, config: Any) -> Application:
+def metrics_app(sup: Service, config: Any) -> Application:
     """The app of the optional metrics-only port: GET /metrics, no key."""
     kw = {"supervisor": sup, "config": config}
     return Application(routes(kw), default_handler_class=NotFoundHandler,
                        default_handler_args=kw)
 
 
-def counting(sup: Any, log_function: Callable[[Any], None]) -> Callable[[Any], None]:
+def counting(m: Metrics | None, log_function: Callable[[Any], None]) -> Callable[[Any], None]:
     """log_function, plus one count per answer of the app it logs for."""
-    m = getattr(sup, "metrics", None)
     if m is None or not m.enabled:
         return log_function
 

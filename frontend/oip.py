@@ -33,7 +33,7 @@ import struct
 import sys
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tornado.web import HTTPError
 
@@ -41,6 +41,9 @@ from frontend import predictions, request_ids
 from frontend.base import ApiError, JsonHandler
 from frontend.pipeline import (Call, PipelineHandler, PredictPipeline, PredictRequest,
                                Rendered, Routed, Serving)
+
+if TYPE_CHECKING:
+    from frontend.service import Service
 
 SERVER = "textswap"
 SERVER_VERSION = "1"
@@ -454,10 +457,11 @@ class ServerReadyHandler(OipHandler):
 
 
 class ModelMetadataHandler(OipHandler):
-    def initialize(self, supervisor: Any, config: Any, auth: Any = None,
+    def initialize(self, supervisor: Service, config: Any, auth: Any = None,
                    guard: bool = False, pipeline: PredictPipeline | None = None) -> None:
         super().initialize(supervisor, config, auth, guard)
-        self.pipeline = pipeline or PredictPipeline.of(supervisor, config)
+        assert pipeline is not None, "its routes pass the service's one pipeline (frontend/app.py)"
+        self.pipeline = pipeline
 
     def get(self, name: str, version: str | None = None) -> None:
         m = resolve(self.sup, name, version)

@@ -29,6 +29,7 @@ from frontend.base import ApiError, JsonHandler, service_error
 from state.errors import ServiceError, StoreError
 
 if TYPE_CHECKING:
+    from frontend.service import Service
     from control.metrics import Metrics
     from state.predlog_api import PredictionLogBackend
     from state.store import ModelStore
@@ -141,12 +142,6 @@ class PredictPipeline:
         self._info: dict[tuple[str, Any], dict[str, Any]] = {}
         self._broken: set[tuple[str, str]] = set()  # (model, min_score) already reported
         self._broken_meta: set[tuple[str, Any]] = set()  # versions whose meta.json failed
-
-    @classmethod
-    def of(cls, sup: Any, config: Any) -> PredictPipeline:
-        """The pipeline of a running supervisor (frontend/app.py)."""
-        return cls(sup, sup.store, sup.policies, sup.predlog, sup.metrics,
-                   config["limits"], config["predictions"]["sample"])
 
     async def answer(self, wire: Wire, call: Call, started: float) -> Reply:
         """The whole pipeline for one request; started: its time.monotonic()."""
@@ -302,10 +297,11 @@ class PipelineHandler(JsonHandler):
 
     counted = False
 
-    def initialize(self, supervisor: Any, config: Any, auth: Any = None,
+    def initialize(self, supervisor: Service, config: Any, auth: Any = None,
                    guard: bool = False, pipeline: PredictPipeline | None = None) -> None:
         super().initialize(supervisor, config, auth, guard)
-        self.pipeline = pipeline or PredictPipeline.of(supervisor, config)
+        assert pipeline is not None, "its routes pass the service's one pipeline (frontend/app.py)"
+        self.pipeline = pipeline
 
     async def answer(self, wire: Wire, args: tuple[str | None, ...] = (),
                      data: dict[str, Any] | None = None) -> None:

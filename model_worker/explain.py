@@ -116,7 +116,8 @@ class Explainer:
             vals = bag.values.numpy().astype(np.float64)
             # entries that weigh nothing (an unknown word's "[UNK]" column,
             # its idf 0) contribute nothing and are no feature of the text
-            idx, vals = idx[vals != 0], vals[vals != 0]
+            weighs = vals != 0
+            idx, vals = idx[weighs], vals[weighs]
             rows, cols = idx[:, 0], idx[:, 1]
             weights = self.kernels[v][cols, best[rows]].astype(np.float64)
             parts.append((rows, np.full(len(rows), v), cols, vals, weights, vals * weights))
