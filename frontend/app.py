@@ -31,15 +31,16 @@ _MIN_TRANSPORT_CAP = 64 * 1024 * 1024
 
 def inference_app(sup: Service, config: Any, pipeline: PredictPipeline,
                   feedback: FeedbackService) -> Application:
-    kw = {"supervisor": sup, "config": config}
+    # each route gets the config, its key check, the history and the one part it uses
+    kw = {"config": config, "history": sup.state}
     access = auth.accesses(sup.keys, config)
     pkw = {**kw, "auth": access["predict"]}  # open while no predict key exists
     return Application([
-        (r"/predict", h.PredictHandler, {**pkw, "pipeline": pipeline}),
+        (r"/predict", h.PredictHandler, {**pkw, "parts": pipeline}),
         (r"/healthz", h.HealthHandler, kw),
-        (r"/readyz", h.ReadyHandler, kw),
-        (r"/openapi.json", openapi.InferenceSpecHandler, {**kw, "predict": access["predict"]}),
-        *oip.routes(pkw, pipeline),  # Open Inference Protocol v2
+        (r"/readyz", h.ReadyHandler, {**kw, "parts": sup.serving}),
+        (r"/openapi.json", openapi.InferenceSpecHandler, {**kw, "parts": access["predict"]}),
+        *oip.routes(pkw, pipeline, sup.serving),  # Open Inference Protocol v2
         # POST /feedback (docs/loop.md): the feedback key
         *loop_handlers.inference_routes({**kw, "auth": access["feedback"]}, feedback),
     ], default_handler_class=NotFoundHandler, default_handler_args=kw,
@@ -51,27 +52,32 @@ def management_app(sup: Service, config: Any, pipeline: PredictPipeline,
     # guard: Host and Origin checked, no cross-site bodies (frontend/base.py check_site)
     # auth: the admin key, or the review key for reading (frontend/auth.py)
     access = auth.accesses(sup.keys, config)
-    kw = {"supervisor": sup, "config": config, "auth": access["management"], "guard": True}
+    kw = {"config": config, "history": sup.state, "auth": access["management"], "guard": True}
+    store, applies = sup.store, sup.applies
     routes: list[Any] = [
-        *auth.routes(kw),  # POST /auth/session: the start URL's one-time code
-        (r"/apply", h.ApplyHandler, kw),
-        (r"/unload", h.UnloadHandler, kw),
-        (r"/status", h.StatusHandler, kw),
-        (r"/models", h.ModelsHandler, kw),
-        (r"/models/([^/]+)", h.ModelHandler, kw),
-        (r"/models/([^/]+)/([0-9]{1,9})", h.ModelHandler, kw),
-        *artifact.routes(kw),  # GET /models/<name>/<version>/artifact (.tar.gz)
+        *auth.routes(kw, sup.keys),  # POST /auth/session: the start URL's one-time code
+        (r"/apply", h.ApplyHandler, {**kw, "parts": applies}),
+        (r"/unload", h.UnloadHandler, {**kw, "parts": applies}),
+        (r"/status", h.StatusHandler, {**kw, "parts": sup.statusview}),
+        (r"/models", h.ModelsHandler, {**kw, "parts": h.Catalog(store, sup.serving)}),
+        (r"/models/([^/]+)", h.ModelHandler, {**kw, "parts": store}),
+        (r"/models/([^/]+)/([0-9]{1,9})", h.ModelHandler, {**kw, "parts": store}),
+        *artifact.routes(kw, store),  # GET /models/<name>/<version>/artifact (.tar.gz)
         (r"/healthz", h.HealthHandler, kw),
         (r"/openapi.json", openapi.ManagementSpecHandler, kw),
-        *rollout_handlers.routes(kw),  # rollback, promote, abort, rollouts, golden, history
-        *quality_handlers.routes(kw),  # GET /models/<name>/quality (live quality, drift)
-        *metrics_http.routes(kw),  # GET /metrics (Prometheus)
-        *clusterapi.routes(kw),  # GET /cluster (cluster mode; 404 otherwise)
-        *loop_handlers.management_routes(kw, feedback),  # review queue, retrain policy
+        # rollback, promote, abort, rollouts, golden, history
+        *rollout_handlers.routes(kw, sup.rollouts, rollout_handlers.GoldenParts(
+            sup.golden, sup.storage, sup.jobs), sup.statusview),
+        *quality_handlers.routes(kw, sup.quality),  # GET /models/<name>/quality (live quality, drift)
+        *metrics_http.routes(kw, sup.metrics),  # GET /metrics (Prometheus)
+        *clusterapi.routes(kw, sup.records),  # GET /cluster (cluster mode; 404 otherwise)
+        # review queue, retrain policy, erasure
+        *loop_handlers.management_routes(kw, feedback, loop_handlers.PolicyParts(
+            store, sup.policies), sup.predlog),
         # POST /feedback, /try for the dashboard's panels
         *dashboard_routes.routes(kw, pipeline, feedback),
     ]
-    routes += training.routes(kw)
+    routes += training.routes(kw, sup.jobs)
     from frontend import dashboard  # GET / and /ui/*: the web page (no data, no key)
     routes += dashboard.routes(kw)
     return Application(routes, default_handler_class=NotFoundHandler, default_handler_args=kw,
@@ -119,7 +125,7 @@ def start_servers(sup: Service, config: Any) -> list[HTTPServer]:
         servers.append(server)
     m = config["metrics"]
     if m["enabled"] and m["port"]:  # for scrapers that cannot send a key
-        server = HTTPServer(metrics_http.metrics_app(sup, config))
+        server = HTTPServer(metrics_http.metrics_app(sup.metrics, config))
         server.listen(m["port"], address=m["host"])
         servers.append(server)
     return servers

@@ -12,12 +12,15 @@ from __future__ import annotations
 import os
 import tarfile
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tornado.ioloop import IOLoop
 
 from state.errors import InvalidName
 from frontend.base import ApiError, JsonHandler, service_error
+
+if TYPE_CHECKING:
+    from state.store import ModelStore
 
 _CHUNK = 256 * 1024
 # Archives up to this size stay in memory; larger ones spill to a temp file.
@@ -40,9 +43,11 @@ def _build(folder: str, arcname: str) -> Any:
 
 
 class ArtifactHandler(JsonHandler):
+    parts: ModelStore
+
     async def get(self, name: str, version: str) -> None:
         try:
-            v, folder = self.sup.store.resolve(name, int(version))
+            v, folder = self.parts.resolve(name, int(version))
         except InvalidName:
             raise ApiError(404, "not_found", f"no model named {name!r} in the store") from None
         except Exception as exc:
@@ -65,5 +70,5 @@ class ArtifactHandler(JsonHandler):
             archive.close()
 
 
-def routes(kw: dict[str, Any]) -> list[Any]:
-    return [(r"/models/([^/]+)/([0-9]{1,9})/artifact", ArtifactHandler, kw)]
+def routes(kw: dict[str, Any], store: ModelStore) -> list[Any]:
+    return [(r"/models/([^/]+)/([0-9]{1,9})/artifact", ArtifactHandler, {**kw, "parts": store})]

@@ -108,11 +108,12 @@ class SessionHandler(JsonHandler):
     session token (admin scope). No key needed: the code is the credential."""
 
     needs_key = False
+    parts: KeyRing | None  # None: auth is off
 
     async def post(self) -> None:
         data = self.json_object({"code"})
         code = data.get("code")
-        keys = getattr(self.sup, "keys", None)
+        keys = self.parts
         if keys is None:
             raise ApiError(409, "auth_off", "auth is off (auth.enabled: false): no key needed")
         if not isinstance(code, str) or not code:
@@ -131,14 +132,17 @@ class CodeHandler(JsonHandler):
     """POST /auth/code (admin key): a new one-time dashboard URL, for when the
     start URL's code is used (`textswap dashboard` prints it)."""
 
+    parts: KeyRing | None
+
     async def post(self) -> None:
         self.json_object(set(), required=False)
-        keys = getattr(self.sup, "keys", None)
+        keys = self.parts
         if keys is None:
             raise ApiError(409, "auth_off", "auth is off (auth.enabled: false): no key needed")
         code = keys.new_code()
         self.send_json({"code": code, "url": f"http://{self.request.host}/#code={code}"})
 
 
-def routes(kw: dict[str, Any]) -> list[Any]:
+def routes(kw: dict[str, Any], keys: KeyRing | None) -> list[Any]:
+    kw = {**kw, "parts": keys}
     return [(r"/auth/session", SessionHandler, kw), (r"/auth/code", CodeHandler, kw)]

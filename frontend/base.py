@@ -18,7 +18,7 @@ from tornado.web import HTTPError, RequestHandler, stream_request_body
 from state.errors import InvalidName, NotFound, ServiceError, StoreError
 
 if TYPE_CHECKING:
-    from frontend.service import Service
+    from frontend.service import HistoryLog
 
 log = logging.getLogger("textswap.http")
 
@@ -50,7 +50,13 @@ class ApiError(HTTPError):
 
 @stream_request_body
 class JsonHandler(RequestHandler):
-    """Base handler; ``initialize`` receives the supervisor and the config."""
+    """Base handler. ``initialize`` receives the config, the route group's key
+    check (auth) and site guard, the history that audit() writes to, and the
+    one object of the service that the handler uses (``parts``): a part such
+    as the model store or the job manager, a narrow Protocol of the control
+    plane (frontend/service.py), or a small dataclass of a few parts. Each
+    subclass declares its type (``parts: ModelStore``); frontend/app.py
+    composes them, so no handler sees the supervisor."""
 
     # the management port's routes and POST /feedback: only this service's own
     # names in Host and Origin, and a body not declared JSON only with a valid
@@ -64,9 +70,12 @@ class JsonHandler(RequestHandler):
     needs_key = True
     review_may_post = False
 
-    def initialize(self, supervisor: Service, config: Any, auth: Any = None,
-                   guard: bool = False) -> None:
-        self.sup = supervisor
+    parts: Any = None
+
+    def initialize(self, config: Any, auth: Any = None, guard: bool = False,
+                   history: HistoryLog | None = None, parts: Any = None) -> None:
+        self.parts = parts
+        self.history = history
         self.cfg = config
         self.limits = config["limits"]
         self.auth = auth  # a frontend.auth.Access, or None: no key checked
@@ -146,11 +155,10 @@ class JsonHandler(RequestHandler):
         cancelling, golden sets, policies, erasures): what changed and, with
         auth on, which key did it (state/statedb.py add_history). The change
         is done and persisted already; a failed entry is logged, not answered."""
-        db = getattr(self.sup, "state", None)
-        if db is None:
+        if self.history is None:
             return
         try:
-            db.add_history(name, kind, source="api", details=details)
+            self.history.add_history(name, kind, source="api", details=details)
         except Exception as exc:
             log.error("cannot record %s of %s in the history: %s", kind, name, exc)
 

@@ -74,15 +74,10 @@ class AssetHandler(JsonHandler):
 
     needs_key = False  # the page and its assets carry no data
 
-    def initialize(self, supervisor: Any, config: Any, auth: Any = None,
-                   guard: bool = False, assets: dict[str, Asset] | None = None) -> None:
-        # served without a key
-        # (but only under this service's own names: guard)
-        super().initialize(supervisor, config, None, guard)
-        self.assets = assets or {}
+    parts: dict[str, Asset]  # load_assets()
 
     def _asset(self, rel: str | None) -> Asset:
-        asset = self.assets.get(rel or "index.html")
+        asset = self.parts.get(rel or "index.html")
         if asset is None:
             raise ApiError(404, "not_found", f"no such endpoint: {self.request.path}")
         return asset
@@ -116,6 +111,7 @@ class AssetHandler(JsonHandler):
 
 
 def routes(kw: dict[str, Any]) -> list[Any]:
-    akw = {**kw, "assets": load_assets()}
+    # served without a key (but only under this service's own names: guard)
+    akw = {**kw, "auth": None, "parts": load_assets()}
     return [(r"/", AssetHandler, akw),
             (PREFIX.rstrip("/") + r"/([A-Za-z0-9_.\-/]{1,200})", AssetHandler, akw)]

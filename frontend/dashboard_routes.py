@@ -53,5 +53,5 @@ class TryHandler(PipelineHandler):
 
 def routes(kw: dict[str, Any], pipeline: PredictPipeline, feedback: FeedbackService
            ) -> list[Any]:
-    return [(r"/feedback", ManagementFeedbackHandler, {**kw, "feedback": feedback}),
-            (r"/try", TryHandler, {**kw, "pipeline": pipeline})]
+    return [(r"/feedback", ManagementFeedbackHandler, {**kw, "parts": feedback}),
+            (r"/try", TryHandler, {**kw, "parts": pipeline})]

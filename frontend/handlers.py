@@ -1,5 +1,10 @@
-"""Inference and management handlers: validate, call the supervisor, answer JSON."""
+"""Inference and management handlers: validate, call the part that answers
+(the serving state, the control plane's applies, the status view, the model
+store), answer JSON."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from control.slots import MAX_REPLICAS
 from frontend import predictions
@@ -7,6 +12,12 @@ from frontend.base import ApiError, JsonHandler, int_field, name_field, service_
 from frontend.pipeline import PipelineHandler
 from frontend.rollout_handlers import ROLLOUT_FIELDS, rollout_options
 from state.errors import InvalidName
+
+if TYPE_CHECKING:
+    from control.applies import Applies
+    from control.status import StatusView
+    from frontend.service import ServingView
+    from state.store import ModelStore
 
 
 # -- inference port ----------------------------------------------------------------
@@ -26,13 +37,15 @@ class HealthHandler(JsonHandler):
 class ReadyHandler(JsonHandler):
     """Ready when the default model serves."""
 
+    parts: ServingView
+
     def get(self) -> None:
-        serving = self.sup.serving_model()
+        serving = self.parts.serving_model()
         if serving is None:
             raise ApiError(503, "not_ready", "the default model is not serving yet")
         self.send_json({"status": "ready",
                         "model": {"name": serving["name"], "version": serving["version"]},
-                        "models": self.sup.serving_names()})
+                        "models": self.parts.serving_names()})
 
 
 # -- management port ---------------------------------------------------------------
@@ -40,6 +53,8 @@ class ReadyHandler(JsonHandler):
 
 class ApplyHandler(JsonHandler):
     """POST /apply {"name", "version"?, "replicas"?, "default"?}: swap that slot."""
+
+    parts: Applies
 
     async def post(self) -> None:
         data = self.json_object({"name", "version", "replicas", "default", "partial"}
@@ -58,8 +73,8 @@ class ApplyHandler(JsonHandler):
         if not isinstance(partial, bool):
             raise ApiError(400, "invalid_field", "'partial' must be true or false")
         try:
-            result = await self.sup.apply(name, version, replicas=replicas, default=default,
-                                          partial=partial, **rollout_options(data))
+            result = await self.parts.apply(name, version, replicas=replicas, default=default,
+                                            partial=partial, **rollout_options(data))
         except Exception as exc:
             raise service_error(exc) from None
         self.send_json(result)
@@ -68,10 +83,12 @@ class ApplyHandler(JsonHandler):
 class UnloadHandler(JsonHandler):
     """POST /unload {"name"}: stop serving a model (the store keeps it)."""
 
+    parts: Applies
+
     async def post(self) -> None:
         name = name_field(self.json_object({"name"}))
         try:
-            result = await self.sup.unload(name)
+            result = await self.parts.unload(name)
         except InvalidName:
             raise ApiError(404, "model_not_serving", f"model {name!r} is not serving") from None
         except Exception as exc:
@@ -80,32 +97,47 @@ class UnloadHandler(JsonHandler):
 
 
 class StatusHandler(JsonHandler):
+    parts: StatusView
+
     def get(self) -> None:
-        self.send_json(self.sup.status())
+        self.send_json(self.parts.status())
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """What GET /models reads: the store's models and what serves."""
+    store: ModelStore
+    serving: ServingView
 
 
 class ModelsHandler(JsonHandler):
+    parts: Catalog
+
     def get(self) -> None:
-        serving = {n: m["version"] for n in self.sup.serving_names()
-                   if (m := self.sup.serving_model(n)) is not None}
-        default = self.sup.serving_model()
-        self.send_json({"models": self.sup.store.listing(),
+        store, state = self.parts.store, self.parts.serving
+        serving = {n: m["version"] for n in state.serving_names()
+                   if (m := state.serving_model(n)) is not None}
+        default = state.serving_model()
+        self.send_json({"models": store.listing(),
                         "serving": default and {"name": default["name"],
                                                 "version": default["version"]},
-                        "default": self.sup.default_name, "serving_versions": serving})
+                        "default": state.default_name, "serving_versions": serving})
 
 
 class ModelHandler(JsonHandler):
+    parts: ModelStore
+
     def get(self, name: str, version: str | None = None) -> None:
+        store = self.parts
         try:
             if version is None:
-                models = [m for m in self.sup.store.listing() if m["name"] == name]
+                models = [m for m in store.listing() if m["name"] == name]
                 if not models:
-                    self.sup.store.resolve(name)
+                    store.resolve(name)
                 self.send_json(models[0])
             else:
-                v, _ = self.sup.store.resolve(name, int(version))
-                self.send_json(self.sup.store.meta(name, v))
+                v, _ = store.resolve(name, int(version))
+                self.send_json(store.meta(name, v))
         except InvalidName:  # a lookup of a name that cannot exist: not there
             raise ApiError(404, "not_found", f"no model named {name!r} in the store") from None
         except Exception as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from control.feedback import FeedbackService, off_loop
@@ -24,7 +25,9 @@ from frontend.request_ids import check_id
 from state.errors import InvalidName, NotFound, ServiceError
 
 if TYPE_CHECKING:
-    from frontend.service import Service
+    from control.policies import Policies
+    from state.predlog_api import PredictionLogBackend
+    from state.store import ModelStore
 
 FEEDBACK_FIELDS = {"request_id", "index", "label", "labels", "model", "examples"}
 T = TypeVar("T")
@@ -83,6 +86,7 @@ class FeedbackHandler(JsonHandler):
     """POST /feedback: true labels for logged predictions, or free examples."""
 
     guarded = True  # on the public port too: labels train models
+    parts: FeedbackService  # the service's one (frontend/app.py)
 
     def _caller(self) -> str:
         auth = self.request.headers.get("Authorization", "")
@@ -101,26 +105,16 @@ class FeedbackHandler(JsonHandler):
                            headers={"Retry-After": str(max(1, math.ceil(wait)))})
         data = self.json_object(FEEDBACK_FIELDS)
         try:
-            answer = await self.feedback.feedback(data)
+            answer = await self.parts.feedback(data)
         except ServiceError as exc:
             raise service_error(exc) from None
         self.send_json(answer)
-
-    def initialize(self, supervisor: Service, config: Any, auth: Any = None,
-                   guard: bool = False, feedback: FeedbackService | None = None) -> None:
-        super().initialize(supervisor, config, auth, guard)
-        assert feedback is not None, "its routes pass the service's one feedback (frontend/app.py)"
-        self.feedback = feedback
 
 
 class ReviewHandler(JsonHandler):
     """GET /models/<name>/review?limit=50&strategy=uncertain|random"""
 
-    def initialize(self, supervisor: Service, config: Any, auth: Any = None,
-                   guard: bool = False, feedback: FeedbackService | None = None) -> None:
-        super().initialize(supervisor, config, auth, guard)
-        assert feedback is not None, "its routes pass the service's one feedback (frontend/app.py)"
-        self.feedback = feedback
+    parts: FeedbackService
 
     async def get(self, name: str) -> None:
         args = {k: self.get_query_argument(k) for k in self.request.query_arguments}
@@ -133,26 +127,34 @@ class ReviewHandler(JsonHandler):
         except ValueError:
             raise ApiError(400, "invalid_field", "'limit' must be an integer") from None
         try:
-            answer = await self.feedback.review(name, limit, args.get("strategy", "uncertain"))
+            answer = await self.parts.review(name, limit, args.get("strategy", "uncertain"))
         except ServiceError as exc:
             raise service_error(exc) from None
         self.send_json(answer)
 
 
+@dataclass(frozen=True)
+class PolicyParts:
+    store: ModelStore  # the model must exist
+    policies: Policies
+
+
 class PolicyHandler(JsonHandler):
     """GET/PUT/DELETE /models/<name>/policy: the model's retrain policy."""
+
+    parts: PolicyParts
 
     async def _known(self, name: str) -> None:
         def check() -> None:
             try:
-                self.sup.store.resolve(name)
+                self.parts.store.resolve(name)
             except (NotFound, InvalidName):
                 raise ApiError(404, "not_found", f"no model named {name!r} in the store") from None
         await _run(check)
 
     async def get(self, name: str) -> None:
         await self._known(name)
-        self.send_json(self.sup.policies.describe(name))
+        self.send_json(self.parts.policies.describe(name))
 
     async def put(self, name: str) -> None:
         from control.policies import PolicyError
@@ -160,30 +162,32 @@ class PolicyHandler(JsonHandler):
         data = self.json_body()
         await self._known(name)
         try:
-            await _run(self.sup.policies.put, name, data, what=f"the policy of {name}",
-                       path=getattr(self.sup.policies, "path", ""))
+            await _run(self.parts.policies.put, name, data, what=f"the policy of {name}",
+                       path=getattr(self.parts.policies, "path", ""))
         except PolicyError as exc:
             raise ApiError(400, "invalid_policy", str(exc)) from None
-        policy = self.sup.policies.describe(name)
+        policy = self.parts.policies.describe(name)
         self.audit(name, "policy", {"policy": policy.get("policy")})
         self.send_json(policy)
-        self.sup.policies.labels_arrived(name)  # labels may be waiting already
+        self.parts.policies.labels_arrived(name)  # labels may be waiting already
 
     async def delete(self, name: str) -> None:
         await self._known(name)
-        removed = await _run(self.sup.policies.delete, name, what=f"the policy of {name}",
-                             path=getattr(self.sup.policies, "path", ""))
+        removed = await _run(self.parts.policies.delete, name, what=f"the policy of {name}",
+                             path=getattr(self.parts.policies, "path", ""))
         if removed:
             self.audit(name, "policy_deleted")
-        self.send_json({**self.sup.policies.describe(name), "removed": removed})
+        self.send_json({**self.parts.policies.describe(name), "removed": removed})
 
 
 class _Erasure(JsonHandler):
     """Erasure of logged texts; the answer says what was removed, and the
     history records the erasure (not the texts)."""
 
-    def _log(self) -> Any:
-        plog = getattr(self.sup, "predlog", None)
+    parts: PredictionLogBackend | None
+
+    def _predlog(self) -> PredictionLogBackend:
+        plog = self.parts
         if plog is None:
             raise ApiError(409, "log_off", "the service keeps no prediction log")
         return plog
@@ -195,7 +199,7 @@ class RequestErasureHandler(_Erasure):
     from the model's free examples with those texts."""
 
     async def delete(self, request_id: str) -> None:
-        plog = self._log()
+        plog = self._predlog()
         rid = check_id(request_id, "the request id")
         removed = await _run(plog.erase, rid, what="the prediction log",
                              path=getattr(plog, "path", ""))
@@ -209,7 +213,7 @@ class ModelErasureHandler(_Erasure):
     free examples."""
 
     async def delete(self, name: str) -> None:
-        plog = self._log()
+        plog = self._predlog()
         model = name_of(name)
         removed = await _run(plog.purge, model, what="the prediction log",
                              path=getattr(plog, "path", ""))
@@ -227,12 +231,13 @@ def name_of(value: Any) -> str:
 
 
 def inference_routes(kw: dict[str, Any], feedback: FeedbackService) -> list[Any]:
-    return [(r"/feedback", FeedbackHandler, {**kw, "feedback": feedback})]  # kw's auth: the feedback key
+    return [(r"/feedback", FeedbackHandler, {**kw, "parts": feedback})]  # kw's auth: the feedback key
 
 
-def management_routes(kw: dict[str, Any], feedback: FeedbackService) -> list[Any]:
-    return [(r"/models/([^/]+)/review", ReviewHandler, {**kw, "feedback": feedback}),
-            (r"/models/([^/]+)/policy", PolicyHandler, kw),
-            (r"/predictions/([^/]+)", RequestErasureHandler, kw),
-            (r"/models/([^/]+)/predictions", ModelErasureHandler, kw)]
+def management_routes(kw: dict[str, Any], feedback: FeedbackService, policies: PolicyParts,
+                      predlog: PredictionLogBackend | None) -> list[Any]:
+    return [(r"/models/([^/]+)/review", ReviewHandler, {**kw, "parts": feedback}),
+            (r"/models/([^/]+)/policy", PolicyHandler, {**kw, "parts": policies}),
+            (r"/predictions/([^/]+)", RequestErasureHandler, {**kw, "parts": predlog}),
+            (r"/models/([^/]+)/predictions", ModelErasureHandler, {**kw, "parts": predlog})]
 

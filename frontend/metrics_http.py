@@ -19,12 +19,13 @@ from frontend.pipeline import PipelineHandler
 
 if TYPE_CHECKING:
     from control.metrics import Metrics
-    from frontend.service import Service
 
 
 class MetricsHandler(JsonHandler):
+    parts: Metrics | None
+
     def get(self) -> None:
-        m = getattr(self.sup, "metrics", None)
+        m = self.parts
         if m is None or not m.enabled:
             raise ApiError(404, "not_found", "metrics are off (metrics.enabled: false)")
         try:
@@ -35,14 +36,15 @@ class MetricsHandler(JsonHandler):
         self.finish(body)
 
 
-def routes(kw: dict[str, Any]) -> list[tuple[str, type, dict[str, Any]]]:
-    return [(r"/metrics", MetricsHandler, kw)]
+def routes(kw: dict[str, Any], metrics: Metrics | None
+           ) -> list[tuple[str, type, dict[str, Any]]]:
+    return [(r"/metrics", MetricsHandler, {**kw, "parts": metrics})]
 
 
-def metrics_app(sup: Service, config: Any) -> Application:
+def metrics_app(metrics: Metrics | None, config: Any) -> Application:
     """The app of the optional metrics-only port: GET /metrics, no key."""
-    kw = {"supervisor": sup, "config": config}
-    return Application(routes(kw), default_handler_class=NotFoundHandler,
+    kw = {"config": config}
+    return Application(routes(kw, metrics), default_handler_class=NotFoundHandler,
                        default_handler_args=kw)
 
 

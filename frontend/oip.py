@@ -40,10 +40,10 @@ from tornado.web import HTTPError
 from frontend import predictions, request_ids
 from frontend.base import ApiError, JsonHandler
 from frontend.pipeline import (Call, PipelineHandler, PredictPipeline, PredictRequest,
-                               Rendered, Routed, Serving)
+                               Rendered, Routed, Lookup)
 
 if TYPE_CHECKING:
-    from frontend.service import Service
+    from frontend.service import ServingView
 
 SERVER = "textswap"
 SERVER_VERSION = "1"
@@ -66,7 +66,7 @@ class OipError(ApiError):
 
 
 # -- what serves ---------------------------------------------------------------------------
-def _not_serving(sup: Serving, name: str, version: str | None = None) -> OipError:
+def _not_serving(sup: Lookup, name: str, version: str | None = None) -> OipError:
     names = sup.serving_names()
     serving = ", ".join(repr(n) for n in names) if names else "none"
     if version is not None:
@@ -77,7 +77,7 @@ def _not_serving(sup: Serving, name: str, version: str | None = None) -> OipErro
     return OipError(404, f"model '{name}' is not serving here (serving: {serving})")
 
 
-def resolve(sup: Serving, name: str, version: str | None) -> dict[str, Any]:
+def resolve(sup: Lookup, name: str, version: str | None) -> dict[str, Any]:
     """The serving model named in the URL, or a 404 that says what serves."""
     m = sup.serving_model(name)
     if m is None:
@@ -449,29 +449,28 @@ class LiveHandler(OipHandler):
 
 class ServerReadyHandler(OipHandler):
     needs_key = False  # a probe, like /readyz: no predict key
+    parts: ServingView
 
     def get(self) -> None:
         # the protocol: 200 means ready, a 4xx means not (Triton answers 400)
-        ready = bool(self.sup.ready)
+        ready = bool(self.parts.ready)
         self.oip_json({"ready": ready}, 200 if ready else 400)
 
 
 class ModelMetadataHandler(OipHandler):
-    def initialize(self, supervisor: Service, config: Any, auth: Any = None,
-                   guard: bool = False, pipeline: PredictPipeline | None = None) -> None:
-        super().initialize(supervisor, config, auth, guard)
-        assert pipeline is not None, "its routes pass the service's one pipeline (frontend/app.py)"
-        self.pipeline = pipeline
+    parts: PredictPipeline  # its serving view resolves the model, its info() describes it
 
     def get(self, name: str, version: str | None = None) -> None:
-        m = resolve(self.sup, name, version)
+        m = resolve(self.parts.serving, name, version)
         self.metric_model = m
-        self.oip_json(model_metadata(m, self.pipeline.info(m)))
+        self.oip_json(model_metadata(m, self.parts.info(m)))
 
 
 class ModelReadyHandler(OipHandler):
+    parts: ServingView
+
     def get(self, name: str, version: str | None = None) -> None:
-        m = resolve(self.sup, name, version)
+        m = resolve(self.parts, name, version)
         self.metric_model = m
         self.oip_json({"name": m["name"], "version": str(m["version"]), "ready": True})
 
@@ -490,17 +489,18 @@ _MODEL = r"/v2/models/([^/]+)"
 _VERSION = r"/versions/([^/]+)"
 
 
-def routes(kw: dict[str, Any], pipeline: PredictPipeline
+def routes(kw: dict[str, Any], pipeline: PredictPipeline, serving: ServingView
            ) -> list[tuple[str, type, dict[str, Any]]]:
-    pkw = {**kw, "pipeline": pipeline}
+    pkw = {**kw, "parts": pipeline}
+    skw = {**kw, "parts": serving}
     return [
         (r"/v2", ServerMetadataHandler, kw),
         (r"/v2/health/live", LiveHandler, kw),
-        (r"/v2/health/ready", ServerReadyHandler, kw),
+        (r"/v2/health/ready", ServerReadyHandler, skw),
         (_MODEL, ModelMetadataHandler, pkw),
         (_MODEL + _VERSION, ModelMetadataHandler, pkw),
-        (_MODEL + r"/ready", ModelReadyHandler, kw),
-        (_MODEL + _VERSION + r"/ready", ModelReadyHandler, kw),
+        (_MODEL + r"/ready", ModelReadyHandler, skw),
+        (_MODEL + _VERSION + r"/ready", ModelReadyHandler, skw),
         (_MODEL + r"/infer", InferHandler, pkw),
         (_MODEL + _VERSION + r"/infer", InferHandler, pkw),
     ]

@@ -782,14 +782,11 @@ def quality_paths(name_param: S, bad_path: S) -> S:
 
 # -- the handlers ------------------------------------------------------------------------
 class InferenceSpecHandler(JsonHandler):
-    def initialize(self, supervisor: Any, config: Any, auth: Any = None, guard: bool = False,
-                   predict: Any = None) -> None:
-        super().initialize(supervisor, config, auth, guard)
-        self.predict = predict  # the predict routes' Access (frontend/auth.py), or None
+    parts: Any  # the predict routes' Access (frontend/auth.py), or None
 
     def get(self) -> None:
         # as the routes are now: a predict key added by rotation guards them at once
-        self.send_json(inference_spec(self.cfg, bool(self.predict and self.predict.required())))
+        self.send_json(inference_spec(self.cfg, bool(self.parts and self.parts.required())))
 
 
 class ManagementSpecHandler(JsonHandler):

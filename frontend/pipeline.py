@@ -29,7 +29,6 @@ from frontend.base import ApiError, JsonHandler, service_error
 from state.errors import ServiceError, StoreError
 
 if TYPE_CHECKING:
-    from frontend.service import Service
     from control.metrics import Metrics
     from state.predlog_api import PredictionLogBackend
     from state.store import ModelStore
@@ -107,17 +106,21 @@ class Wire(Protocol):
         """A refusal's body and headers."""
 
 
-class Serving(Protocol):
+class Lookup(Protocol):
+    """What serves, by name (control/serving.py ServingState)."""
+
+    def serving_model(self, name: str | None = None) -> dict[str, Any] | None: ...
+
+    def serving_names(self) -> list[str]: ...
+
+
+class Serving(Lookup, Protocol):
     """What the pipeline routes through: the supervisor's facade over
     control/routing.py's Router."""
 
     def predict(self, texts: list[str], model: str | None = None,
                 options: dict[str, Any] | None = None
                 ) -> Awaitable[tuple[dict[str, Any], list[str], list[Any]]]: ...
-
-    def serving_model(self, name: str | None = None) -> dict[str, Any] | None: ...
-
-    def serving_names(self) -> list[str]: ...
 
 
 class PolicyView(Protocol):
@@ -297,11 +300,7 @@ class PipelineHandler(JsonHandler):
 
     counted = False
 
-    def initialize(self, supervisor: Service, config: Any, auth: Any = None,
-                   guard: bool = False, pipeline: PredictPipeline | None = None) -> None:
-        super().initialize(supervisor, config, auth, guard)
-        assert pipeline is not None, "its routes pass the service's one pipeline (frontend/app.py)"
-        self.pipeline = pipeline
+    parts: PredictPipeline  # the service's one pipeline (frontend/app.py)
 
     async def answer(self, wire: Wire, args: tuple[str | None, ...] = (),
                      data: dict[str, Any] | None = None) -> None:
@@ -309,7 +308,7 @@ class PipelineHandler(JsonHandler):
         refused = (ApiError(413, "body_too_large", self._too_large) if self._too_large
                    else None)
         body = b"" if refused is not None or data is not None else self.body
-        reply = await self.pipeline.answer(
+        reply = await self.parts.answer(
             wire, Call(self.request.headers, body, self.request.path, args, refused, data),
             started)
         self.counted = wire.api is not None

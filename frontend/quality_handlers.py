@@ -2,11 +2,14 @@
 port; computed by control/quality.py on an executor thread)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frontend.base import ApiError, JsonHandler, service_error
 from state.errors import InvalidName
 from state.store import check_name
+
+if TYPE_CHECKING:
+    from control.quality import Quality
 
 
 class QualityHandler(JsonHandler):
@@ -15,12 +18,14 @@ class QualityHandler(JsonHandler):
     samples-F1, exact-match accuracy, per-label counts, no confusion matrix),
     drift signals and the alert."""
 
+    parts: Quality | None
+
     async def get(self, name: str) -> None:
         try:
             check_name(name)
         except InvalidName as exc:
             raise ApiError(400, "invalid_name", str(exc)) from None
-        quality = getattr(self.sup, "quality", None)
+        quality = self.parts
         if quality is None:
             raise ApiError(404, "not_found", "live quality is not available on this service")
         try:
@@ -29,5 +34,5 @@ class QualityHandler(JsonHandler):
             raise service_error(exc) from None
 
 
-def routes(kw: dict[str, Any]) -> list[Any]:
-    return [(r"/models/([^/]+)/quality", QualityHandler, kw)]
+def routes(kw: dict[str, Any], quality: Quality | None) -> list[Any]:
+    return [(r"/models/([^/]+)/quality", QualityHandler, {**kw, "parts": quality})]

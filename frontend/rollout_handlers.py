@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from tornado.ioloop import IOLoop
 
 from state import dataset
 from state.errors import InvalidName, ServiceError
 from frontend.base import ApiError, JsonHandler, int_field, name_field, service_error
 from state.store import check_name
+
+if TYPE_CHECKING:
+    from control.jobs import JobManager
+    from control.rollout_control import RolloutControl
+    from control.rollout_state import GoldenSets
+    from control.status import StatusView
+    from state.storage import Storage
 
 
 def _bool(data: dict[str, Any], key: str, default: bool) -> bool:
@@ -50,6 +60,7 @@ ROLLOUT_FIELDS = {"mode", "fraction", "keep_examples", "gate", "min_accuracy"}
 
 
 class _NameAction(JsonHandler):
+    parts: RolloutControl
     fields: set[str]  # each subclass sets its body's fields, and defines act()
     act: Callable[[str, dict[str, Any]], Awaitable[Any]]
 
@@ -71,7 +82,7 @@ class RollbackHandler(_NameAction):
     fields = {"name"}
 
     async def act(self, name: str, data: dict[str, Any]) -> Any:
-        return await self.sup.rollback(name)
+        return await self.parts.rollback(name)
 
 
 class PromoteHandler(_NameAction):
@@ -79,7 +90,7 @@ class PromoteHandler(_NameAction):
     fields = {"name", "gate"}
 
     async def act(self, name: str, data: dict[str, Any]) -> Any:
-        return await self.sup.promote(name, gate=_bool(data, "gate", True))
+        return await self.parts.promote(name, gate=_bool(data, "gate", True))
 
 
 class AbortHandler(_NameAction):
@@ -87,21 +98,34 @@ class AbortHandler(_NameAction):
     fields = {"name"}
 
     async def act(self, name: str, data: dict[str, Any]) -> Any:
-        return await self.sup.abort(name)
+        return await self.parts.abort(name)
 
 
 class RolloutHandler(JsonHandler):
     """GET /rollouts/<name>: probation, candidate figures, rollbacks."""
 
+    parts: RolloutControl
+
     def get(self, name: str) -> None:
         try:
-            self.send_json(self.sup.rollout_status(name))
+            self.send_json(self.parts.rollout_status(name))
         except Exception as exc:
             raise service_error(exc) from None
 
 
+@dataclass(frozen=True)
+class GoldenParts:
+    """What the golden-set routes use: the sets, durable writes, and where
+    a `{"path": ...}` may be read from (the job manager's data roots)."""
+    golden: GoldenSets
+    storage: Storage
+    jobs: JobManager
+
+
 class GoldenHandler(JsonHandler):
     """PUT/GET/DELETE /models/<name>/golden: the quality gate's golden set."""
+
+    parts: GoldenParts
 
     def _name(self, name: str) -> str:
         try:
@@ -116,15 +140,16 @@ class GoldenHandler(JsonHandler):
             raise ApiError(400, "missing_field", "'data' is required (as for /train)")
         floor = _fraction(data, "min_accuracy", None)
         try:
-            ds = await self.sup.loop.run_in_executor(None, dataset.load, data["data"],
-                                                     self.sup.jobs.data_roots)
+            ds = await IOLoop.current().run_in_executor(None, dataset.load, data["data"],
+                                                        self.parts.jobs.data_roots)
         except dataset.DataError as exc:
             raise ApiError(getattr(exc, "status", 400), getattr(exc, "code", "invalid_data"),
                            str(exc)) from None
         # persisted (off the IOLoop) before the answer; a failed write: 507/503
         try:
-            entry = await self.sup.storage.write(
-                f"the golden set of {name}", self.sup.golden.path(name), self.sup.golden.put,
+            golden = self.parts.golden
+            entry = await self.parts.storage.write(
+                f"the golden set of {name}", golden.path(name), golden.put,
                 name, ds.texts, ds.labels, ds.source, ds.sha256, floor)
         except ServiceError as exc:
             raise service_error(exc) from None
@@ -134,7 +159,7 @@ class GoldenHandler(JsonHandler):
 
     def get(self, name: str) -> None:
         from control.rollout_state import summary
-        entry = self.sup.golden.get(self._name(name))
+        entry = self.parts.golden.get(self._name(name))
         if entry is None:
             raise ApiError(404, "not_found", f"no golden set for {name!r}")
         self.send_json({"golden": summary(entry)})
@@ -142,9 +167,9 @@ class GoldenHandler(JsonHandler):
     async def delete(self, name: str) -> None:
         name = self._name(name)
         try:
-            deleted = await self.sup.storage.write(f"the golden set of {name}",
-                                                   self.sup.golden.path(name),
-                                                   self.sup.golden.delete, name)
+            golden = self.parts.golden
+            deleted = await self.parts.storage.write(f"the golden set of {name}",
+                                                     golden.path(name), golden.delete, name)
         except ServiceError as exc:
             raise service_error(exc) from None
         if not deleted:
@@ -155,6 +180,8 @@ class GoldenHandler(JsonHandler):
 
 class HistoryHandler(JsonHandler):
     """GET /history?name=&limit=: applies, rollbacks, crashes..., newest first."""
+
+    parts: StatusView
 
     async def get(self) -> None:
         name = self.get_query_argument("name", None)
@@ -167,16 +194,19 @@ class HistoryHandler(JsonHandler):
         # ASCII digits only: str.isdigit() also takes '²', which int() refuses
         if not re.fullmatch(r"[0-9]{1,4}", raw) or not 1 <= int(raw) <= 1000:
             raise ApiError(400, "invalid_field", "'limit' must be an integer from 1 to 1000")
-        rows = await self.sup.loop.run_in_executor(None, self.sup.history, name, int(raw))
+        rows = await IOLoop.current().run_in_executor(None, self.parts.history, name,
+                                                      int(raw))
         self.send_json({"history": rows})
 
 
-def routes(kw: dict[str, Any]) -> list[Any]:
+def routes(kw: dict[str, Any], rollouts: RolloutControl, golden: GoldenParts,
+           status: StatusView) -> list[Any]:
+    rkw = {**kw, "parts": rollouts}
     return [
-        (r"/rollback", RollbackHandler, kw),
-        (r"/promote", PromoteHandler, kw),
-        (r"/abort", AbortHandler, kw),
-        (r"/rollouts/([^/]+)", RolloutHandler, kw),
-        (r"/models/([^/]+)/golden", GoldenHandler, kw),
-        (r"/history", HistoryHandler, kw),
+        (r"/rollback", RollbackHandler, rkw),
+        (r"/promote", PromoteHandler, rkw),
+        (r"/abort", AbortHandler, rkw),
+        (r"/rollouts/([^/]+)", RolloutHandler, rkw),
+        (r"/models/([^/]+)/golden", GoldenHandler, {**kw, "parts": golden}),
+        (r"/history", HistoryHandler, {**kw, "parts": status}),
     ]

@@ -1,25 +1,32 @@
-"""What the HTTP frontend uses of the running service: the one typed view of
-the supervisor that the apps and handlers get (supervisor.py's Supervisor
-satisfies it; mypy checks that where start_servers is called).
+"""What the HTTP frontend is composed from: the typed view of the running
+service that frontend/app.py `start_servers` gets (supervisor.py's Supervisor
+satisfies it; mypy checks that where start_servers is called), and the
+narrow view of the serving state that the read-only routes get.
 
-Read-only members: the frontend reads them and never rebinds them. Parts
-that need less get less: the predict pipeline (frontend/pipeline.py) and the
-feedback service (control/feedback.py) are built from a few of these in
-frontend/app.py `start_servers`, once for both ports.
+Only the composition in frontend/app.py sees a `Service`. Every handler gets
+the config, its key check, the history it audits to, and the one part it
+uses (`JsonHandler.parts`, frontend/base.py): the model store, the job
+manager, the control plane's applies or rollouts, the serving state as a
+`ServingView`, ... The predict pipeline (frontend/pipeline.py) and the
+feedback service (control/feedback.py) are built there from a few parts,
+once for both ports. Read-only members: nothing here rebinds them.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Awaitable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from frontend.pipeline import Lookup, Serving
 
 if TYPE_CHECKING:
-    from tornado.ioloop import IOLoop
-
+    from control.applies import Applies
     from control.rollout_state import GoldenSets
     from control.jobs import JobManager
     from control.metrics import Metrics
     from control.policies import Policies
     from control.quality import Quality
     from control.records import RecordBackend
+    from control.rollout_control import RolloutControl
+    from control.status import StatusView
     from state.keys import KeyRing
     from state.predlog_api import PredictionLogBackend
     from state.statedb import StateDB
@@ -27,8 +34,39 @@ if TYPE_CHECKING:
     from state.store import ModelStore
 
 
-class Service(Protocol):
-    # the parts the handlers call
+class ServingView(Lookup, Protocol):
+    """The serving state as the read-only routes see it (/readyz, /models,
+    the Open Inference Protocol's readiness and metadata): control/serving.py
+    ServingState, which the control plane alone changes."""
+
+    @property
+    def default_name(self) -> str | None: ...
+    @property
+    def ready(self) -> bool: ...
+
+
+class HistoryLog(Protocol):
+    """Where JsonHandler.audit writes a state change an API call made."""
+
+    def add_history(self, name: str | None, kind: str, *, source: str | None = None,
+                    details: dict[str, Any] | None = None) -> Any: ...
+
+
+class Service(Serving, Protocol):
+    """The running service, as frontend/app.py composes the routes from it
+    (predict, serving_model and serving_names: the pipeline's Serving)."""
+
+    # the serving state, read; the control plane's parts that change it
+    @property
+    def serving(self) -> ServingView: ...
+    @property
+    def applies(self) -> Applies: ...
+    @property
+    def rollouts(self) -> RolloutControl: ...
+    @property
+    def statusview(self) -> StatusView: ...
+
+    # the other parts the routes use
     @property
     def store(self) -> ModelStore: ...
     @property
@@ -51,26 +89,3 @@ class Service(Protocol):
     def state(self) -> StateDB: ...
     @property
     def keys(self) -> KeyRing | None: ...
-    @property
-    def loop(self) -> IOLoop: ...
-
-    # serving state, read (what frontend/pipeline.py's Serving needs, too)
-    def predict(self, texts: list[str], model: str | None = None,
-                options: dict[str, Any] | None = None
-                ) -> Awaitable[tuple[dict[str, Any], list[str], list[Any]]]: ...
-    @property
-    def default_name(self) -> str | None: ...
-    @property
-    def ready(self) -> bool: ...
-    def serving_names(self) -> list[str]: ...
-    def serving_model(self, name: str | None = None) -> dict[str, Any] | None: ...
-    def status(self) -> dict[str, Any]: ...
-    def history(self, name: str | None = None, limit: int = 100) -> list[dict[str, Any]]: ...
-    def rollout_status(self, name: str) -> dict[str, Any]: ...
-
-    # serving state, changed (the control plane's own methods)
-    async def apply(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
-    async def unload(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
-    async def rollback(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
-    async def promote(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
-    async def abort(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...

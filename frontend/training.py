@@ -1,11 +1,14 @@
 """Management handlers for training jobs: POST/GET /train, GET/DELETE /train/<id>."""
 from __future__ import annotations
 
-from typing import Any, Awaitable, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, TypeVar
 
 from state.errors import ServiceError
 from frontend.base import ApiError, JsonHandler
 from control.jobs import JobError
+
+if TYPE_CHECKING:
+    from control.jobs import JobManager
 
 _T = TypeVar("_T")
 
@@ -15,6 +18,8 @@ def _job_error(exc: JobError) -> ApiError:
 
 
 class TrainHandler(JsonHandler):
+    parts: JobManager
+
     async def post(self) -> None:
         # "labels": {label: description}; without "data" a zero-shot version (control/jobs.py)
         data = self.json_object({"name", "data", "params", "apply", "feedback", "labels"})
@@ -30,7 +35,7 @@ class TrainHandler(JsonHandler):
             raise ApiError(400, "invalid_data", "'data' must be an object; leave it out to "
                                                 "reuse the last training's data")
         try:
-            job = await self.sup.jobs.submit(data["name"], data.get("data"), data.get("params"),
+            job = await self.parts.submit(data["name"], data.get("data"), data.get("params"),
                                              data.get("apply", False),
                                              feedback=True if feedback else None,
                                              descriptions=data.get("labels"))
@@ -43,7 +48,7 @@ class TrainHandler(JsonHandler):
         self.send_json({"job": described}, status=202)
 
     async def get(self) -> None:  # cluster mode: every node's jobs, from Redis
-        self.send_json({"jobs": await _queue(self.sup.jobs.queue.list())})
+        self.send_json({"jobs": await _queue(self.parts.queue.list())})
 
 
 async def _queue(coro: Awaitable[_T]) -> _T:
@@ -56,14 +61,16 @@ async def _queue(coro: Awaitable[_T]) -> _T:
 
 
 class JobHandler(JsonHandler):
+    parts: JobManager
+
     async def get(self, job_id: str) -> None:
-        doc = await _queue(self.sup.jobs.queue.get(job_id))
+        doc = await _queue(self.parts.queue.get(job_id))
         if doc is None:
             raise ApiError(404, "not_found", f"no job with id {job_id!r}")
         self.send_json({"job": doc})
 
     async def delete(self, job_id: str) -> None:
-        verdict, doc = await _queue(self.sup.jobs.queue.cancel(job_id))
+        verdict, doc = await _queue(self.parts.queue.cancel(job_id))
         if doc is None:
             raise ApiError(404, "not_found", f"no job with id {job_id!r}")
         if verdict.startswith("done:"):
@@ -72,5 +79,6 @@ class JobHandler(JsonHandler):
         self.send_json({"job": doc})
 
 
-def routes(kw: dict[str, Any]) -> list[Any]:
+def routes(kw: dict[str, Any], jobs: JobManager) -> list[Any]:
+    kw = {**kw, "parts": jobs}
     return [(r"/train", TrainHandler, kw), (r"/train/([^/]{1,64})", JobHandler, kw)]

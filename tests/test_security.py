@@ -347,7 +347,8 @@ def test_generated_keys_file_and_each_keys_scope_on_each_port(tmp_path):
              {"admin": 404, "review": 403, "feedback": 403, "none": 401}),
             (m, "POST", "/train", {"name": "x", "bogus": 1},
              {"admin": 400, "review": 403, "feedback": 403}),
-            (m, "DELETE", "/predictions/never-logged", None, {"review": 403, "none": 401}),
+            (m, "DELETE", "/predictions/never-logged", None,  # nothing to erase: 200
+             {"review": 403, "none": 401, "admin": 200}),
             (m, "POST", "/feedback", fb,  # the review queue's labels: 404, no such id
              {"admin": 404, "review": 404, "feedback": 403, "none": 401}),
             (p, "POST", "/feedback", fb,  # the inference port takes the feedback key only
@@ -362,6 +363,7 @@ def test_generated_keys_file_and_each_keys_scope_on_each_port(tmp_path):
     log = svc.log()
     assert path in log and not any(k in log for k in keys.values())
     assert "POST /apply by the admin key" in log  # every state-changing call, by key name
+    assert "DELETE /predictions/never-logged by the admin key" in log  # erasures too
 
 
 def test_a_predict_key_guards_predict_and_v2(tmp_path):
