@@ -136,13 +136,10 @@ class Supervisor:
         self.metrics.attach(metrics.Sources(state, pool, self.storage, self.jobs, self.quality))
         self._sweeper = PeriodicCallback(self.healer.sweep, 1000)
         self.retention = Retention(self.predlog, config["predictions"])  # max_age_days
-        # what the handlers call
+        # what the predict pipeline routes through (frontend/pipeline.py Serving);
+        # the other routes get the parts themselves (frontend/app.py)
         self.predict = self.router.predict
         self.serving_names, self.serving_model = state.serving_names, state.serving_model
-        self.apply, self.unload = self.applies.apply, self.applies.unload
-        self.rollback, self.promote = self.rollouts.rollback, self.rollouts.promote
-        self.abort, self.rollout_status = self.rollouts.abort, self.rollouts.rollout_status
-        self.status, self.history = self.statusview.status, self.statusview.history
 
     # the serving state, read by the handlers
     @property
