@@ -330,6 +330,9 @@ def _fasttext_child(job_dir: str) -> None:
 
     job = json.loads(Path(job_dir, "job.json").read_text())
     path = lambda name: os.path.join(job_dir, name)  # noqa: E731
+    if job.get("fixed"):  # no autotune: fixed settings on all of the training part
+        _fasttext_fit(path, job, dict(job["fixed"]))
+        return
     for attempt in range(3):
         try:
             tuned = fasttext.train_supervised(path("fit.txt"), autotuneValidationFile=path("val.txt"),
@@ -347,6 +350,14 @@ def _fasttext_child(job_dir: str) -> None:
             "minn": a.minn, "maxn": a.maxn, "neg": a.neg, "wordNgrams": a.wordNgrams,
             "loss": str(a.loss).split(".")[-1], "bucket": a.bucket, "lrUpdateRate": a.lrUpdateRate, "t": a.t}
     # The autotuned model saw 80 % of the training part; refit its settings on all of it.
+    _fasttext_fit(path, job, best)
+
+
+def _fasttext_fit(path, job: dict, best: dict) -> None:
+    """Train with `best` on all of the training part; write test probabilities and the settings."""
+    import fasttext
+    import numpy as np
+
     model = fasttext.train_supervised(path("all.txt"), thread=job["threads"], seed=SEED, verbose=0, **best)
     column = {f"__label__{name}": j for j, name in enumerate(job["labels"])}
     lines = Path(path("test.txt")).read_text(encoding="utf-8").split("\n")[:-1]
@@ -359,9 +370,16 @@ def _fasttext_child(job_dir: str) -> None:
     Path(path("best.json")).write_text(json.dumps(best))
 
 
-def run_fasttext(ds, budget_s: int, threads: int) -> Outcome | str:
+# fastText's own tutorial settings for text classification (its "cooking" example: lr 1.0,
+# 25 epochs, word bigrams, dim 50), no tuning: the curve's fasttext-fixed column. On small
+# sets a short autotune can land on far worse settings than these.
+FASTTEXT_FIXED = {"lr": 1.0, "epoch": 25, "wordNgrams": 2, "dim": 50}
+
+
+def run_fasttext(ds, budget_s: int, threads: int, fixed: dict | None = None) -> Outcome | str:
     """fastText runs in a child process with a deadline: its autotune has been seen to stall
-    on a loaded machine, and a stalled baseline must not stall the whole bench."""
+    on a loaded machine, and a stalled baseline must not stall the whole bench. `fixed`:
+    these settings instead of the autotune."""
     import subprocess
 
     import numpy as np
@@ -381,7 +399,7 @@ def run_fasttext(ds, budget_s: int, threads: int) -> Outcome | str:
         write(os.path.join(tmp, "all.txt"), ds.train_texts, ds.train_labels)
         write(os.path.join(tmp, "test.txt"), ds.test_texts, None)
         Path(tmp, "job.json").write_text(json.dumps({"budget_s": budget_s, "threads": threads,
-                                                     "labels": ds.labels}))
+                                                     "labels": ds.labels, "fixed": fixed}))
         deadline = 4 * budget_s + 600
         try:
             subprocess.run([sys.executable, __file__, "--fasttext-child", tmp], check=True, timeout=deadline,
@@ -394,7 +412,8 @@ def run_fasttext(ds, budget_s: int, threads: int) -> Outcome | str:
         best = json.loads(Path(tmp, "best.json").read_text())
     seconds = time.monotonic() - started
     notes = [f"epoch={best['epoch']} lr={best['lr']:.2f} wordNgrams={best['wordNgrams']} "
-             f"dim={best['dim']} minn/maxn={best['minn']}/{best['maxn']} (autotune {budget_s}s)"]
+             f"dim={best['dim']} minn/maxn={best.get('minn', 0)}/{best.get('maxn', 0)} "
+             + ("(fixed)" if fixed else f"(autotune {budget_s}s)")]
     return Outcome(pred=probs.argmax(axis=1), probs=probs, seconds=seconds, notes=notes, extra={"args": best})
 
 
@@ -629,7 +648,7 @@ def multilabel_bench(names: list[str], args) -> dict:
 # --------------------------------------------------------------------------
 
 CURVE_SIZES = (100, 300, 1000, 0)  # 0: every training text
-CURVE_MODELS = ("auto+pretrained", "auto", "tfidf-svc", "fasttext")
+CURVE_MODELS = ("auto+pretrained", "auto", "tfidf-svc", "fasttext", "fasttext-fixed")
 
 
 def subsample(ds, n: int, seed: int = SEED):
@@ -723,13 +742,14 @@ def curve_bench(names: list[str], sizes: list[int], models: list[str], args) -> 
                         cell[model] = _auto_cell(ds, {**params, "pretrained": False}, timed)
                     elif model == "tfidf-svc":
                         cell[model] = score(ds, run_tfidf_svc(ds))
-                    elif model == "fasttext":
+                    elif model in ("fasttext", "fasttext-fixed"):
                         try:
                             import fasttext  # noqa: F401
                         except ImportError:
                             cell[model] = {"skipped": "fasttext not installed"}
                             continue
-                        got = run_fasttext(ds, args.fasttext_s, args.threads)
+                        got = run_fasttext(ds, args.fasttext_s, args.threads,
+                                           FASTTEXT_FIXED if model == "fasttext-fixed" else None)
                         cell[model] = {"skipped": got} if isinstance(got, str) else score(ds, got)
                 except Exception as exc:  # one failing cell must not lose the table
                     cell[model] = {"skipped": f"{type(exc).__name__}: {exc}"[:300]}
