@@ -224,6 +224,19 @@ def test_state_db_faults_leave_it_intact_and_serving_on(svc):
     """SQLite writes with pwrite: ENOSPC and EIO there make the history
     writes fail (logged, shown as storage health); serving and the applies
     (their record is a separate file) go on; the db stays intact."""
+    svc.serve(2)
+    # No write of the state db may still be queued when the fault is on: after
+    # a restart (the test before may have made one) the startup apply's
+    # history row is written a moment after the service answers, and met the
+    # fault first, on a fresh connection, where SQLite reported the ENOSPC as
+    # a "disk I/O error". The db writes in one thread, in order: once this
+    # test's own row is in the history, everything queued before it is done.
+    code, got = svc.svc.request_put("/models/sent/golden", {"data": {"examples": [
+        {"text": "很好", "label": "pos"}, {"text": "很差", "label": "neg"}] * 2}})
+    assert code == 200, got
+    assert svc.svc.request_delete("/models/sent/golden")[0] == 200
+    wait_for(lambda: svc.svc.mget("/history?name=sent&limit=1")[1]["history"][0]["kind"]
+             == "golden_deleted", 60, "the state db's queued writes done")
     for info, name in ((28, "ENOSPC"), (5, "EIO")):
         svc.fiu(f"enable name=posix/io/rw/pwrite,failinfo={info}")
         try:
