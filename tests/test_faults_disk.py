@@ -226,8 +226,8 @@ def test_state_db_faults_leave_it_intact_and_serving_on(svc):
     (their record is a separate file) go on; the db stays intact."""
     svc.serve(2)
     # No write of the state db may still be queued when the fault is on: after
-    # a restart (the test before may have made one) the startup apply's
-    # history row is written a moment after the service answers, and met the
+    # a restart (the feedback test ends with one) the startup apply and its
+    # history row come a moment after the service answers; that row met the
     # fault first, on a fresh connection, where SQLite reported the ENOSPC as
     # a "disk I/O error". The db writes in one thread, in order: once this
     # test's own row is in the history, everything queued before it is done.
