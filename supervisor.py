@@ -57,7 +57,6 @@ from control.rollout_control import RolloutControl
 from control.rollout_state import GoldenSets
 from control.routing import Router
 from control.serving import ServingState
-from control.slots import Slot
 from control.status import StatusView
 from control.workerhandle import State
 
@@ -140,24 +139,6 @@ class Supervisor:
         # the other routes get the parts themselves (frontend/app.py)
         self.predict = self.router.predict
         self.serving_names, self.serving_model = state.serving_names, state.serving_model
-
-    # the serving state, read by the handlers
-    @property
-    def slots(self) -> dict[str, Slot]:
-        return self.serving.slots
-
-    @property
-    def default_name(self) -> str | None:
-        return self.serving.default_name
-
-    @property
-    def stopping(self) -> bool:
-        return self.serving.stopping
-
-    @property
-    def ready(self) -> bool:
-        """The default model serves (what /readyz reports)."""
-        return self.serving.ready
 
     # -- start and stop -----------------------------------------------------------
     async def start(self) -> None:

@@ -36,9 +36,9 @@ class TrainHandler(JsonHandler):
                                                 "reuse the last training's data")
         try:
             job = await self.parts.submit(data["name"], data.get("data"), data.get("params"),
-                                             data.get("apply", False),
-                                             feedback=True if feedback else None,
-                                             descriptions=data.get("labels"))
+                                          data.get("apply", False),
+                                          feedback=True if feedback else None,
+                                          descriptions=data.get("labels"))
         except JobError as exc:
             raise _job_error(exc) from None
         described = job.describe()

@@ -87,6 +87,14 @@ class Disk:
         finally:
             conn.close()
 
+    def golden_round_trip(self) -> None:
+        """A golden set written and deleted: two durable writes of the store and
+        two history rows of the state db (the writes a test makes to see them work)."""
+        code, got = self.svc.request_put("/models/sent/golden", {"data": {"examples": [
+            {"text": "很好", "label": "pos"}, {"text": "很差", "label": "neg"}] * 2}})
+        assert code == 200, got
+        assert self.svc.request_delete("/models/sent/golden")[0] == 200
+
     def serve(self, version: int) -> None:
         """Sent `version` serving: each test starts from the state it names, not
         from what the one before it left (the module's tests run in any order)."""
@@ -148,11 +156,7 @@ def test_full_disk_refuses_every_serving_change_and_a_restart_serves_the_last_20
     code, got = svc.svc.mpost("/apply", {"name": "sent", "version": 2})
     assert code == 200, got
     assert svc.serving() == 2
-    code, got = svc.svc.request_put("/models/sent/golden", {
-        "data": {"examples": [{"text": "很好", "label": "pos"},
-                              {"text": "很差", "label": "neg"}] * 2}})
-    assert code == 200, got
-    assert svc.svc.request_delete("/models/sent/golden")[0] == 200
+    svc.golden_round_trip()
     # each target that failed wrote again (the history's next write is async)
     wait_for(lambda: svc.svc.status()["storage"]["ok"], 60, "storage health back to ok")
     assert svc.integrity() == "ok"
@@ -184,9 +188,7 @@ def test_dashboard_shows_a_storage_banner_while_writes_fail(svc):
                 filler = ""
                 code, got = svc.svc.mpost("/apply", {"name": "sent", "version": 2})
                 assert code == 200, got
-                svc.svc.request_put("/models/sent/golden", {"data": {"examples": [
-                    {"text": "很好", "label": "pos"}, {"text": "很差", "label": "neg"}] * 2}})
-                svc.svc.request_delete("/models/sent/golden")
+                svc.golden_round_trip()
                 wait_for(lambda: svc.svc.status()["storage"]["ok"], 60, "storage ok again")
                 banner.wait_for(state="hidden")
                 assert b.js_errors == [], b.js_errors
@@ -231,10 +233,7 @@ def test_state_db_faults_leave_it_intact_and_serving_on(svc):
     # fault first, on a fresh connection, where SQLite reported the ENOSPC as
     # a "disk I/O error". The db writes in one thread, in order: once this
     # test's own row is in the history, everything queued before it is done.
-    code, got = svc.svc.request_put("/models/sent/golden", {"data": {"examples": [
-        {"text": "很好", "label": "pos"}, {"text": "很差", "label": "neg"}] * 2}})
-    assert code == 200, got
-    assert svc.svc.request_delete("/models/sent/golden")[0] == 200
+    svc.golden_round_trip()
     wait_for(lambda: svc.svc.mget("/history?name=sent&limit=1")[1]["history"][0]["kind"]
              == "golden_deleted", 60, "the state db's queued writes done")
     for info, name in ((28, "ENOSPC"), (5, "EIO")):
