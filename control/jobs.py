@@ -46,11 +46,25 @@ if TYPE_CHECKING:
 log = logging.getLogger("textswap.jobs")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
+BUNDLED = os.path.join(ROOT, "data", "demo")  # the first-start demo's data (supervisor.py)
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "interrupted")
 FINISHED = ("succeeded", "failed", "cancelled", "interrupted")
 ACTIVE = ("queued", "running")
 # the ids this service makes (Job, cluster/job_queue.py new_id): a time, a counter
 JOB_ID = re.compile(r"[0-9]{14}-[1-9][0-9]{0,17}")
+
+
+_TRAIN_AGAIN = ("train {name} once with 'data' (POST /train {{\"name\": \"{name}\", "
+                "\"data\": {{\"path\": ...}}}}): later retrains reuse that data")
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    """Whether a real path lies inside one of the roots (as their real paths)."""
+    for root in roots:
+        r = os.path.realpath(root)
+        if path != r and path.startswith(r.rstrip(os.sep) + os.sep):
+            return True
+    return False
 
 
 class JobError(Exception):
@@ -263,6 +277,8 @@ class JobManager:
             queue.manager = self
         self.queue: JobQueue = queue
         self.shared_store = queue.shared_store  # nothing shared is wiped here
+        if policies is not None:
+            policies.reusable = self.reusable
         self._recover()
 
     @property
@@ -271,6 +287,42 @@ class JobManager:
         path is read from there) and training.data_roots; never the working
         directory (it holds the service's own files)."""
         return [os.path.join(self.store.root, "data"), *self.cfg["data_roots"]]
+
+    @property
+    def reuse_roots(self) -> list[str]:
+        """Where a retrain without data may re-read its last training's file:
+        the data roots configured now, the copies of inline data (.loop/) and
+        the bundled demo's folder; never the working directory or /."""
+        loop_dir = [self.policies.dir] if self.policies is not None else []
+        return [*self.data_roots, *loop_dir, BUNDLED]
+
+    def reusable(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        """The recorded data of `name`'s last training, if its file is still
+        there under a root it may be read from; else JobError 409 data_gone
+        (blocking: from an executor)."""
+        path = spec.get("path") if isinstance(spec, dict) else None
+        if not isinstance(path, str) or not path:
+            raise JobError(409, "data_gone", f"the last training of {name!r} recorded no "
+                                             f"data file; {_TRAIN_AGAIN.format(name=name)}")
+        roots = self.reuse_roots
+        real = os.path.realpath(path)
+        if "root" not in spec and not _under(real, roots):
+            # recorded before the data root was kept: a relative path was
+            # resolved against the working directory; read it from models/data/
+            rel = os.path.relpath(real, os.getcwd())
+            if not rel.startswith(os.pardir):
+                real = os.path.realpath(os.path.join(self.data_roots[0], rel))
+        if not _under(real, roots):
+            raise JobError(409, "data_gone", f"the data of {name!r}'s last training ({path}) "
+                                             f"is no longer under a data root "
+                                             f"({', '.join(self.data_roots)}; see "
+                                             f"training.data_roots); "
+                                             f"{_TRAIN_AGAIN.format(name=name)}")
+        if not os.path.isfile(real):
+            raise JobError(409, "data_gone", f"the data of {name!r}'s last training ({real}) "
+                                             f"is gone; put the file back, or "
+                                             f"{_TRAIN_AGAIN.format(name=name)}")
+        return {**{k: v for k, v in spec.items() if k != "root"}, "path": real}
 
     # -- persistence -------------------------------------------------------------------
     def _recover(self) -> None:
@@ -338,7 +390,9 @@ class JobManager:
         into the data; data_spec None: the data of the model's last training.
         descriptions: {label: description} (the request's "labels"); without data
         a zero-shot version (model_worker/zeroshot.py), with data one more example
-        per label."""
+        per label. trusted_path: the bundled demo (its folder is read too).
+        Without data, JobError 409 data_gone when the last training's file is
+        gone (reusable)."""
         try:
             check_name(name)
         except Exception as exc:
@@ -356,13 +410,15 @@ class JobManager:
             return await self._submit_zero_shot(name, descriptions, params, apply, feedback)
         policies = self.policies
         given_spec = data_spec
+        roots = [*self.data_roots, BUNDLED] if trusted_path else self.data_roots
         if data_spec is None:  # the data (and parameters) of the last training
             last = (await self.loop.run_in_executor(None, policies.last_training, name)
                     if policies is not None else (None, None))
             if last[0] is None:
                 raise JobError(400, "missing_field", f"'data' is required: no earlier "
                                                      f"training of {name!r} to reuse")
-            data_spec, trusted_path = last[0], True
+            roots = self.reuse_roots
+            data_spec = await self.loop.run_in_executor(None, self.reusable, name, last[0])
             params = last[1] if params is None else params
         if not isinstance(apply, bool):
             raise JobError(400, "invalid_field", "'apply' must be true or false")
@@ -380,8 +436,6 @@ class JobManager:
                                                       "is off on this service "
                                                       "(training.pretrained: false)")
             full["pretrained"] = False
-        # trusted: the bundled demo, or a policy's retrain of what was read before
-        roots = [*self.data_roots, "/"] if trusted_path else self.data_roots
         try:  # reading a big file must not stall serving: off the loop
             data = await self.loop.run_in_executor(None, dataset.load, data_spec, roots,
                                                    feedback is not None)
@@ -459,7 +513,8 @@ class JobManager:
         if policies is not None:
             try:
                 await self.loop.run_in_executor(None, policies.remember_training, name,
-                                                data_spec, base, params, watermark)
+                                                data_spec, base, params, watermark,
+                                                [*self.reuse_roots])
             except OSError as exc:
                 log.error("cannot remember the data of %s's training: %s", name, exc)
         # cluster mode: an id unique across nodes (JobError 503 when Redis is down)

@@ -145,6 +145,12 @@ class Policies:
         self.running: dict[str, Any] = {}  # name -> the policy's job while it runs
         self.last: dict[str, dict[str, Any]] = {}  # name -> the last policy retrain's outcome
         self.gating: dict[str, dict[str, Any]] = {}  # name -> hold-out, while its apply runs
+        # name -> why a retrain cannot start (409 data_gone: the last training's
+        # file is gone), until a training with data or the file's return clears it
+        self.blocked: dict[str, dict[str, Any]] = {}
+        # the jobs' check that the last training's data can be read again
+        # (JobManager.reusable, set by the job manager; blocking)
+        self.reusable: Callable[[str, Any], Any] | None = None
 
     # -- the policy ------------------------------------------------------------------------
     def get(self, name: str) -> dict[str, Any] | None:
@@ -156,7 +162,10 @@ class Policies:
         return {"name": name, "policy": p,
                 "source": "api" if name in self.stored else "config" if p else None,
                 "running_job": getattr(self.running.get(name), "id", None),
-                "last_retrain": self.last.get(name)}
+                "last_retrain": self.last.get(name),
+                "state": "data_gone" if name in self.blocked else
+                "running" if name in self.running else "ready",
+                "blocked": self.blocked.get(name)}
 
     def put(self, name: str, policy: Any) -> dict[str, Any]:
         """Validate, persist, then use (blocking: from an executor)."""
@@ -195,12 +204,20 @@ class Policies:
             _write_atomic(self._state_path(name), state)
 
     def remember_training(self, name: str, data_spec: dict[str, Any], data: Any,
-                          params: dict[str, Any] | None, trained_at: float | None) -> None:
+                          params: dict[str, Any] | None, trained_at: float | None,
+                          roots: list[str] | None = None) -> None:
         """Keep the source of a training's data for a later retrain without data:
-        a path as given, inline examples copied to .loop/<name>.data.jsonl."""
+        a file as the real path that was read (`data.source`, resolved under a
+        data root) with that root, inline examples copied to
+        .loop/<name>.data.jsonl. roots: where the file may have been read from."""
         if "path" in data_spec:
-            spec = {k: v for k, v in data_spec.items() if k in ("path", "labels", "label_separator")}
-            spec["path"] = os.path.realpath(spec["path"])
+            spec = {k: v for k, v in data_spec.items() if k in ("labels", "label_separator")}
+            spec["path"] = os.path.realpath(data.source)
+            for root in roots or []:
+                real = os.path.realpath(root)
+                if spec["path"].startswith(real.rstrip(os.sep) + os.sep):
+                    spec["root"] = real
+                    break
         else:
             copy = os.path.join(self.dir, f"{name}.data.jsonl")
             os.makedirs(self.dir, exist_ok=True)
@@ -211,6 +228,7 @@ class Policies:
         if trained_at is not None:
             changes["trained_at"] = trained_at
         self._update_state(name, **changes)
+        self.blocked.pop(name, None)  # a retrain has data to read again
 
     def last_training(self, name: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         s = self.model_state(name)
@@ -253,9 +271,26 @@ class Policies:
             n = await loop.run_in_executor(None, self.predlog.feedback_count, name, since)
             if n < p["retrain_after_labels"]:
                 return
+            if name in self.blocked and self.reusable is not None:
+                # still gone? one stat, not a read of every label, at each new label
+                await loop.run_in_executor(None, self.reusable, name, state.get("last_data"))
+                self.blocked.pop(name, None)
             await self.retrain(name, p, n)
         except Exception as exc:
-            log.exception("retrain policy of %s failed", name)
+            code = getattr(exc, "code", None)
+            if code == "data_gone":  # stays so until the data is back: said once
+                if name not in self.blocked:
+                    log.warning("retrain policy of %s cannot retrain: %s", name, exc)
+                    self._history(name, "retrain_failed", f"retrain policy: {exc}", None,
+                                  {"code": code})
+                self.blocked[name] = {"code": code, "message": str(exc), "since": (
+                    self.blocked.get(name) or {}).get("since", time.time())}
+                self.last[name] = {"at": time.time(), "error": str(exc), "code": code}
+                return
+            if code is not None:  # a refusal of the job (JobError): no traceback
+                log.error("retrain policy of %s failed: %s", name, exc)
+            else:
+                log.exception("retrain policy of %s failed", name)
             self.last[name] = {"at": time.time(), "error": str(exc)}
             self._history(name, "retrain_failed", f"retrain policy: {exc}", None, {})
         finally:

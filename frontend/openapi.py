@@ -684,6 +684,8 @@ def management_spec(cfg: Any) -> S:
                                       for op in ("get_train_id", "delete_train_id")}},
                     "400": _err("not JSON, unknown field, invalid name, params, data or "
                                 "labels"),
+                    "409": _err("data_gone: a retrain without 'data' whose last "
+                                "training's file is gone or outside the data roots"),
                     "422": _err("zero-shot ('labels' without 'data') is unavailable: the "
                                 "pretrained view is off, or the descriptions are CJK text"),
                     **_body_errors(cfg)}},
@@ -941,6 +943,9 @@ def loop_management_paths(name_param: S) -> S:
                                    "source": {"type": "string", "nullable": True},
                                    "running_job": {"type": "string", "nullable": True},
                                    "last_retrain": {"type": "object", "nullable": True},
+                                   "state": {"type": "string",
+                                             "enum": ["ready", "running", "data_gone"]},
+                                   "blocked": {"type": "object", "nullable": True},
                                    "removed": {"type": "boolean"}}}
     review_item: S = {"type": "object",
                       "required": ["request_id", "index", "text", "label", "top"],
