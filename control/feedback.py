@@ -45,7 +45,9 @@ MAX_LABEL_CHARS = 200
 STRATEGIES = ("uncertain", "random")
 MAX_REVIEW = 1000
 MAX_INDEX = 10**6
-ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")  # a request id (frontend/request_ids.py's form)
+# a request id (frontend/request_ids.py's form): a client's own has at most 64
+# characters, and a predict key's namespace in front of it 9 more
+ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,80}\Z")
 WRITE_TIMEOUT_S = 30.0
 _META_CAP = 512
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="loop")
@@ -206,7 +208,7 @@ class FeedbackService:
         rid = data["request_id"]
         if not isinstance(rid, str) or not ID_RE.match(rid):
             raise refused(400, "invalid_request_id",
-                          "'request_id' must be 1 to 64 characters of A-Z a-z 0-9 . _ : -")
+                          "'request_id' must be 1 to 80 characters of A-Z a-z 0-9 . _ : -")
         if ("label" in data) == ("labels" in data):
             raise refused(400, "bad_request", "give exactly one of 'label' (one text, or "
                                               "with 'index') or 'labels' (the whole batch; "

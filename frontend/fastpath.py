@@ -25,7 +25,7 @@ from tornado.ioloop import IOLoop
 from tornado.iostream import StreamClosedError
 from tornado.web import Application
 
-from frontend import oip, predictions
+from frontend import oip, predictions, request_ids
 from frontend.base import ApiError, log_level
 from frontend.pipeline import Call, PredictPipeline, Wire
 
@@ -116,9 +116,11 @@ class _Predict(httputil.HTTPMessageDelegate):
         else:
             wire, args = oip.INFER, self.oip
         denied = refused = None
+        namespace = None  # a predict key's, for the ids its clients choose
         if self.router.access is not None:
             try:
-                self.router.access.check("POST", self.headers)
+                if self.router.access.check("POST", self.headers) is not None:
+                    namespace = request_ids.key_namespace(self.headers)
             except ApiError as exc:
                 denied = exc
         if self.too_large:
@@ -131,7 +133,8 @@ class _Predict(httputil.HTTPMessageDelegate):
                 refused = ApiError(400, "bad_path", "the path is not valid UTF-8")
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
         reply = await self.router.pipeline.answer(
-            wire, Call(self.headers, body, self.start_line.path, args, refused, denied=denied),
+            wire, Call(self.headers, body, self.start_line.path, args, refused, denied=denied,
+                       namespace=namespace),
             self.started)
         if reply.status >= 400:  # a 503 while no model serves yet is expected: not ERROR
             log.log(log_level(reply.status), "%d POST %s %.1fms", reply.status,

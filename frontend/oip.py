@@ -380,9 +380,11 @@ class InferWire:
         info = pipe.info(served)
         texts, outputs, echo = parse_infer(call.body, call.headers, pipe.limits,
                                            info["multi_label"])
-        request_id = request_ids.request_id(call.headers, echo)  # X-Request-Id, else the body's id
+        # X-Request-Id, else the body's id (in the key's namespace when a predict key is set)
+        request_id = request_ids.request_id(call.headers, echo, call.namespace)
         return InferRequest(texts, name, request_id=request_id, log_k=5, served=served,
-                            version=version, outputs=outputs, echo_id=echo)
+                            version=version, outputs=outputs, echo_id=echo,
+                            chosen=request_ids.chosen(call.headers, echo))
 
     def render(self, pipe: PredictPipeline, req: PredictRequest, routed: Routed) -> Rendered:
         assert isinstance(req, InferRequest)

@@ -193,6 +193,8 @@ def inference_spec(cfg: Any, predict_key: bool = False) -> S:
                             f"{lim['max_texts']} texts"),
                 "404": _err("'model' names a model that does not serve here (code "
                             "model_not_serving; 'serving' lists those that do)"),
+                "409": _err("the X-Request-Id was used before (code request_id_taken): "
+                            "each id answers once"),
                 "422": _err(f"a text over limits.max_text_chars ({lim['max_text_chars']} "
                             "characters; code text_too_long), or explain asked of a model "
                             "that cannot explain (code cannot_explain)"),
@@ -1036,6 +1038,7 @@ def dashboard_paths(cfg: Any) -> S:
     predict.pop("operationId", None)
     predict["summary"] = ("Try a model: the /predict body and answer, not logged (no "
                           "request id, not in the review queue, live quality or drift).")
+    predict["responses"].pop("409", None)  # not logged: no request id
     ok = predict["responses"]["200"]
     ok.pop("headers", None)
     ok["content"][JSON]["schema"] = {"$ref": "#/components/schemas/TryResponse"}

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Protocol
 
+from frontend import request_ids
 from frontend.base import ApiError, JsonHandler, service_error
 from state.errors import ServiceError, StoreError
 
@@ -50,6 +51,7 @@ class Call:
     refused: ApiError | None = None  # found while reading (413 too large, 400 bad path)
     data: dict[str, Any] | None = None  # a JSON body its transport already decoded
     denied: ApiError | None = None  # the key check's refusal: answered before anything else
+    namespace: str | None = None  # a predict key's namespace for the client's request id
 
 
 @dataclass(slots=True)
@@ -62,6 +64,7 @@ class PredictRequest:
     explain: int = 0
     request_id: str | None = None  # None: not logged
     log_k: int = 5  # top labels the log keeps of a row it cannot keep whole
+    chosen: str | None = None  # who chose the id: "header", "body" (OIP's "id"), None: the service
 
 
 @dataclass(slots=True)
@@ -145,21 +148,28 @@ class PredictPipeline:
         self._info: dict[tuple[str, Any], dict[str, Any]] = {}
         self._broken: set[tuple[str, str]] = set()  # (model, min_score) already reported
         self._broken_meta: set[tuple[str, Any]] = set()  # versions whose meta.json failed
+        # client-chosen request ids, each answered once (frontend/request_ids.py)
+        self.ids = (request_ids.ClientIds(predlog)
+                    if predlog is not None and predlog.enabled else None)
 
     async def answer(self, wire: Wire, call: Call, started: float) -> Reply:
         """The whole pipeline for one request; started: its time.monotonic()."""
         rid = None
         model = NO_MODEL
+        held = None  # a client's id this request holds until it is answered
         try:
             if call.denied is not None:
                 raise call.denied
             rid = wire.request_id(call)
             req = wire.parse(self, call, rid)
+            if req.chosen and req.request_id is not None and self.ids is not None:
+                held = await self._claim(req)
             routed = await self.route(req)
             body, headers, shown = wire.render(self, req, routed)
             if req.request_id is not None and self.predlog is not None and self.predlog.enabled:
                 self.log(req, routed, shown)
             status, model = 200, routed.model
+            held = None
         except ApiError as exc:
             status = exc.status_code
             body, headers = wire.error(exc, rid)
@@ -167,10 +177,27 @@ class PredictPipeline:
             log.exception("POST %s failed", call.path)
             status = 500
             body, headers = wire.error(ApiError(500, "internal", "internal error"), rid)
+        if held is not None and self.ids is not None:  # not answered: the id is free again
+            self.ids.release(held)
         if wire.api is not None and self.metrics is not None:
             self.metrics.observe_request(wire.api, model["name"], model["version"], status,
                                          time.monotonic() - started)
         return Reply(status, body, headers, model)
+
+    async def _claim(self, req: PredictRequest) -> str | None:
+        """Hold the id a client chose: a used one is 409 request_id_taken when
+        it came as X-Request-Id; an OIP body's "id" used before is answered
+        and logged under a new id (the X-Request-Id header names it; the body
+        echoes the client's "id", as the protocol says)."""
+        assert self.ids is not None and req.request_id is not None
+        if await self.ids.claim(req.request_id):
+            return req.request_id
+        if req.chosen == "body":
+            req.request_id = request_ids.new_id()
+            return None
+        raise ApiError(409, "request_id_taken",
+                       f"the request id {req.request_id!r} was used before; send a new "
+                       f"{request_ids.HEADER} (or none: the service makes one)")
 
     # -- route --------------------------------------------------------------------------------
     async def route(self, req: PredictRequest) -> Routed:
@@ -308,8 +335,11 @@ class PipelineHandler(JsonHandler):
         refused = (ApiError(413, "body_too_large", self._too_large) if self._too_large
                    else None)
         body = b"" if refused is not None or data is not None else self.body
+        namespace = (request_ids.key_namespace(self.request.headers) if self.authorized and
+                     getattr(self.auth, "where", None) == "predict" else None)
         reply = await self.parts.answer(
-            wire, Call(self.request.headers, body, self.request.path, args, refused, data),
+            wire, Call(self.request.headers, body, self.request.path, args, refused, data,
+                       namespace=namespace),
             started)
         self.counted = wire.api is not None
         self.set_status(reply.status)

@@ -108,7 +108,8 @@ class JsonWire:
         self.logged = logged
 
     def request_id(self, call: Call) -> str | None:
-        return request_ids.request_id(call.headers) if self.logged else None
+        return (request_ids.request_id(call.headers, namespace=call.namespace)
+                if self.logged else None)
 
     def parse(self, pipe: PredictPipeline, call: Call, rid: str | None) -> PredictRequest:
         if call.refused is not None:
@@ -119,7 +120,8 @@ class JsonWire:
                                 PREDICT_FIELDS)
         texts, top_k, model = predict_request(data, pipe.limits)
         min_score, explain = predict_options(data)
-        return PredictRequest(texts, model, top_k, min_score, explain, rid, top_k)
+        return PredictRequest(texts, model, top_k, min_score, explain, rid, top_k,
+                              request_ids.chosen(call.headers) if rid is not None else None)
 
     def render(self, pipe: PredictPipeline, req: PredictRequest, routed: Routed) -> Rendered:
         labels, info = routed.labels, routed.info

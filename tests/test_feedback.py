@@ -352,10 +352,10 @@ def test_a_restart_loses_nothing_logged_or_fed_back(own_svc):
         again.stop()
 
 
-def test_a_reused_client_id_never_replaces_the_logged_answer(svc):
-    """A client that sends its X-Request-Id again (a retry, or someone who
-    learnt the id) is answered, but the answer feedback refers to stays the
-    one logged first: its text, its prediction."""
+def test_a_reused_client_id_is_refused_and_never_replaces_the_logged_answer(svc):
+    """A client that sends its X-Request-Id again (someone who learnt the id,
+    or a retry of an answered request) gets 409 request_id_taken; nothing is
+    logged, and the answer feedback refers to stays the one logged first."""
     rid = "reused-" + os.urandom(6).hex()
     code, first, _ = predict(svc, {"texts": ["非常好用", "很好"]}, {"X-Request-Id": rid})
     assert code == 200
@@ -363,13 +363,17 @@ def test_a_reused_client_id_never_replaces_the_logged_answer(svc):
     before = mget(svc, "/status")[1]["prediction_log"]["logged"]
     code, again, headers = predict(svc, {"texts": ["太差了", "讨厌", "很差"]},
                                    {"X-Request-Id": rid})
-    assert code == 200 and headers["X-Request-Id"] == rid
-    wait_for(lambda: mget(svc, "/status")[1]["prediction_log"]["logged"] >= before + 3, 30,
-             "the second answer written")
+    assert code == 409 and again["error"]["code"] == "request_id_taken", again
+    assert rid in again["error"]["message"]
+    # a request after it is logged: the refused one never was
+    code, _, _ = predict(svc, {"texts": ["一", "二", "三", "四"]})
+    assert code == 200
+    wait_for(lambda: mget(svc, "/status")[1]["prediction_log"]["logged"] >= before + 4, 30,
+             "the next answer written")
+    assert mget(svc, "/status")[1]["prediction_log"]["logged"] == before + 4
     rows = log_of(svc).get(rid)
     assert [r["text"] for r in rows] == ["非常好用", "很好"]
     assert [r["label"] for r in rows] == [p["label"] for p in first["predictions"]]
-    # feedback lands on the first answer's texts; an index only the second had is 404
     code, fb = feedback(svc, {"request_id": rid, "index": 1, "label": "pos"})
     assert code == 200 and fb["stored"] == 1, fb
     code, fb = feedback(svc, {"request_id": rid, "index": 2, "label": "neg"})
