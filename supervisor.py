@@ -99,12 +99,16 @@ class Supervisor:
             state_path = node_state_path(self.store.root, node.node_id)  # the store is shared
             ccfg = config["cluster"]  # one log: feedback sent to any node finds the prediction
             self.predlog = RedisPredictionLog(ccfg["redis_url"], prefix=ccfg["key_prefix"],
-                                              enabled=pcfg["log"], max_rows=pcfg["max_rows"])
+                                              enabled=pcfg["log"], max_rows=pcfg["max_rows"],
+                                              feedback_rows=config["feedback"]["max_rows"],
+                                              example_rows=config["feedback"]["max_example_rows"])
         else:
             self.records = FileRecords(self.store, self.storage, loop, config["watcher"])
             state_path = os.path.join(self.store.root, STATE_DB)
             self.predlog = PredictionLog(os.path.join(self.store.root, PREDLOG_DB),
-                                         enabled=pcfg["log"], max_rows=pcfg["max_rows"])
+                                         enabled=pcfg["log"], max_rows=pcfg["max_rows"],
+                                         feedback_rows=config["feedback"]["max_rows"],
+                                         example_rows=config["feedback"]["max_example_rows"])
         self.state = StateDB(state_path)  # jobs, history
         self.state.health = self.predlog.health = self.storage
         # the parts of the control plane, each given what it uses

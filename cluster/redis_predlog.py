@@ -222,15 +222,21 @@ def _scores_top(scores: Any) -> list[dict[str, Any]]:
     return []
 
 
+TRIM_SLACK = 0.05  # a hash may exceed its cap by this share before a trim
+
+
 class RedisPredictionLog:
     """See the module docstring; the interface is state/predlog.py's."""
 
     def __init__(self, url: str, *, prefix: str = "textswap", enabled: bool = True,
                  max_rows: int = 100_000, op_timeout: float = 1.0,
-                 read_timeout: float = 10.0) -> None:
+                 read_timeout: float = 10.0, feedback_rows: int = 100_000,
+                 example_rows: int = 100_000) -> None:
         self.health: Any = None  # state/storage.py's Storage, set by the supervisor
         self.enabled = enabled
         self.max_rows = max_rows
+        # per model, the feedback rows and free examples kept (the oldest go first)
+        self.feedback_rows, self.example_rows = feedback_rows, example_rows
         self.prefix = prefix
         # one immediate retry (a pooled connection a Redis restart closed), no
         # more: a down Redis must answer fast (503), as cluster/record.py does
@@ -461,7 +467,9 @@ class RedisPredictionLog:
         fut.set_exception(RuntimeError("the prediction log is closed"))
         return fut
 
-    def _write(self, per_key: dict[str, dict[Any, bytes]]) -> None:  # Any: hset's key type
+    def _write(self, per_key: dict[str, dict[Any, bytes]],
+               caps: dict[str, tuple[int, int]] | None = None) -> None:  # Any: hset's key type
+        """caps: key -> (most fields kept, the index of the time in a value)."""
         def run() -> None:
             pipe = self.redis.pipeline(transaction=True)  # all of it or nothing
             for key, mapping in per_key.items():
@@ -476,6 +484,26 @@ class RedisPredictionLog:
             raise
         if self.health is not None:
             self.health.succeeded(WHAT)
+        for key, (cap, at) in (caps or {}).items():
+            try:
+                self._trim_hash(key, cap, at)
+            except (PredlogUnreachable, ValueError, IndexError, TypeError) as exc:
+                log.warning("cannot trim %s: %s", key, exc)
+
+    def _trim_hash(self, key: str, cap: int, at: int) -> None:
+        """Keep the newest `cap` fields of a feedback or examples hash (up to
+        TRIM_SLACK more between trims), by the time packed in each value."""
+        n = self._call(self.redis.hlen, key)
+        if n <= cap + int(cap * TRIM_SLACK):
+            return
+        when: list[tuple[float, bytes]] = []
+        for field, value in self._call(lambda: list(self.redis.hscan_iter(key, count=1000))):
+            when.append((float(msgpack.unpackb(value, raw=False)[at]), field))
+        when.sort()
+        old = [f for _, f in when[:max(0, len(when) - cap)]]
+        for i in range(0, len(old), 1000):
+            self._call(self.redis.hdel, key, *old[i:i + 1000])
+        log.info("%s: %d oldest fields trimmed (to %d)", key, len(old), cap)
 
     def add_feedback(self, request_id: str, index: int, label: str, *, model: str,
                      version: Any, text: str, predicted: str | None = None,
@@ -494,7 +522,8 @@ class RedisPredictionLog:
             per_key.setdefault(self._k_fb(model), {})[f"{rid}:{index}"] = msgpack.packb(
                 [rid, index, label, version, text, predicted, bool(new), when],
                 use_bin_type=True)
-        return self._submit(self._write, per_key)
+        return self._submit(self._write, per_key,
+                            {key: (self.feedback_rows, 7) for key in per_key})
 
     def add_examples(self, model: str, examples: Iterable[tuple[str, str]],
                      new_labels: Iterable[str] = (), at: float | None = None
@@ -503,7 +532,8 @@ class RedisPredictionLog:
         new = set(new_labels)
         mapping = {t: msgpack.packb([lab, lab in new, when], use_bin_type=True)
                    for t, lab in examples}
-        return self._submit(self._write, {self._k_ex(model): mapping} if mapping else {})
+        return self._submit(self._write, {self._k_ex(model): mapping} if mapping else {},
+                            {self._k_ex(model): (self.example_rows, 2)} if mapping else {})
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until everything queued here so far is written (PredlogUnreachable
@@ -544,7 +574,8 @@ class RedisPredictionLog:
             names.add(rest.split(":", 1)[0])  # a model name holds no ':'
         return sorted(names)
 
-    def erase(self, request_id: str, timeout: float = 60.0) -> dict[str, int]:
+    def erase(self, request_id: str, timeout: float = 60.0,
+              erased: dict[str, set[str]] | None = None) -> dict[str, int]:
         """Erase one request's texts everywhere this log holds them: its stream
         entries (every one under this id; the queued ones are written first),
         its id key, the feedback on it, and the free examples with those texts
@@ -573,14 +604,25 @@ class RedisPredictionLog:
             if texts:
                 ex += self._call(self.redis.hdel, self._k_ex(model),
                                  *(t.encode() for t in texts))
+                if erased is not None:
+                    erased.setdefault(model, set()).update(texts)
         self._call(self.redis.delete, self._k_rid(request_id))
         self._rewrite_aof()
         return {"predictions": n, "feedback": fb, "examples": ex}
 
-    def purge(self, model: str, timeout: float = 60.0) -> dict[str, int]:
+    def purge(self, model: str, timeout: float = 60.0,
+              erased: dict[str, set[str]] | None = None) -> dict[str, int]:
         """Erase a model's whole log: its stream, feedback and free examples."""
         self.flush(timeout)
-        n = sum(len(d[4]) for _eid, d in self._scan(self._k_stream(model)))
+        entries = list(self._scan(self._k_stream(model)))
+        n = sum(len(d[4]) for _eid, d in entries)
+        if erased is not None:
+            texts = erased.setdefault(model, set())
+            for _eid, d in entries:
+                texts.update(d[4])
+            for v in self._call(self.redis.hvals, self._k_fb(model)):
+                texts.add(msgpack.unpackb(v, raw=False)[4])
+            texts.update(f.decode() for f in self._call(self.redis.hkeys, self._k_ex(model)))
         fb = self._call(self.redis.hlen, self._k_fb(model))
         ex = self._call(self.redis.hlen, self._k_ex(model))
         self._call(self.redis.delete, self._k_stream(model), self._k_stats(model),
@@ -589,7 +631,8 @@ class RedisPredictionLog:
         return {"predictions": n, "feedback": fb, "examples": ex}
 
     def expire(self, ages: dict[str, float], default: float = 0.0,
-               now: float | None = None) -> dict[str, int]:
+               now: float | None = None,
+               erased: dict[str, set[str]] | None = None) -> dict[str, int]:
         """Erase what is older than its model's age limit (days; `ages` per
         model over `default`; 0: none): stream entries (the stream rebuilt
         without them, as erase does), feedback and free examples."""
@@ -605,9 +648,12 @@ class RedisPredictionLog:
             cut = now - float(days) * 86400.0
             stream = self._k_stream(model)
             old = [(eid, d) for eid, d in self._scan(stream) if float(d[1]) < cut]
+            texts = erased.setdefault(model, set()) if erased is not None else set()
             if old:
                 self._call(self._rebuild, keys=[stream], args=[eid for eid, _ in old])
                 removed["predictions"] += sum(len(d[4]) for _, d in old)
+                for _, d in old:
+                    texts.update(d[4])
             for key, at_pos, what in ((self._k_fb(model), 7, "feedback"),
                                       (self._k_ex(model), 2, "examples")):
                 got = self._call(self.redis.hgetall, key)
@@ -615,6 +661,8 @@ class RedisPredictionLog:
                         if float(msgpack.unpackb(v, raw=False)[at_pos]) < cut]
                 if gone:
                     removed[what] += self._call(self.redis.hdel, key, *gone)
+                    texts.update(msgpack.unpackb(got[f], raw=False)[4] if what == "feedback"
+                                 else f.decode() for f in gone)
             changed = changed or any(removed.values())
         if changed:
             self._rewrite_aof()
@@ -634,13 +682,37 @@ class RedisPredictionLog:
             start = b"(" + page[-1][0]
 
     def _rewrite_aof(self) -> None:
+        """After an erasure: the append-only file rewritten when AOF is on, and
+        a new RDB snapshot (BGSAVE) when RDB persistence is on (`save` set),
+        so that no file of Redis keeps the erased texts past the next write."""
+        def setting(name: str) -> str:
+            got = self.redis.config_get(name)  # str keys, whatever the client decodes
+            return {str(k): (v.decode() if isinstance(v, bytes) else str(v))
+                    for k, v in got.items()}.get(name, "")
         try:
-            got = self.redis.config_get("appendonly")  # str keys, whatever the client decodes
-            if {str(k): (v.decode() if isinstance(v, bytes) else str(v))
-                    for k, v in got.items()}.get("appendonly") == "yes":
+            if setting("appendonly") == "yes":
                 self.redis.bgrewriteaof()
         except redis.ResponseError as exc:  # CONFIG refused (an ACL user), or one running
             log.warning("prediction log: no append-only file rewrite after an erasure: %s", exc)
+        try:
+            if setting("save").strip():
+                self._bgsave()
+        except redis.ResponseError as exc:  # CONFIG or BGSAVE refused (an ACL user)
+            log.warning("prediction log: no RDB snapshot after an erasure: %s", exc)
+
+    def _bgsave(self, wait_s: float = 10.0) -> None:
+        """BGSAVE SCHEDULE (while an AOF rewrite runs, Redis starts it when that
+        ends). A save already running began before the erasure: wait for it
+        (up to wait_s), then start the one that leaves the erased texts out."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self.redis.bgsave(schedule=True)
+                return
+            except redis.ResponseError as exc:
+                if "in progress" not in str(exc).lower() or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)
 
     # -- reads (executor threads) ------------------------------------------------------------
     def _entry_rows(self, model: str, entries: list[Any]) -> list[dict[str, Any]]:

@@ -91,11 +91,13 @@ class FeedbackService:
     """True labels in, the review queue out; see the module's docstring."""
 
     def __init__(self, predlog: PredictionLogBackend | None, store: ModelStore,
-                 policies: LabelsArrived | None, max_items: int, max_text_chars: int) -> None:
+                 policies: LabelsArrived | None, max_items: int, max_text_chars: int,
+                 max_examples: int = 1000) -> None:
         self.predlog = predlog
         self.store = store
         self.policies = policies
         self.max_items = max_items
+        self.max_examples = max_examples  # free examples in one body (feedback.max_examples)
         self.max_text_chars = max_text_chars
         self._meta: dict[tuple[str, int | None], dict[str, Any]] = {}
 
@@ -140,9 +142,11 @@ class FeedbackService:
         examples = data["examples"]
         if not isinstance(examples, list) or not examples:
             raise refused(400, "invalid_field", "'examples' must be a non-empty list")
-        if len(examples) > cap:
+        if len(examples) > min(cap, self.max_examples):
+            setting = "max_examples" if self.max_examples < cap else "max_items"
             raise refused(413, "too_many_items", f"'examples' has {len(examples)} items; "
-                                                 f"the limit is {cap} (feedback.max_items)")
+                                                 f"the limit is {min(cap, self.max_examples)} "
+                                                 f"(feedback.{setting})")
 
         def lookup() -> dict[str, Any]:
             try:

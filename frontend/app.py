@@ -110,7 +110,8 @@ def start_servers(sup: Service, config: Any) -> list[HTTPServer]:
     pipeline = PredictPipeline(sup, sup.store, sup.policies, sup.predlog, sup.metrics,
                                config["limits"], config["predictions"]["sample"])
     feedback = FeedbackService(sup.predlog, sup.store, sup.policies,
-                               config["feedback"]["max_items"], config["limits"]["max_text_chars"])
+                               config["feedback"]["max_items"], config["limits"]["max_text_chars"],
+                               config["feedback"]["max_examples"])
     inference: Any = inference_app(sup, config, pipeline, feedback)
     if s["fast_predict"]:
         from frontend.fastpath import PredictRouter

@@ -34,42 +34,69 @@ T = TypeVar("T")
 
 
 class RateLimit:
-    """Token buckets, one per caller: `rate` requests a second on average,
-    bursts of up to `burst`. POST /feedback's callers are told apart by the
-    key they send (by its hash; the client's address when none is needed),
-    so one caller cannot flood the log with labels that retraining uses."""
+    """Token buckets, one per caller: `rate` units a second on average, bursts
+    of up to `burst`. POST /feedback's callers are told apart by the key they
+    send (by its hash; the client's address when none is needed), so one
+    caller cannot flood the log with labels that retraining uses. Three are
+    kept (feedback_limits): requests, labels and body bytes."""
 
     def __init__(self, rate: float, burst: float, max_callers: int = 10_000) -> None:
         self.rate, self.burst, self.max_callers = rate, max(burst, 1.0), max_callers
         self._buckets: dict[str, tuple[float, float]] = {}  # caller -> (tokens, at)
 
-    def take(self, caller: str, now: float | None = None) -> float:
-        """0.0 when the request may go on, else the seconds until it may."""
+    def take(self, caller: str, now: float | None = None, cost: float = 1.0) -> float:
+        """0.0 when the request may go on (its cost taken), else the seconds
+        until it may. A cost over the burst needs a full bucket, and empties it."""
         if self.rate <= 0:
             return 0.0
+        cost = min(max(cost, 0.0), self.burst)
         now = time.monotonic() if now is None else now
         tokens, at = self._buckets.get(caller, (self.burst, now))
         tokens = min(self.burst, tokens + (now - at) * self.rate)
-        if tokens < 1.0:
+        if tokens < cost:
             self._buckets[caller] = (tokens, now)
-            return (1.0 - tokens) / self.rate
+            return (cost - tokens) / self.rate
         if caller not in self._buckets and len(self._buckets) >= self.max_callers:
             # forget the fullest buckets: they are the callers that waited longest
             for old in sorted(self._buckets, key=lambda c: self._buckets[c][1])[:1000]:
                 del self._buckets[old]
-        self._buckets[caller] = (tokens - 1.0, now)
+        self._buckets[caller] = (tokens - cost, now)
         return 0.0
 
 
-_LIMITS: dict[int, RateLimit] = {}  # one per config (the service has one)
+@dataclass(frozen=True)
+class FeedbackLimits:
+    requests: RateLimit
+    labels: RateLimit
+    bytes: RateLimit
 
 
-def feedback_limit(config: Any) -> RateLimit:
+_LIMITS: dict[int, FeedbackLimits] = {}  # one per config (the service has one)
+
+
+def feedback_limits(config: Any) -> FeedbackLimits:
     limit = _LIMITS.get(id(config))
     if limit is None:
         fb = config["feedback"]
-        limit = _LIMITS[id(config)] = RateLimit(fb["rate_per_s"], fb["burst"])
+        limit = _LIMITS[id(config)] = FeedbackLimits(
+            RateLimit(fb["rate_per_s"], fb["burst"]),
+            RateLimit(fb["labels_per_s"], fb["label_burst"]),
+            RateLimit(fb["bytes_per_s"], fb["byte_burst"]))
     return limit
+
+
+def feedback_limit(config: Any) -> RateLimit:
+    """The requests' bucket (feedback_limits has the labels' and bytes' too)."""
+    return feedback_limits(config).requests
+
+
+def labels_in(data: dict[str, Any]) -> int:
+    """The labels a feedback body carries: its examples, its batch's labels, or one."""
+    for key in ("examples", "labels"):
+        value = data.get(key)
+        if isinstance(value, list) and (key == "examples" or "request_id" in data):
+            return max(1, len(value))
+    return 1
 
 
 async def _run(fn: Callable[..., T], *args: Any, what: str = "the prediction log",
@@ -94,16 +121,22 @@ class FeedbackHandler(JsonHandler):
             return "key:" + hashlib.sha256(auth.encode()).hexdigest()[:16]
         return "addr:" + (self.request.remote_ip or "")
 
-    async def post(self) -> None:
-        wait = feedback_limit(self.cfg).take(self._caller())
+    def _limit(self, bucket: RateLimit, cost: float, what: str, rate: str, burst: str) -> None:
+        wait = bucket.take(self._caller(), cost=cost)
         if wait:
+            fb = self.cfg["feedback"]
             raise ApiError(429, "rate_limited",
-                           f"too many feedback requests from this caller (feedback.rate_per_s: "
-                           f"{self.cfg['feedback']['rate_per_s']:g}, burst "
-                           f"{self.cfg['feedback']['burst']:g}); retry after {wait:.1f}s",
-                           {"retry_after_s": round(wait, 3)},
+                           f"too many feedback {what} from this caller (feedback.{rate}: "
+                           f"{fb[rate]:g}, {burst} {fb[burst]:g}); retry after {wait:.1f}s",
+                           {"retry_after_s": round(wait, 3), "limit": what},
                            headers={"Retry-After": str(max(1, math.ceil(wait)))})
+
+    async def post(self) -> None:
+        limits = feedback_limits(self.cfg)
+        self._limit(limits.requests, 1, "requests", "rate_per_s", "burst")
+        self._limit(limits.bytes, len(self.body), "bytes", "bytes_per_s", "byte_burst")
         data = self.json_object(FEEDBACK_FIELDS)
+        self._limit(limits.labels, labels_in(data), "labels", "labels_per_s", "label_burst")
         try:
             answer = await self.parts.feedback(data)
         except ServiceError as exc:

@@ -879,9 +879,12 @@ def loop_inference_paths(cfg: Any, text: S) -> S:
                         "model"),
             "409": _err("the prediction log is off (predictions.log: false)"),
             **_body_errors(cfg),
-            "413": _err(f"more than feedback.max_items ({cap}) labels, or a body over "
-                        "limits.max_body_bytes"),
+            "413": _err(f"more than feedback.max_items ({cap}) labels, more than "
+                        f"feedback.max_examples ({cfg['feedback']['max_examples']}) free "
+                        "examples, or a body over limits.max_body_bytes"),
             "422": _err("a text over limits.max_text_chars"),
+            "429": _err("over this caller's budget of requests, labels or body bytes "
+                        "(rate_limited; 'limit' names it, Retry-After says when)"),
         }}
     return {"/feedback": {"post": op}}
 

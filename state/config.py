@@ -194,6 +194,15 @@ DEFAULTS: dict[str, Any] = {
         # Retry-After. 0: no limit
         "rate_per_s": 20.0,
         "burst": 200.0,
+        # the same per caller for what the requests carry: labels (each text
+        # labelled or example given) and body bytes
+        "labels_per_s": 200.0,
+        "label_burst": 2000.0,
+        "bytes_per_s": 1048576.0,
+        "byte_burst": 8388608.0,
+        "max_examples": 1000,        # free examples in one POST /feedback; more: 413
+        "max_rows": 100000,          # feedback rows kept per model; the oldest go first
+        "max_example_rows": 100000,  # free examples kept per model; the oldest go first
     },
     # per-model retrain policies, e.g. {news: {retrain_after_labels: 200, apply: gate}};
     # PUT /models/<name>/policy overrides them (control/policies.py)
@@ -262,6 +271,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     if overrides:
         merged = _merge(merged, overrides)
     _check_ages(merged["predictions"])
+    _check_feedback(merged["feedback"])
     _resolve_redis_url(merged["cluster"])
     # the tokens' environment variables win over the file
     for env, (section, key) in _SECRET_ENV.items():
@@ -295,6 +305,16 @@ def _check_ages(p: dict[str, Any]) -> None:
         if isinstance(days, bool) or not isinstance(days, (int, float)) or days < 0:
             raise ConfigError(f"setting 'predictions.max_age_days_by_model.{model}' must be "
                               f"a number of days >= 0, got {days!r}")
+
+
+def _check_feedback(f: dict[str, Any]) -> None:
+    for key in ("max_examples", "max_rows", "max_example_rows"):
+        if f[key] < 1:
+            raise ConfigError(f"setting 'feedback.{key}' must be >= 1")
+    for key in ("rate_per_s", "burst", "labels_per_s", "label_burst", "bytes_per_s",
+                "byte_burst"):
+        if f[key] < 0:
+            raise ConfigError(f"setting 'feedback.{key}' must be >= 0 (a rate of 0: no limit)")
 
 
 def _resolve_redis_url(cluster: dict[str, Any]) -> None:

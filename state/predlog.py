@@ -63,7 +63,8 @@ from typing import Any, Iterable, Iterator
 
 import msgpack
 
-from state.predlog_writer import ID_MOD, ID_WINDOW_MS, MAX_SPAN_S, id_ms, store, top_list
+from state.predlog_writer import (ID_MOD, ID_WINDOW_MS, MAX_SPAN_S, TRIM_SLACK, id_ms, store,
+                                  top_list)
 from state.statedb import as_oserror
 
 log = logging.getLogger("textswap.predlog")
@@ -228,11 +229,15 @@ class _Writer:
 class PredictionLog:
     """See the module docstring."""
 
-    def __init__(self, path: str, *, enabled: bool = True, max_rows: int = 100_000) -> None:
+    def __init__(self, path: str, *, enabled: bool = True, max_rows: int = 100_000,
+                 feedback_rows: int = 100_000, example_rows: int = 100_000) -> None:
         self.path = os.path.abspath(path)
         self.health: Any = None  # state/storage.py's Storage, set by the supervisor
         self.enabled = enabled
         self.max_rows = max_rows
+        # per model, the feedback rows and free examples kept (the oldest go first)
+        self.caps = {"feedback": feedback_rows, "examples": example_rows}
+        self._rows: dict[tuple[str, str], int] = {}  # (table, model) -> rows, at least
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         conn = self._connect()
         try:
@@ -565,6 +570,7 @@ class PredictionLog:
                             conn.executemany(
                                 "INSERT OR REPLACE INTO examples (model, text, label, "
                                 "new_label, at) VALUES (?, ?, ?, ?, ?)", payload)
+                    self._trim(conn, writes)
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:  # SQLite may have rolled back itself (disk full)
@@ -584,20 +590,61 @@ class PredictionLog:
             if not f.done():
                 f.set_result(None)
 
+    def _trim(self, conn: sqlite3.Connection, writes: list[tuple[str, Any]]) -> None:
+        """Keep each model's newest feedback.max_rows feedback rows and
+        feedback.max_example_rows free examples (up to TRIM_SLACK more between
+        trims, as the writer trims predictions), in the write's transaction.
+        The rows counted here are an upper bound (a replaced row counts as
+        added, an erasure is not subtracted): past the cap, they are counted."""
+        added: dict[tuple[str, str], int] = {}
+        for kind, payload in writes:
+            for row in payload:
+                key = (kind, row[3] if kind == "feedback" else row[0])
+                added[key] = added.get(key, 0) + 1
+        for (table, model), n in added.items():
+            key = (table, model)
+            cap = self.caps[table]
+            rows = self._rows.get(key)
+            rows = (rows + n) if rows is not None else None
+            if rows is None or rows > cap + int(cap * TRIM_SLACK):
+                rows = conn.execute(f"SELECT COUNT(*) FROM {table} WHERE model = ?",
+                                    (model,)).fetchone()[0]
+                if rows > cap:
+                    conn.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM "
+                                 f"{table} WHERE model = ? ORDER BY at, rowid LIMIT ?)",
+                                 (model, rows - cap))
+                    log.info("%s: %d oldest %s rows trimmed (feedback.%s: %d)", model,
+                             rows - cap, table, "max_rows" if table == "feedback"
+                             else "max_example_rows", cap)
+                    rows = cap
+            self._rows[key] = rows
+
     # -- erasure (executor threads) ---------------------------------------------------------
-    def erase(self, request_id: str, timeout: float = 60.0) -> dict[str, int]:
+    def erase(self, request_id: str, timeout: float = 60.0,
+              erased: dict[str, set[str]] | None = None) -> dict[str, int]:
         """Erase one request's texts everywhere the log holds them: its logged
         answers (every entry under this id, the queued ones too: flushed
         first), the feedback on them, and the free examples with those texts
         of the same model. Erased means unreadable: deleted with SQLite's
         secure_delete (the freed bytes are zeroed) and the WAL checkpointed and
-        truncated. Returns what was removed."""
+        truncated. Returns what was removed; `erased` gets the texts."""
         rid = request_id.encode()
-        return self._erase(timeout, lambda conn: self._erase_request(conn, request_id, rid))
+        return self._erase(timeout, lambda conn: self._erase_request(conn, request_id, rid,
+                                                                     erased))
 
-    def purge(self, model: str, timeout: float = 60.0) -> dict[str, int]:
+    def purge(self, model: str, timeout: float = 60.0,
+              erased: dict[str, set[str]] | None = None) -> dict[str, int]:
         """Erase a model's whole log: its answers, feedback and free examples."""
         def run(conn: sqlite3.Connection) -> dict[str, int]:
+            if erased is not None:
+                texts = erased.setdefault(model, set())
+                for (data,) in conn.execute("SELECT data FROM batches WHERE model = ?",
+                                            (model,)):
+                    for e in msgpack.unpackb(data, raw=False):
+                        texts.update(_unpack(e)[0])
+                for table in ("feedback", "examples"):
+                    texts.update(r[0] for r in conn.execute(
+                        f"SELECT text FROM {table} WHERE model = ?", (model,)))
             ids = [r[0] for r in conn.execute("SELECT id FROM batches WHERE model = ?",
                                               (model,))]
             n = conn.execute("SELECT COALESCE(SUM(n), 0) FROM batches WHERE model = ?",
@@ -613,7 +660,8 @@ class PredictionLog:
         return self._erase(timeout, run)
 
     def expire(self, ages: dict[str, float], default: float = 0.0,
-               now: float | None = None) -> dict[str, int]:
+               now: float | None = None,
+               erased: dict[str, set[str]] | None = None) -> dict[str, int]:
         """Erase what is older than its model's age limit (days; `ages` per
         model over `default`; 0: none): answers, feedback and free examples,
         as erase() erases. Returns what was removed."""
@@ -634,6 +682,16 @@ class PredictionLog:
                     continue
                 old = conn.execute("SELECT id, n FROM batches WHERE model = ? AND at < ?",
                                    (model, cut)).fetchall()
+                if erased is not None:
+                    texts = erased.setdefault(model, set())
+                    for (data,) in conn.execute("SELECT data FROM batches WHERE model = ? "
+                                                "AND at < ?", (model, cut)):
+                        for e in msgpack.unpackb(data, raw=False):
+                            texts.update(_unpack(e)[0])
+                    for table in ("feedback", "examples"):
+                        texts.update(r[0] for r in conn.execute(
+                            f"SELECT text FROM {table} WHERE model = ? AND at < ?",
+                            (model, cut)))
                 for i in range(0, len(old), 500):
                     part = [r[0] for r in old[i:i + 500]]
                     marks = ",".join("?" * len(part))
@@ -673,8 +731,8 @@ class PredictionLog:
         return removed
 
     @staticmethod
-    def _erase_request(conn: sqlite3.Connection, request_id: str, rid: bytes
-                       ) -> dict[str, int]:
+    def _erase_request(conn: sqlite3.Connection, request_id: str, rid: bytes,
+                       erased: dict[str, set[str]] | None = None) -> dict[str, int]:
         texts: dict[str, set[str]] = {}  # model -> the texts erased
         n = 0
         # every batch whose bytes hold the id (then decoded: only exact matches go)
@@ -702,9 +760,11 @@ class PredictionLog:
             texts.setdefault(model, set()).add(text)
         fb = conn.execute("DELETE FROM feedback WHERE request_id = ?", (request_id,)).rowcount
         ex = 0
-        for model, erased in texts.items():
+        for model, gone in texts.items():
             ex += sum(conn.execute("DELETE FROM examples WHERE model = ? AND text = ?",
-                                   (model, t)).rowcount for t in erased)
+                                   (model, t)).rowcount for t in gone)
+            if erased is not None:
+                erased.setdefault(model, set()).update(gone)
         return {"predictions": n, "feedback": fb, "examples": ex}
 
     # -- reads (executor threads) ------------------------------------------------------------

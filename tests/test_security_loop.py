@@ -162,3 +162,92 @@ def test_client_ids_are_namespaced_by_the_predict_key(tiny_store, tmp_path):
         assert code == 401, body
     finally:
         s.stop()
+
+
+# -- feedback limits: labels and bytes, not only requests; rows kept per model ----------------
+LIMITS = ("feedback:\n  rate_per_s: 1000.0\n  burst: 1000.0\n  labels_per_s: 0.5\n"
+          "  label_burst: 40.0\n  bytes_per_s: 1.0\n  byte_burst: 60000.0\n  max_examples: 30\n")
+
+
+@pytest.fixture(scope="module")
+def limited(tiny_store, tmp_path_factory):
+    s = _start(tiny_store, tmp_path_factory.mktemp("fblimits"), LIMITS)
+    yield s
+    s.stop()
+
+
+def _examples(n: int, tag: str, size: int = 0) -> list[dict]:
+    pad = "x" * size
+    return [{"text": f"{tag} {i} {pad}", "label": "pos" if i % 2 else "neg"} for i in range(n)]
+
+
+def test_the_rate_limit_counts_labels(limited):
+    code, fb = _feedback(limited, {"model": "sent", "examples": _examples(30, "lab-a")})
+    assert code == 200 and fb["stored"] == 30, fb
+    # 10 labels left in the caller's bucket: 30 more wait, each request alone would not
+    code, fb = _feedback(limited, {"model": "sent", "examples": _examples(30, "lab-b")})
+    assert code == 429 and fb["error"]["code"] == "rate_limited", fb
+    assert fb["error"]["limit"] == "labels" and "feedback.labels_per_s" in fb["error"]["message"]
+    assert fb["error"]["retry_after_s"] > 30
+
+
+def test_a_body_over_max_examples_is_413(limited):
+    # the admin key on the management port: a caller of its own (its own buckets)
+    code, fb = limited.mpost("/feedback", {"model": "sent", "examples": _examples(31, "max")})
+    assert code == 413 and fb["error"]["code"] == "too_many_items", fb
+    assert "feedback.max_examples" in fb["error"]["message"]
+
+
+def test_the_rate_limit_counts_bytes(limited):
+    """Another caller (the review key, on the management port: its own bucket)
+    with few labels in big bodies: the bytes run out first."""
+    def send(tag: str) -> tuple[int, dict]:
+        return limited.mpost("/feedback", {"model": "sent", "examples": _examples(2, tag, 12000)},
+                             headers=limited.auth("review"))
+    code, fb = send("bytes-a")
+    assert code == 200, fb
+    code, fb = send("bytes-b")
+    assert code == 200, fb
+    code, fb = send("bytes-c")  # three bodies of ~24 KB each: over the 60,000 bytes
+    assert code == 429 and fb["error"]["limit"] == "bytes", fb
+    assert "feedback.bytes_per_s" in fb["error"]["message"]
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def capped(request, tmp_path):
+    """A log of either backend keeping 20 feedback rows and 20 free examples a model."""
+    if request.param == "sqlite":
+        from state.predlog import PredictionLog
+        p = PredictionLog(str(tmp_path / "p.db"), feedback_rows=20, example_rows=20)
+        yield p
+    else:
+        from clusterkit import RedisServer
+        from cluster.redis_predlog import RedisPredictionLog
+        if not shutil.which("redis-server"):
+            pytest.skip("redis-server is not installed (.ci/run installs it)")
+        server = RedisServer(str(tmp_path / "redis"))
+        p = RedisPredictionLog(server.url, prefix="capped", feedback_rows=20, example_rows=20)
+        yield p
+        p.close()
+        server.stop()
+        return
+    p.close()
+
+
+def test_feedback_and_examples_are_trimmed_per_model_oldest_first(capped):
+    plog = capped
+    for start in (0, 15, 30):  # 45 examples, oldest first
+        plog.add_examples("ex", [(f"ex {i}", "pos") for i in range(start, start + 15)],
+                          at=1000.0 + start).result(30)
+    kept = {t for t, _ in plog.feedback_examples("ex")}
+    assert 20 <= len(kept) <= 21 and {f"ex {i}" for i in range(30, 45)} <= kept, kept
+    assert not {f"ex {i}" for i in range(0, 15)} & kept
+    items = [(f"rid-{i}", 0, "pos", "fb", 1, f"fb text {i}", "neg", False) for i in range(30)]
+    for i in range(0, 30, 10):
+        plog.add_feedback_many(items[i:i + 10], at=2000.0 + i).result(30)
+    assert 20 <= plog.feedback_count("fb") <= 21
+    texts = {t for t, _ in plog.feedback_examples("fb")}
+    assert {f"fb text {i}" for i in range(20, 30)} <= texts and "fb text 0" not in texts
+    # another model's rows are its own
+    plog.add_examples("other", [("other 1", "neg")]).result(30)
+    assert [t for t, _ in plog.feedback_examples("other")] == ["other 1"]
