@@ -138,7 +138,8 @@ class Supervisor:
         self.events.subscribe(self.statusview.to_history)
         self.metrics.attach(metrics.Sources(state, pool, self.storage, self.jobs, self.quality))
         self._sweeper = PeriodicCallback(self.healer.sweep, 1000)
-        self.retention = Retention(self.predlog, config["predictions"])  # max_age_days
+        self.retention = Retention(self.predlog, config["predictions"],  # max_age_days
+                                   policies=self.policies)
         # what the predict pipeline routes through (frontend/pipeline.py Serving);
         # the other routes get the parts themselves (frontend/app.py)
         self.predict = self.router.predict

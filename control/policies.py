@@ -230,6 +230,57 @@ class Policies:
         self._update_state(name, **changes)
         self.blocked.pop(name, None)  # a retrain has data to read again
 
+    def forget(self, erased: dict[str, set[str]], whole: bool = False) -> dict[str, int]:
+        """Erase texts from the copies kept under .loop/ (blocking: from an
+        executor): each model's feedback hold-out (.loop/<name>.json) and its
+        inline-data copy (.loop/<name>.data.jsonl) lose the rows with those
+        texts; whole: the model's whole log was erased, and its hold-out (made
+        of its feedback) goes whole. Each file is rewritten whole (a new file
+        replaces it). Returns the rows removed: {"holdout", "data_copy"}."""
+        out = {"holdout": 0, "data_copy": 0}
+        for name, texts in erased.items():
+            if not texts and not whole:
+                continue
+            with self._lock:
+                state = self.model_state(name)
+                hold = state.get("holdout") or {}
+                held = list(zip(hold.get("texts") or [], hold.get("labels") or []))
+                keep = [] if whole else [(t, y) for t, y in held if t not in texts]
+                if len(keep) < len(held):
+                    state["holdout"] = ({**hold, "texts": [t for t, _ in keep],
+                                         "labels": [y for _, y in keep]} if keep else None)
+                    _write_atomic(self._state_path(name), state)
+                    out["holdout"] += len(held) - len(keep)
+                if texts:
+                    out["data_copy"] += self._forget_in_copy(name, texts)
+        return out
+
+    def _forget_in_copy(self, name: str, texts: set[str]) -> int:
+        """The inline-data copy of `name` without the rows holding `texts`."""
+        copy = os.path.join(self.dir, f"{name}.data.jsonl")
+        try:
+            with open(copy, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except FileNotFoundError:
+            return 0
+        keep = []
+        for line in lines:
+            try:
+                text = json.loads(line).get("text")
+            except (ValueError, AttributeError):
+                text = None
+            if text not in texts:
+                keep.append(line)
+        if len(keep) == len(lines):
+            return 0
+        tmp = f"{copy}.tmp.{os.getpid()}.{threading.get_ident()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write("".join(line + "\n" for line in keep))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, copy)
+        return len(lines) - len(keep)
+
     def last_training(self, name: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         s = self.model_state(name)
         return s.get("last_data"), s.get("last_params")

@@ -15,8 +15,11 @@ log = logging.getLogger("textswap.retention")
 
 class Retention:
     def __init__(self, predlog: PredictionLogBackend, predictions: dict[str, Any],
-                 every_s: float = 60.0) -> None:
+                 every_s: float = 60.0, policies: Any = None) -> None:
+        """policies: control/policies.py's Policies, whose copies under .loop/
+        (the feedback hold-out, inline-data copies) lose the expired texts too."""
         self.predlog = predlog
+        self.policies = policies
         self.cfg = predictions
         self.ages = dict(predictions["max_age_days_by_model"])
         self.default = float(predictions["max_age_days"])
@@ -41,9 +44,13 @@ class Retention:
         self._timer.stop()
 
     async def expire(self) -> None:
+        erased: dict[str, set[str]] = {}
         try:
             removed = await self.loop.run_in_executor(None, self.predlog.expire, self.ages,
-                                                      self.default)
+                                                      self.default, None, erased)
+            if self.policies is not None and any(erased.values()):
+                removed = {**removed, **await self.loop.run_in_executor(
+                    None, self.policies.forget, erased)}
         except Exception as exc:  # a failing disk or Redis: the next minute tries again
             log.error("prediction log: the age limit could not be applied: %s", exc)
             return

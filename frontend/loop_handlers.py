@@ -213,17 +213,33 @@ class PolicyHandler(JsonHandler):
         self.send_json({**self.parts.policies.describe(name), "removed": removed})
 
 
-class _Erasure(JsonHandler):
-    """Erasure of logged texts; the answer says what was removed, and the
-    history records the erasure (not the texts)."""
+@dataclass(frozen=True)
+class ErasureParts:
+    predlog: PredictionLogBackend | None
+    policies: Policies | None  # its copies under .loop/ are erased too
 
-    parts: PredictionLogBackend | None
+
+class _Erasure(JsonHandler):
+    """Erasure of logged texts; the answer says what was removed (`copies`:
+    the rows of the policy's hold-out and of the inline-data copy under
+    .loop/ that held the texts), and the history records the erasure (not the
+    texts)."""
+
+    parts: ErasureParts
 
     def _predlog(self) -> PredictionLogBackend:
-        plog = self.parts
+        plog = self.parts.predlog
         if plog is None:
             raise ApiError(409, "log_off", "the service keeps no prediction log")
         return plog
+
+    async def _copies(self, erased: dict[str, set[str]], whole: bool = False
+                      ) -> dict[str, int]:
+        policies = self.parts.policies
+        if policies is None:
+            return {"holdout": 0, "data_copy": 0}
+        return await _run(policies.forget, erased, whole, what="the policies' copies",
+                          path=getattr(policies, "dir", ""))
 
 
 class RequestErasureHandler(_Erasure):
@@ -234,9 +250,10 @@ class RequestErasureHandler(_Erasure):
     async def delete(self, request_id: str) -> None:
         plog = self._predlog()
         rid = check_id(request_id, "the request id")
-        removed = await _run(plog.erase, rid, what="the prediction log",
+        erased: dict[str, set[str]] = {}
+        removed = await _run(plog.erase, rid, 60.0, erased, what="the prediction log",
                              path=getattr(plog, "path", ""))
-        answer = {"request_id": rid, "removed": removed}
+        answer = {"request_id": rid, "removed": removed, "copies": await self._copies(erased)}
         self.audit(None, "erase", answer)
         self.send_json(answer)
 
@@ -248,9 +265,11 @@ class ModelErasureHandler(_Erasure):
     async def delete(self, name: str) -> None:
         plog = self._predlog()
         model = name_of(name)
-        removed = await _run(plog.purge, model, what="the prediction log",
+        erased: dict[str, set[str]] = {}
+        removed = await _run(plog.purge, model, 60.0, erased, what="the prediction log",
                              path=getattr(plog, "path", ""))
-        answer = {"model": model, "removed": removed}
+        answer = {"model": model, "removed": removed,
+                  "copies": await self._copies(erased, whole=True)}
         self.audit(model, "erase", answer)
         self.send_json(answer)
 
@@ -271,6 +290,8 @@ def management_routes(kw: dict[str, Any], feedback: FeedbackService, policies: P
                       predlog: PredictionLogBackend | None) -> list[Any]:
     return [(r"/models/([^/]+)/review", ReviewHandler, {**kw, "parts": feedback}),
             (r"/models/([^/]+)/policy", PolicyHandler, {**kw, "parts": policies}),
-            (r"/predictions/([^/]+)", RequestErasureHandler, {**kw, "parts": predlog}),
-            (r"/models/([^/]+)/predictions", ModelErasureHandler, {**kw, "parts": predlog})]
+            (r"/predictions/([^/]+)", RequestErasureHandler,
+             {**kw, "parts": ErasureParts(predlog, policies.policies)}),
+            (r"/models/([^/]+)/predictions", ModelErasureHandler,
+             {**kw, "parts": ErasureParts(predlog, policies.policies)})]
 

@@ -799,9 +799,11 @@ class ManagementSpecHandler(JsonHandler):
 
 
 # -- the learning loop (frontend/request_ids.py, frontend/loop_handlers.py; docs/loop.md) ---------
-REQUEST_ID: S = {"type": "string", "pattern": r"^[A-Za-z0-9._:-]{1,64}$",
+REQUEST_ID: S = {"type": "string", "pattern": r"^[A-Za-z0-9._:-]{1,80}$",
                  "description": "this request's id (the client's X-Request-Id when it sent "
-                                "one): POST /feedback names predictions by it",
+                                "one, up to 64 characters, behind its predict key's "
+                                "'<namespace>:' while a predict key is set): POST /feedback "
+                                "names predictions by it",
                  "example": "ticket-4711"}
 REQUEST_ID_HEADER: S = {"X-Request-Id": {"schema": REQUEST_ID, "required": True}}
 _LABEL: S = {"anyOf": [{"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S"},
@@ -962,9 +964,15 @@ def loop_management_paths(name_param: S) -> S:
     counts = {"type": "object", "required": ["predictions", "feedback", "examples"],
               "properties": {k: {"type": "integer", "minimum": 0}
                              for k in ("predictions", "feedback", "examples")}}
-    erased: S = {"type": "object", "required": ["removed"],
+    erased: S = {"type": "object", "required": ["removed", "copies"],
                  "properties": {"request_id": REQUEST_ID, "model": {"type": "string"},
-                                "removed": counts}}
+                                "removed": counts,
+                                "copies": {"type": "object",
+                                           "description": "rows removed from the retrain "
+                                                          "policy's feedback hold-out and "
+                                                          "the inline-data copy (.loop/)",
+                                           "properties": {"holdout": {"type": "integer"},
+                                                          "data_copy": {"type": "integer"}}}}}
     return {
         "/models/{name}/review": {
             "parameters": [name_param],
@@ -1004,7 +1012,8 @@ def loop_management_paths(name_param: S) -> S:
                             "schema": REQUEST_ID}],
             "delete": {"summary": "Erase one request's texts: its logged answers (queued "
                                   "ones too), the feedback on them, the model's free "
-                                  "examples with those texts.",
+                                  "examples, policy hold-out rows and inline-data copy "
+                                  "rows with those texts.",
                        "responses": {"200": _json(erased, "what was removed (zeros: "
                                                           "nothing held that id)"),
                                      "400": _err("not a request id"),
@@ -1014,7 +1023,8 @@ def loop_management_paths(name_param: S) -> S:
         "/models/{name}/predictions": {
             "parameters": [name_param],
             "delete": {"summary": "Erase a model's whole prediction log, feedback and free "
-                                  "examples.",
+                                  "examples, its policy hold-out, and the inline-data copy's "
+                                  "rows with those texts.",
                        "responses": {"200": _json(erased, "what was removed"),
                                      "400": _err("not a model name"),
                                      "409": _err("the service keeps no prediction log"),

@@ -401,7 +401,8 @@ def test_delete_a_request_erases_its_texts_from_every_file(svc):
     mgmt = {"Authorization": f"Bearer {MGMT}"}
     code, got = request(svc.mport, "DELETE", f"/predictions/{rid}", headers=mgmt)
     assert code == 200 and got == {"request_id": rid, "removed": {
-        "predictions": 2, "feedback": 1, "examples": 0}}, got
+        "predictions": 2, "feedback": 1, "examples": 0},
+        "copies": {"holdout": 0, "data_copy": 0}}, got
     assert log_of(svc).get(rid) == []
     assert _store_holds(svc, secret) == []  # the database and its WAL: zeroed, truncated
     code, fb = feedback(svc, {"request_id": rid, "index": 0, "label": "neg"})

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import time
 
 import pytest
 
@@ -251,3 +252,174 @@ def test_feedback_and_examples_are_trimmed_per_model_oldest_first(capped):
     # another model's rows are its own
     plog.add_examples("other", [("other 1", "neg")]).result(30)
     assert [t for t, _ in plog.feedback_examples("other")] == ["other 1"]
+
+
+# -- erasure reaches every copy: the policy's hold-out, inline-data copies, Redis's RDB --------
+DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "demo",
+                    "sentiment_zh.jsonl")
+LOOP_CONFIG = ("training:\n  demo_on_empty_store: false\nrollout:\n  probation_s: 0\n"
+               "  gate_tolerance: 1.0\n")
+
+
+def _demo(start: int, n: int) -> list[dict]:
+    with open(DEMO, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh][start:start + n]
+
+
+def _loop_file(svc: Service, name: str) -> str:
+    return os.path.join(svc.models_dir, ".loop", name)
+
+
+def test_erasure_reaches_the_holdout_and_the_inline_data_copy(tmp_path):
+    from control.policies import held_out
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(LOOP_CONFIG)
+    svc = Service(str(tmp_path / "models"), args=["--config", str(cfg)])
+    try:
+        inline_secret = "内联秘密 " + os.urandom(4).hex()
+        rows = _demo(0, 120) + [{"text": inline_secret, "label": "pos"}]
+        code, body = svc.mpost("/train", {"name": "held", "data": {"examples": rows},
+                                          "params": {"architecture": "bow", "epochs": 1},
+                                          "apply": True})
+        assert code == 202, body
+        wait_for(lambda: (svc.serving() or {}).get("name") == "held", 300, "held serving")
+        with open(_loop_file(svc, "held.data.jsonl"), encoding="utf-8") as fh:
+            assert inline_secret in fh.read()  # the copy a retrain without data reads
+
+        code, body = svc.request_put("/models/held/policy", {"retrain_after_labels": 12,
+                                                             "holdout": 0.5})
+        assert code == 200, body
+        fed = _demo(300, 12)
+        rids = {}
+        for r in fed:  # one request per text: each can be erased alone
+            code, pred = svc.predict({"text": r["text"], "model": "held"})
+            assert code == 200, pred
+            rids[r["text"]] = pred["request_id"]
+            code, fb = _feedback(svc, {"request_id": pred["request_id"], "label": r["label"]})
+            assert code == 200, fb
+        held = [r["text"] for r in fed if held_out(r["text"], 0.5)]
+        assert len(held) >= 2, "the demo rows chosen give a hold-out of at least two"
+
+        def done():
+            code, h = svc.mget("/history?name=held&limit=50")
+            return [x for x in h["history"] if x["kind"] in ("retrain_done", "retrain_failed")]
+        assert wait_for(done, 300, "the policy's retrain", interval=0.5)[0]["kind"] == \
+            "retrain_done"
+        with open(_loop_file(svc, "held.json"), encoding="utf-8") as fh:
+            assert sorted(json.load(fh)["holdout"]["texts"]) == sorted(held)
+
+        # one request's text: gone from the hold-out, the file rewritten without it
+        code, got = svc.request_delete(f"/predictions/{rids[held[0]]}")
+        assert code == 200 and got["copies"] == {"holdout": 1, "data_copy": 0}, got
+        with open(_loop_file(svc, "held.json"), encoding="utf-8") as fh:
+            raw = fh.read()
+        assert held[0] not in raw and sorted(json.loads(raw)["holdout"]["texts"]) == \
+            sorted(held[1:])
+        # a text of the inline training data, predicted and erased: gone from the copy
+        code, pred = svc.predict({"text": inline_secret, "model": "held"})
+        assert code == 200
+        code, got = svc.request_delete(f"/predictions/{pred['request_id']}")
+        assert code == 200 and got["copies"] == {"holdout": 0, "data_copy": 1}, got
+        with open(_loop_file(svc, "held.data.jsonl"), encoding="utf-8") as fh:
+            copy = fh.read()
+        assert inline_secret not in copy and len(copy.splitlines()) == 120
+        # the model's whole log: the rest of the hold-out goes with it
+        code, got = svc.request_delete("/models/held/predictions")
+        assert code == 200 and got["copies"]["holdout"] == len(held) - 1, got
+        with open(_loop_file(svc, "held.json"), encoding="utf-8") as fh:
+            state = json.load(fh)
+        assert state["holdout"] is None and not any(t in json.dumps(state, ensure_ascii=False)
+                                                    for t in held)
+        # the loop goes on: a retrain reads the copy without the erased text
+        code, body = svc.mpost("/train", {"name": "held"})
+        assert code == 202 and body["job"]["data"]["examples"] == 120, body
+        assert "Traceback" not in svc.log()
+    finally:
+        svc.stop()
+
+
+def test_the_age_limit_reaches_the_holdout_and_the_inline_data_copy(tmp_path):
+    """Retention (predictions.max_age_days) on a real log and the real .loop/
+    files: what it expires leaves the hold-out and the inline-data copy."""
+    import asyncio
+
+    from control.policies import Policies
+    from control.retention import Retention
+    from state.dataset import Dataset
+    from state.predlog import PredictionLog
+
+    root = str(tmp_path / "models")
+    os.makedirs(root)
+    plog = PredictionLog(os.path.join(root, PREDLOG))
+    try:
+        policies = Policies({}, root, None, plog, None, None)  # type: ignore[arg-type]
+        old, new = "旧的文字 " + os.urandom(3).hex(), "新的文字 " + os.urandom(3).hex()
+        data = Dataset([old, new, "其他"], ["pos", "neg", "pos"], "inline",
+                       {"pos": 2, "neg": 1})
+        policies.remember_training("aged", {"examples": "given"}, data, None, None)
+        policies._update_state("aged", holdout={"texts": [old, new], "labels": ["pos", "neg"],
+                                                "at": 1.0})
+        now = time.time()
+        plog.add_feedback_many([("r-old", 0, "pos", "aged", 1, old, "neg", False)],
+                               at=now - 3 * 86400).result(30)
+        plog.add_feedback_many([("r-new", 0, "neg", "aged", 1, new, "pos", False)],
+                               at=now - 600).result(30)
+        erased: dict = {}
+        removed = plog.expire({"aged": 2.0}, 0.0, now, erased)
+        assert removed["feedback"] == 1 and erased == {"aged": {old}}, (removed, erased)
+        assert policies.forget(erased) == {"holdout": 1, "data_copy": 1}
+        assert policies.holdout("aged")["texts"] == [new]
+        with open(os.path.join(root, ".loop", "aged.data.jsonl"), encoding="utf-8") as fh:
+            copy = fh.read()
+        assert old not in copy and new in copy
+        # Retention.expire itself hands what it erased to the policies
+        plog.add_feedback_many([("r-new2", 0, "neg", "aged", 1, "再一个", "pos", False)],
+                               at=now - 3 * 86400).result(30)
+        policies._update_state("aged", holdout={"texts": ["再一个", new],
+                                                "labels": ["neg", "neg"], "at": 1.0})
+
+        async def expire() -> None:  # on a loop of its own, as the service's IOLoop runs it
+            await Retention(plog, {"max_age_days": 0.0, "log": True, "sample": 1.0,
+                                   "max_rows": 100, "max_age_days_by_model": {"aged": 2.0}},
+                            policies=policies).expire()
+        asyncio.run(expire())
+        assert policies.holdout("aged")["texts"] == [new]
+    finally:
+        plog.close()
+
+
+def test_a_redis_erasure_takes_a_new_rdb_snapshot(tmp_path):
+    from clusterkit import RedisServer
+    from cluster.redis_predlog import RedisPredictionLog
+    import redis as redis_client
+    if not shutil.which("redis-server"):
+        pytest.skip("redis-server is not installed (.ci/run installs it)")
+    server = RedisServer(str(tmp_path))
+    plog = RedisPredictionLog(server.url, prefix="rdb")
+    admin = redis_client.Redis.from_url(server.url)
+    try:
+        admin.config_set("save", "3600 1")  # RDB persistence on (the test server has it off)
+        secret = "快照里的秘密 " + os.urandom(4).hex()
+        plog.add_answer(1.0, "rdb-1", "m", 1, [secret], [{"label": "pos", "score": 0.9,
+                                                          "top": []}])
+        plog.flush(10)
+        admin.save()  # a snapshot that holds the text
+        rdb = os.path.join(server.dir, "dump.rdb")
+        with open(rdb, "rb") as fh:
+            assert secret.encode() in fh.read()
+        before = admin.lastsave()
+        assert plog.erase("rdb-1")["predictions"] == 1
+
+        def saved_again():
+            return admin.lastsave() > before or (
+                admin.info("persistence")["rdb_bgsave_in_progress"] == 0 and
+                secret.encode() not in open(rdb, "rb").read())
+        wait_for(saved_again, 30, "a new RDB snapshot")
+        wait_for(lambda: admin.info("persistence")["rdb_bgsave_in_progress"] == 0, 30,
+                 "the snapshot written")
+        with open(rdb, "rb") as fh:
+            assert secret.encode() not in fh.read()
+    finally:
+        admin.close()
+        plog.close()
+        server.stop()
