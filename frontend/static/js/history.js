@@ -100,6 +100,9 @@ function detailText(r) {
     case "policy":
       if (isObj(d.policy)) out.push((d.policy.retrain_after_labels ? "retrain after " + fmtNum(d.policy.retrain_after_labels) + " labels" : "no retraining") + (d.policy.apply ? " · apply: " + d.policy.apply : ""));
       break;
+    case "retrain_failed":
+      if (d.code === "data_gone") out.push("the retrain policy waits: put the data file back, or train once with data");
+      break;
     case "crash": case "restart": case "recycle":
       if (num(d.pid) !== null) out.push("pid " + d.pid);
       if (num(d.exitcode) !== null) out.push("exit code " + d.exitcode);
