@@ -34,15 +34,17 @@ def _raw(port: int, path: str, body: dict, headers: dict) -> tuple[int, dict, di
         conn.close()
 
 
-def _start(tiny_store: str, base, config: str = "", env: dict | None = None) -> Service:
+def _start(tiny_store: str, base, config: str = "", env: dict | None = None,
+           apply: bool = True) -> Service:
     root = str(base / "models")
     shutil.copytree(tiny_store, root)
     cfg = base / "config.yaml"
     cfg.write_text("rollout:\n  probation_s: 0\nworker:\n  standby_pool: 0\n" + config)
     s = Service(root, args=["--config", str(cfg)], env=env)
     s.cfg = str(cfg)
-    code, body = s.mpost("/apply", {"name": "sent"})
-    assert code == 200, body
+    if apply:
+        code, body = s.mpost("/apply", {"name": "sent"})
+        assert code == 200, body
     return s
 
 
@@ -172,7 +174,8 @@ LIMITS = ("feedback:\n  rate_per_s: 1000.0\n  burst: 1000.0\n  labels_per_s: 0.5
 
 @pytest.fixture(scope="module")
 def limited(tiny_store, tmp_path_factory):
-    s = _start(tiny_store, tmp_path_factory.mktemp("fblimits"), LIMITS)
+    # free examples need the model in the store, not serving
+    s = _start(tiny_store, tmp_path_factory.mktemp("fblimits"), LIMITS, apply=False)
     yield s
     s.stop()
 
