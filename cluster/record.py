@@ -293,7 +293,8 @@ class Cluster:
         want = self.target.min_acked
         if want <= 0:
             return
-        got = int(await self._cmd(conn, "WAIT", want, int(self.target.ack_timeout * 1000)))
+        await conn.send_command("WAIT", want, int(self.target.ack_timeout * 1000))
+        got = int(await conn.read_response(timeout=self.target.ack_timeout + self.op_timeout))
         if got < want:
             log.warning("%s: %d of %d replicas acknowledged within %.1fs", what, got, want,
                         self.target.ack_timeout)
