@@ -149,7 +149,7 @@ def run_size(size: int, models_src: str, args: argparse.Namespace) -> dict[str, 
     shutil.copytree(models_src, models)
     cfg = os.path.join(work, "config.yaml")
     with open(cfg, "w") as fh:  # a rollback on a loaded machine would be noise here
-        fh.write("rollout:\n  max_latency_ratio: 1000.0\n")
+        fh.write("rollout:\n  max_latency_ratio: 1000.0\ncluster:\n  prepare_timeout: 300\n")
     server = RedisServer(work)
     r = redis.Redis(port=server.port, password=server.password)
     nodes = [Node(models, server.url, f"node{i:02d}", work, extra=["--config", cfg])

@@ -280,8 +280,15 @@ class ClusterNode:
 
     # -- hooks for /apply ------------------------------------------------------------------
     async def check(self) -> None:
-        """Before an operator's change: refuse (503) while Redis is down."""
+        """Before an operator's change: refuse (503) while Redis is down; and
+        when this node's last record write was not replicated, until it is
+        (WAIT after a write of our own: the replicas apply in order), so that
+        a retry answered "unchanged" is as replicated as a 200 says."""
         await self.cluster.call(self.cluster.redis.ping)
+        if isinstance(self._write_error, NotReplicated):
+            await self.cluster.multi_acked([("INCR", self.cluster.key("acked"))],
+                                           "the cluster record")
+            self._write_error = None
 
     async def prepare_all(self, name: str, version: int | None, replicas: int,
                           partial: bool = False, mode: str | None = None) -> None:
