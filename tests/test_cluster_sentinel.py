@@ -110,6 +110,7 @@ class Feedback:
     def __init__(self, nodes: list[Node], tag: str, period: float = 0.1) -> None:
         self.nodes, self.tag, self.period = nodes, tag, period
         self.ok: list[str] = []
+        self.at: list[float] = []  # when each of those was answered
         self.codes: collections.Counter = collections.Counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -139,6 +140,7 @@ class Feedback:
                 continue
             if code == 200:
                 self.ok.append(rid)
+                self.at.append(time.time())
             else:
                 self.codes[f"{code} {(out or {}).get('error', {}).get('code')}"] += 1
             self._stop.wait(self.period)
@@ -235,6 +237,8 @@ def test_failover_loses_no_answered_write_and_applies_come_back(sc):
     primary = _client(setup, promoted_port)
     stored = {k.decode() for k in primary.hkeys(FB_KEY)}
     lost = [rid for rid in fb.ok if f"{rid}:0" not in stored]
+    print(f"feedback answered 200: {len(fb.ok)} ({sum(t > killed for t in fb.at)} after the "
+          f"kill), found on the new primary: {len(fb.ok) - len(lost)}")
     assert not lost, f"{len(lost)} of {len(fb.ok)} feedback answered 200 are gone: {lost[:10]}"
     # feedback's only other answers: a retryable 503, or 404 for a prediction
     # whose log entry went with the primary (predictions never wait)
