@@ -149,7 +149,9 @@ def run_size(size: int, models_src: str, args: argparse.Namespace) -> dict[str, 
     shutil.copytree(models_src, models)
     cfg = os.path.join(work, "config.yaml")
     with open(cfg, "w") as fh:  # a rollback on a loaded machine would be noise here
-        fh.write("rollout:\n  max_latency_ratio: 1000.0\ncluster:\n  prepare_timeout: 300\n")
+        # many TensorFlow imports at once on a small machine: generous timeouts
+        fh.write("rollout:\n  max_latency_ratio: 1000.0\ncluster:\n  prepare_timeout: 300\n"
+                 "worker:\n  boot_timeout: 300\n  load_timeout: 300\n")
     server = RedisServer(work)
     r = redis.Redis(port=server.port, password=server.password)
     nodes = [Node(models, server.url, f"node{i:02d}", work, extra=["--config", cfg])
@@ -162,6 +164,12 @@ def run_size(size: int, models_src: str, args: argparse.Namespace) -> dict[str, 
             time.sleep(1.0)
         for n in nodes:
             wait_for(lambda: n.get("/healthz")[0] == 200, 600, f"{n.node_id} /healthz")
+        for n in nodes:  # its zygote up and a standby waiting: ready for an apply
+            wait_for(lambda: any(w.get("state") in ("STANDBY", "READY")
+                                 for w in n.status().get("pool") or []), 600,
+                     f"{n.node_id}'s standby", interval=0.5)
+        wait_for(lambda: len((nodes[0].mget("/cluster")[1] or {}).get("nodes") or []) == size,
+                 60, "every node's heartbeat")
         out["start_s"] = round(time.monotonic() - t0, 1)
         log(f"{size} nodes up in {out['start_s']}s")
         code, body = nodes[0].mpost("/apply", {"name": "sent", "version": 1}, timeout=600)
