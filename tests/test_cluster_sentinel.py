@@ -154,11 +154,11 @@ class Feedback:
 class Applies:
     """POST /apply of sent v1 / v2 in turn, on the nodes in turn: every
     `period` after a 200, every 0.3 s after a refusal. Each answer:
-    (time answered, node, code, error code or revision)."""
+    (time answered, node, code, error code or revision, time asked)."""
 
     def __init__(self, nodes: list[Node], period: float = 2.0) -> None:
         self.nodes, self.period = nodes, period
-        self.answers: list[tuple[float, str, int, object]] = []
+        self.answers: list[tuple[float, str, int, object, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -168,11 +168,12 @@ class Applies:
         while not self._stop.is_set():
             i += 1
             node = self.nodes[i % 3]
+            asked = time.time()
             code, body = node.mpost("/apply", {"name": "sent", "version": 1 + i % 2},
                                     timeout=120)
             what = body["cluster"]["revision"] if code == 200 else \
                 (body or {}).get("error", {}).get("code")
-            self.answers.append((time.time(), node.node_id, code, what))
+            self.answers.append((time.time(), node.node_id, code, what, asked))
             self._stop.wait(self.period if code == 200 else 0.3)
 
     def stop(self) -> "Applies":
@@ -230,8 +231,11 @@ def test_failover_loses_no_answered_write_and_applies_come_back(sc):
     # 0 failed predictions
     assert load.failed == [], load.failed[:5]
     assert load.ok > 0
-    # applies: refused with a retryable 503 meanwhile, back within 5 s of the promotion
-    assert refused and all(a[2] == 503 and a[3] in RETRYABLE for a in refused), refused
+    # applies: refused with a retryable 503 meanwhile (one asked while there
+    # was no primary at least), back within 5 s of the promotion
+    assert all(a[2] == 503 and a[3] in RETRYABLE for a in refused), refused
+    assert all(a[2] != 200 for a in after if killed < a[4] and a[0] < promoted), after
+    assert refused or not any(killed < a[4] < promoted for a in after), after
     assert first_ok - promoted <= 5.0, (first_ok - promoted, after)
     # every feedback answered 200 is in the log on the new primary
     primary = _client(setup, promoted_port)
