@@ -109,6 +109,9 @@ class Cluster:
         self.k_record = f"{prefix}:record"
         self.k_events = f"{prefix}:events"
         self.record: dict[str, Any] | None = self._read_cache()
+        # the highest revision this node saw, even one lost in a failover: the
+        # next write goes above it, so one number never names two records
+        self.max_seen = self.record["revision"] if self.record else 0
         self.applied_revision = 0       # the revision this node fully serves
         self._beat_lock = asyncio.Lock()  # heartbeat(): one beat in flight at a time
         self.up: bool | None = None     # None: not known yet
@@ -204,6 +207,7 @@ class Cluster:
         if self.record is not None and rec["revision"] <= self.record["revision"]:
             return False
         self.record = rec
+        self.max_seen = max(self.max_seen, rec["revision"])
         self._write_cache(rec)
         return True
 
@@ -217,10 +221,11 @@ class Cluster:
             log.error("ignoring the record in Redis: %s", exc)
             return None
         if rec is not None:
-            if force and self.record is not None and rec["revision"] < self.record["revision"]:
-                log.warning("cluster record: revision %d was lost with the old primary; "
-                            "the cluster's record is revision %d", self.record["revision"],
-                            rec["revision"])
+            if force and self.record is not None and rec != self.record:
+                if rec["revision"] <= self.record["revision"]:
+                    log.warning("cluster record: revision %d was lost with the old primary; "
+                                "the cluster's record is revision %d",
+                                self.record["revision"], rec["revision"])
                 self.record = None
             self._remember(rec)
         return rec
@@ -243,8 +248,7 @@ class Cluster:
                 new = normalize_record(new)
                 # above anything this node saw: after a failover that lost a
                 # write, the lost revision's number is not given to another record
-                known = self.record["revision"] if self.record else 0
-                new["revision"] = max(current["revision"], known) + 1
+                new["revision"] = max(current["revision"], self.max_seen) + 1
                 new["applied_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 new["by"] = self.node_id
                 done = await self._exec(conn, [
