@@ -129,6 +129,7 @@ class Cluster:
         self.last_failover: float | None = None
         self._epoch = 0                  # bumped on a failover: the listener resubscribes
         self._on_failover: Callable[[], Any] | None = None
+        self._sentinels_silent = False
 
     # -- keys -----------------------------------------------------------------------
     def key(self, *parts: str) -> str:
@@ -354,8 +355,16 @@ class Cluster:
         try:
             addr = await primary_of(self.redis)
         except DOWN_ERRORS as exc:
-            self._mark_down(exc)
+            # the clients' own connections say whether Redis answers; this
+            # only says the Sentinels could not be asked (logged once)
+            if not self._sentinels_silent:
+                log.error("no Sentinel named the primary (%s: %s); asking again every tick",
+                          type(exc).__name__, exc)
+            self._sentinels_silent = True
             return
+        if self._sentinels_silent:
+            log.warning("the Sentinels answer again: primary %s", addr)
+        self._sentinels_silent = False
         if addr is None or addr == self.primary:
             return
         before, self.primary = self.primary, addr
