@@ -358,7 +358,8 @@ class Cluster:
             # the clients' own connections say whether Redis answers; this
             # only says the Sentinels could not be asked (logged once)
             if not self._sentinels_silent:
-                log.error("no Sentinel named the primary (%s: %s); asking again every tick",
+                log.error("no Sentinel names a primary now (%s: %s): a failover under way, "
+                          "or the Sentinels unreachable; asking again every tick",
                           type(exc).__name__, exc)
             self._sentinels_silent = True
             return
