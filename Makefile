@@ -50,7 +50,7 @@ test: $(DEVSTAMP)
 
 # Redis + nginx + three nodes on this machine (see README "Running several nodes")
 cluster: $(STAMP)
-	$(PY) deploy/localcluster.py
+	$(PY) deploy/localcluster.py $(if $(SENTINEL),--sentinel)  # SENTINEL=1: primary, replica, 3 Sentinels
 
 bench: $(DEVSTAMP)
 	$(PY) bench/serving.py

@@ -93,12 +93,13 @@ class Supervisor:
         node = None
         if config["cluster"]["redis_url"]:
             from cluster.node import ClusterNode, node_state_path
+            from cluster.connect import RedisTarget
             from cluster.redis_predlog import RedisPredictionLog
             node = ClusterNode(config, state, self.store, self.events)
             self.records, queue = node, node.training
             state_path = node_state_path(self.store.root, node.node_id)  # the store is shared
             ccfg = config["cluster"]  # one log: feedback sent to any node finds the prediction
-            self.predlog = RedisPredictionLog(ccfg["redis_url"], prefix=ccfg["key_prefix"],
+            self.predlog = RedisPredictionLog(RedisTarget.of(ccfg), prefix=ccfg["key_prefix"],
                                               enabled=pcfg["log"], max_rows=pcfg["max_rows"],
                                               feedback_rows=config["feedback"]["max_rows"],
                                               example_rows=config["feedback"]["max_example_rows"])

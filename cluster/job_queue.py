@@ -131,15 +131,13 @@ class ClusterJobs:
         return f"{time.strftime('%Y%m%d%H%M%S')}-{n}"
 
     async def enqueue(self, doc: dict[str, Any]) -> None:
-        async def run() -> None:
-            async with self.r.pipeline(transaction=True) as pipe:
-                pipe.hset(self._jk(doc["id"]), mapping={"doc": json.dumps(doc),
-                                                        "state": "queued", "node": ""})
-                pipe.rpush(self.k_queue, doc["id"])
-                pipe.rpush(self.k_list, doc["id"])
-                pipe.publish(self.c.k_events, "jobs")
-                await pipe.execute()
-        await self.c.call(run)
+        """Queue the job (MULTI/EXEC), then WAIT for the replicas asked for
+        (NotReplicated, 503, when too few acknowledged it)."""
+        await self.c.multi_acked([
+            ("HSET", self._jk(doc["id"]), "doc", json.dumps(doc), "state", "queued", "node", ""),
+            ("RPUSH", self.k_queue, doc["id"]),
+            ("RPUSH", self.k_list, doc["id"]),
+            ("PUBLISH", self.c.k_events, "jobs")], f"training job {doc['id']}")
         await self._trim()
 
     async def claim(self) -> dict[str, Any] | None:

@@ -39,6 +39,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
+from cluster.connect import NotReplicated, RedisTarget
 from cluster.record import Cluster, ClusterUnreachable
 from cluster.job_queue import ClusterJobs
 from cluster.twophase import PREPARED, TwoPhase
@@ -91,7 +92,7 @@ class ClusterNode:
         self.node_id = node_id or cfg["node_id"] or default_node_id(config["server"]["port"])
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.node_id)
         self.cluster = Cluster(
-            cfg["redis_url"], self.node_id, prefix=cfg["key_prefix"],
+            RedisTarget.of(cfg), self.node_id, prefix=cfg["key_prefix"],
             cache_path=os.path.join(store.root, ".cluster", f"{safe}.record.json"),
             poll_interval=cfg["poll_interval"], heartbeat_interval=cfg["poll_interval"],
             heartbeat_ttl=cfg["heartbeat_ttl"])
@@ -125,7 +126,16 @@ class ClusterNode:
         self._on_change = on_change
         self._writer = asyncio.ensure_future(self._write_loop())
         self.events.subscribe(self._on_event)
-        self.cluster.start(self._deliver, self._describe, self._tick, self.twophase.on_message)
+        self.cluster.start(self._deliver, self._describe, self._tick, self.twophase.on_message,
+                           self._failover)
+
+    def _failover(self) -> None:
+        """The cluster store's primary changed: converge on the record it holds,
+        whatever this node saw before (cluster/record.py took that record)."""
+        self._delivered = 0
+        rec = self.cluster.record
+        if rec is not None:
+            self._deliver(rec)
 
     def _tick(self) -> None:
         self.training.tick()
@@ -179,8 +189,16 @@ class ClusterNode:
         while True:
             mutate = await self._writes.get()
             try:
-                rec = await self.cluster.update_record(mutate)
-                self._write_error = None
+                try:
+                    rec = await self.cluster.update_record(mutate)
+                    self._write_error = None
+                except NotReplicated as exc:
+                    # written on the primary, not (yet) on a replica: this node
+                    # follows it as written; the apply answers 503 not_replicated
+                    rec = self.cluster.record or {}
+                    self._write_error = exc
+                    if not rec:
+                        raise
                 self._written = rec["revision"]  # holds this node's change
                 self._written_record = rec
                 self.state.record = rec
@@ -262,8 +280,15 @@ class ClusterNode:
 
     # -- hooks for /apply ------------------------------------------------------------------
     async def check(self) -> None:
-        """Before an operator's change: refuse (503) while Redis is down."""
+        """Before an operator's change: refuse (503) while Redis is down; and
+        when this node's last record write was not replicated, until it is
+        (WAIT after a write of our own: the replicas apply in order), so that
+        a retry answered "unchanged" is as replicated as a 200 says."""
         await self.cluster.call(self.cluster.redis.ping)
+        if isinstance(self._write_error, NotReplicated):
+            await self.cluster.multi_acked([("INCR", self.cluster.key("acked"))],
+                                           "the cluster record")
+            self._write_error = None
 
     async def prepare_all(self, name: str, version: int | None, replicas: int,
                           partial: bool = False, mode: str | None = None) -> None:
@@ -275,6 +300,10 @@ class ClusterNode:
         """After a local apply/unload: wait for its record write, then say
         which nodes serve that revision already."""
         await self._writes.join()
+        if isinstance(self._write_error, NotReplicated):
+            raise NotReplicated(
+                f"applied on this node and written to the cluster record, but {self._write_error}",
+                details=self._write_error.details) from None
         if self._write_error is not None:
             raise ClusterUnreachable(
                 f"applied on this node, but the cluster record could not be written "
@@ -410,6 +439,19 @@ class ClusterTraining:
         except ClusterUnreachable as exc:
             shutil.rmtree(job.dir, ignore_errors=True)
             raise JobError(503, exc.code, str(exc)) from None
+        except NotReplicated as exc:
+            # queued on the primary only: withdraw it while no node runs it, so
+            # that the client's retry is the one job (a failover could drop it)
+            try:
+                verdict = await self.q.cancel(job.id)
+            except (ClusterUnreachable, NotReplicated):
+                verdict = "unknown"
+            if verdict == "cancelled":
+                raise JobError(503, exc.code, f"{exc} (the job {job.id} was withdrawn: "
+                               "submit it again)") from None
+            raise JobError(503, exc.code, f"{exc} (the job {job.id} already started on a "
+                           f"node: follow it at GET /train/{job.id} rather than submit it "
+                           "again)") from None
         self.tick()  # this node may have room: claim at once
         return True
 

@@ -34,6 +34,20 @@ need Redis (apply, train) raise `ClusterUnreachable` (503). If Redis comes
 back empty (lost its data), the first node to notice writes back the last
 record it knows (SET NX), so the cluster keeps its setting.
 
+Sentinel (``cluster.sentinels``, cluster/connect.py): the client asks the
+Sentinels for the primary on every new connection. Each tick also asks them
+which address is the primary now; a new one is a failover: logged, counted
+(`status`, GET /cluster), the pub/sub connection is made again on the new
+primary, and the record is re-read and taken as it is there, even at a lower
+revision (a write the old primary had not replicated is gone; the nodes
+converge on what the cluster holds). A record write's revision is one above
+the highest this node has seen, so a revision number never names two records.
+
+Acknowledged means replicated: the record writes and the queued jobs
+(`multi_acked`) WAIT for ``cluster.min_replicas_acked`` replicas on the
+connection that wrote them; too few within ``replica_ack_timeout``:
+`NotReplicated` (503 not_replicated).
+
 Everything runs on the IOLoop with redis.asyncio: no thread, no blocking
 call. Imports no TensorFlow.
 """
@@ -52,7 +66,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, WatchError
 
-from state.config import redact_url
+from cluster.connect import NotReplicated, RedisTarget, primary_of
 from state.errors import ServiceError
 from state.store import normalize_record, write_json_atomic
 
@@ -73,11 +87,12 @@ def empty_record() -> dict[str, Any]:
 class Cluster:
     """One node's view of the cluster store. Create and use it on the IOLoop."""
 
-    def __init__(self, url: str, node_id: str, *, prefix: str = "textswap",
+    def __init__(self, url: "str | RedisTarget", node_id: str, *, prefix: str = "textswap",
                  cache_path: str | None = None, poll_interval: float = 1.0,
                  heartbeat_interval: float = 1.0, heartbeat_ttl: float = 5.0,
                  op_timeout: float = 1.0) -> None:
-        self.url = url
+        self.target = url if isinstance(url, RedisTarget) else RedisTarget(url)
+        self.url = self.target.where()  # for messages: no password
         self.node_id = node_id
         self.prefix = prefix
         self.cache_path = cache_path
@@ -87,12 +102,16 @@ class Cluster:
         # one immediate retry inside redis-py (a pooled connection that a Redis
         # restart closed), no more: a down Redis must answer fast (503); the
         # loops below do the real retrying, with backoff
-        self.redis = aioredis.Redis.from_url(
-            url, socket_timeout=op_timeout, socket_connect_timeout=op_timeout,
+        self.op_timeout = op_timeout
+        self.redis: aioredis.Redis = self.target.async_client(
+            socket_timeout=op_timeout, socket_connect_timeout=op_timeout,
             retry=Retry(NoBackoff(), 1), decode_responses=True)
         self.k_record = f"{prefix}:record"
         self.k_events = f"{prefix}:events"
         self.record: dict[str, Any] | None = self._read_cache()
+        # the highest revision this node saw, even one lost in a failover: the
+        # next write goes above it, so one number never names two records
+        self.max_seen = self.record["revision"] if self.record else 0
         self.applied_revision = 0       # the revision this node fully serves
         self._beat_lock = asyncio.Lock()  # heartbeat(): one beat in flight at a time
         self.up: bool | None = None     # None: not known yet
@@ -105,6 +124,12 @@ class Cluster:
         self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = False
         self._wake = asyncio.Event()
+        self.primary: str | None = None  # Sentinel: the primary's address, as last asked
+        self.failovers = 0               # primaries changed since this node started
+        self.last_failover: float | None = None
+        self._epoch = 0                  # bumped on a failover: the listener resubscribes
+        self._on_failover: Callable[[], Any] | None = None
+        self._sentinels_silent = False
 
     # -- keys -----------------------------------------------------------------------
     def key(self, *parts: str) -> str:
@@ -116,7 +141,7 @@ class Cluster:
         if self.up is not False:
             self.down_since = time.time()
             log.error("cluster store %s unreachable (%s): serving on with what this node "
-                      "has; retrying with backoff", redact_url(self.url), self.last_error)
+                      "has; retrying with backoff", self.url, self.last_error)
         self.up = False
 
     def _mark_up(self) -> None:
@@ -134,6 +159,9 @@ class Cluster:
         """Run one Redis operation; ClusterUnreachable (503) when Redis is down."""
         try:
             out = await coro_fn()
+        except NotReplicated:
+            self._mark_up()
+            raise
         except DOWN_ERRORS as exc:
             if isinstance(exc, WatchError):
                 raise
@@ -180,11 +208,13 @@ class Cluster:
         if self.record is not None and rec["revision"] <= self.record["revision"]:
             return False
         self.record = rec
+        self.max_seen = max(self.max_seen, rec["revision"])
         self._write_cache(rec)
         return True
 
-    async def read_record(self) -> dict[str, Any] | None:
-        """The record in Redis now (ClusterUnreachable when down)."""
+    async def read_record(self, force: bool = False) -> dict[str, Any] | None:
+        """The record in Redis now (ClusterUnreachable when down); force: keep
+        it even when older than the one this node knows (after a failover)."""
         raw = await self.call(lambda: self.redis.get(self.k_record))
         try:
             rec = self._parse(raw)
@@ -192,6 +222,12 @@ class Cluster:
             log.error("ignoring the record in Redis: %s", exc)
             return None
         if rec is not None:
+            if force and self.record is not None and rec != self.record:
+                if rec["revision"] <= self.record["revision"]:
+                    log.warning("cluster record: revision %d was lost with the old primary; "
+                                "the cluster's record is revision %d",
+                                self.record["revision"], rec["revision"])
+                self.record = None
             self._remember(rec)
         return rec
 
@@ -199,45 +235,97 @@ class Cluster:
                             ) -> dict[str, Any]:
         """Atomically change the record: mutate(copy of current) -> new, or None
         for no change. The revision goes up by one and every node is told."""
-        async def txn() -> dict[str, Any]:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                while True:
-                    try:
-                        await pipe.watch(self.k_record)
-                        current = self._parse(await pipe.get(self.k_record))  # type: ignore[arg-type, unused-ignore]  # decode_responses=True: str
-                        if current is None:  # Redis lost it, or a new cluster
-                            current = dict(self.record) if self.record else empty_record()
-                        base = json.loads(json.dumps(current))
-                        new = mutate(base)
-                        if new is None:
-                            await pipe.unwatch()
-                            return current
-                        new = normalize_record(new)
-                        new["revision"] = current["revision"] + 1
-                        new["applied_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-                        new["by"] = self.node_id
-                        pipe.multi()
-                        pipe.set(self.k_record, json.dumps(new))
-                        pipe.publish(self.k_events, f"record {new['revision']}")
-                        await pipe.execute()
-                        return new
-                    except WatchError:
-                        continue  # another node wrote first: redo on its record
-        rec = await self.call(txn)
+        async def txn(conn: Any) -> dict[str, Any]:
+            while True:
+                await self._cmd(conn, "WATCH", self.k_record)
+                current = self._parse(await self._cmd(conn, "GET", self.k_record))
+                if current is None:  # Redis lost it, or a new cluster
+                    current = dict(self.record) if self.record else empty_record()
+                base = json.loads(json.dumps(current))
+                new = mutate(base)
+                if new is None:
+                    await self._cmd(conn, "UNWATCH")
+                    return current
+                new = normalize_record(new)
+                # above anything this node saw: after a failover that lost a
+                # write, the lost revision's number is not given to another record
+                new["revision"] = max(current["revision"], self.max_seen) + 1
+                new["applied_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                new["by"] = self.node_id
+                done = await self._exec(conn, [
+                    ("SET", self.k_record, json.dumps(new)),
+                    ("PUBLISH", self.k_events, f"record {new['revision']}")])
+                if done is None:
+                    continue  # another node wrote first: redo on its record
+                self._remember(new)
+                await self._replicated(conn, "the cluster record (revision "
+                                       f"{new['revision']})")
+                return new
+        rec = await self.call(lambda: self.on_connection(txn))
         self._remember(rec)
         return rec
+
+    # -- writes on one connection, then WAIT -------------------------------------------------
+    async def on_connection(self, fn: Callable[[Any], Awaitable[Any]]) -> Any:
+        """fn(connection): one pooled connection for a write and its WAIT."""
+        pool = self.redis.connection_pool
+        conn = await pool.get_connection()
+        try:
+            return await fn(conn)
+        except BaseException:
+            await conn.disconnect()  # a half-read answer must not go back to the pool
+            raise
+        finally:
+            await pool.release(conn)
+
+    @staticmethod
+    async def _cmd(conn: Any, *args: Any) -> Any:
+        await conn.send_command(*args)
+        return await conn.read_response()
+
+    async def _exec(self, conn: Any, commands: list[tuple[Any, ...]]) -> Any:
+        """MULTI, the commands, EXEC in one round trip: EXEC's answer (None
+        when a WATCHed key changed)."""
+        await conn.send_packed_command(conn.pack_commands(
+            [("MULTI",), *commands, ("EXEC",)]))
+        out = None
+        for _ in range(len(commands) + 2):  # an error reply raises: on_connection drops conn
+            out = await conn.read_response()
+        return out
+
+    async def _replicated(self, conn: Any, what: str) -> None:
+        """WAIT on conn for min_replicas_acked replicas; NotReplicated when fewer."""
+        want = self.target.min_acked
+        if want <= 0:
+            return
+        await conn.send_command("WAIT", want, int(self.target.ack_timeout * 1000))
+        got = int(await conn.read_response(timeout=self.target.ack_timeout + self.op_timeout))
+        if got < want:
+            log.warning("%s: %d of %d replicas acknowledged within %.1fs", what, got, want,
+                        self.target.ack_timeout)
+            raise self.target.not_replicated(got, what)
+
+    async def multi_acked(self, commands: list[tuple[Any, ...]], what: str) -> Any:
+        """The commands in one MULTI/EXEC, then WAIT (NotReplicated, 503)."""
+        async def run(conn: Any) -> Any:
+            out = await self._exec(conn, commands)
+            await self._replicated(conn, what)
+            return out
+        return await self.call(lambda: self.on_connection(run))
 
     # -- following ----------------------------------------------------------------------
     def start(self, on_record: Callable[[dict[str, Any]], Any],
               describe: Callable[[], dict[str, Any]],
               on_jobs: Callable[[], Any] | None = None,
-              on_message: Callable[[str], Any] | None = None) -> None:
+              on_message: Callable[[str], Any] | None = None,
+              on_failover: Callable[[], Any] | None = None) -> None:
         """Follow the record (on_record(latest) on each new revision), send
         heartbeats (describe() -> what this node serves), call on_jobs on a
         jobs notification and on every tick, on_message(data) on any other
         notification."""
         self._on_record, self._describe, self._on_jobs = on_record, describe, on_jobs
         self._on_message = on_message
+        self._on_failover = on_failover
         self._tasks = [asyncio.ensure_future(self._listen()),
                        asyncio.ensure_future(self._tick())]
 
@@ -259,6 +347,46 @@ class Cluster:
             await self.redis.aclose()  # type: ignore[attr-defined, unused-ignore]  # types-redis 4.6 lacks aclose
         except DOWN_ERRORS:
             pass
+
+    async def _check_primary(self) -> None:
+        """Sentinel: which address is the primary now; a new one is a failover."""
+        if not self.target.sentinel:
+            return
+        try:
+            addr = await primary_of(self.redis)
+        except DOWN_ERRORS as exc:
+            # the clients' own connections say whether Redis answers; this
+            # only says the Sentinels could not be asked (logged once)
+            if not self._sentinels_silent:
+                log.error("no Sentinel names a primary now (%s: %s): a failover under way, "
+                          "or the Sentinels unreachable; asking again every tick",
+                          type(exc).__name__, exc)
+            self._sentinels_silent = True
+            return
+        if self._sentinels_silent:
+            log.warning("the Sentinels answer again: primary %s", addr)
+        self._sentinels_silent = False
+        if addr is None or addr == self.primary:
+            return
+        before, self.primary = self.primary, addr
+        if before is None:
+            log.info("cluster store primary: %s (Sentinel service %s)", addr,
+                     self.target.service)
+            return
+        self.failovers += 1
+        self.last_failover = time.time()
+        self._epoch += 1
+        log.warning("cluster store failover: the primary moved from %s to %s (failover %d "
+                    "seen by this node); following the new primary, re-reading the record",
+                    before, addr, self.failovers)
+        # the new primary's record is the cluster's now, even at a lower
+        # revision (a write the old primary had not replicated is gone)
+        try:
+            rec = await self.read_record(force=True)
+        except ClusterUnreachable:
+            return
+        if self._on_failover is not None and rec is not None:
+            self._on_failover()
 
     async def _sync(self) -> None:
         """Re-read the record; hand a newer one to the node; reseed a lost one."""
@@ -288,12 +416,14 @@ class Cluster:
         backoff = 0.25
         while not self._stopping:
             pubsub = self.redis.pubsub()
+            epoch = self._epoch
             try:
+                epoch = self._epoch
                 await pubsub.subscribe(self.k_events)
                 self._mark_up()
                 backoff = 0.25
                 await self._sync()  # whatever changed while we were not subscribed
-                while not self._stopping:
+                while not self._stopping and epoch == self._epoch:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is None:
                         continue
@@ -315,14 +445,20 @@ class Cluster:
                     pass
             if self._stopping:
                 return
-            # jitter: nodes do not all reconnect in the same instant
-            await asyncio.sleep(backoff * (0.75 + random.random() / 2))
+            if epoch != self._epoch:
+                continue  # a failover: subscribe on the new primary at once
+            # jitter: nodes do not all reconnect in the same instant; a
+            # failover seen meanwhile ends the wait
+            end = time.monotonic() + backoff * (0.75 + random.random() / 2)
+            while time.monotonic() < end and epoch == self._epoch and not self._stopping:
+                await asyncio.sleep(0.05)
             backoff = min(5.0, backoff * 2)
 
     async def _tick(self) -> None:
         """Every poll_interval: heartbeat, re-read the record, poke the jobs."""
         while not self._stopping:
             try:
+                await self._check_primary()
                 await self.heartbeat()
                 await self._sync()
             except ClusterUnreachable:
@@ -385,6 +521,7 @@ class Cluster:
         revision = rec["revision"] if rec else 0
         stragglers = [n["node"] for n in nodes if n.get("revision", 0) < revision]
         return {"node": self.node_id, "record": rec, "revision": revision,
+                "sentinel": self.sentinel_status(),
                 "nodes": nodes, "stragglers": stragglers,
                 "converged": bool(nodes) and not stragglers}
 
@@ -400,8 +537,17 @@ class Cluster:
         return bool(await self.call(lambda: self.redis.set(
             self.key("once", what), self.node_id, nx=True)))
 
+    def sentinel_status(self) -> dict[str, Any] | None:
+        """Sentinel mode: the primary, the failovers this node saw."""
+        if not self.target.sentinel:
+            return None
+        return {"service": self.target.service, "primary": self.primary,
+                "failovers": self.failovers, "last_failover": self.last_failover,
+                "min_replicas_acked": self.target.min_acked}
+
     def status(self) -> dict[str, Any]:
-        return {"node": self.node_id, "redis": redact_url(self.url), "up": self.up,
+        return {"node": self.node_id, "redis": self.url, "up": self.up,
+                "sentinel": self.sentinel_status(),
                 "down_since": self.down_since, "last_error": self.last_error,
                 "revision": self.record["revision"] if self.record else 0,
                 "applied_revision": self.applied_revision}

@@ -86,6 +86,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
+from cluster.connect import NotReplicated, RedisTarget
 from state.errors import ServiceError
 from state.predlog import drain, top_of
 
@@ -228,8 +229,8 @@ TRIM_SLACK = 0.05  # a hash may exceed its cap by this share before a trim
 class RedisPredictionLog:
     """See the module docstring; the interface is state/predlog.py's."""
 
-    def __init__(self, url: str, *, prefix: str = "textswap", enabled: bool = True,
-                 max_rows: int = 100_000, op_timeout: float = 1.0,
+    def __init__(self, url: "str | RedisTarget", *, prefix: str = "textswap",
+                 enabled: bool = True, max_rows: int = 100_000, op_timeout: float = 1.0,
                  read_timeout: float = 10.0, feedback_rows: int = 100_000,
                  example_rows: int = 100_000) -> None:
         self.health: Any = None  # state/storage.py's Storage, set by the supervisor
@@ -240,12 +241,15 @@ class RedisPredictionLog:
         self.prefix = prefix
         # one immediate retry (a pooled connection a Redis restart closed), no
         # more: a down Redis must answer fast (503), as cluster/record.py does
-        self.redis = redis.Redis.from_url(
-            url, socket_connect_timeout=op_timeout, socket_timeout=read_timeout,
+        # (Sentinel: cluster/connect.py; feedback and examples WAIT for the replicas)
+        self.target = url if isinstance(url, RedisTarget) else RedisTarget(url)
+        self.redis = self.target.sync_client(
+            socket_connect_timeout=op_timeout, socket_timeout=read_timeout,
             retry=Retry(NoBackoff(), 1), decode_responses=False)
         kw = self.redis.connection_pool.connection_kwargs
         where = kw.get("path") or f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
-        self.url = f"redis://{where}/{kw.get('db', 0)}"  # no password in messages
+        self.url = (self.target.where() if self.target.sentinel
+                    else f"redis://{where}/{kw.get('db', 0)}")  # no password in messages
         self.path = f"{self.url} {prefix}:plog:*"
         self._add = self.redis.register_script(_LUA_ADD)
         self._rebuild = self.redis.register_script(_LUA_REBUILD)
@@ -471,6 +475,8 @@ class RedisPredictionLog:
                caps: dict[str, tuple[int, int]] | None = None) -> None:  # Any: hset's key type
         """caps: key -> (most fields kept, the index of the time in a value)."""
         def run() -> None:
+            if self.target.min_acked > 0:
+                return self._write_acked(per_key)
             pipe = self.redis.pipeline(transaction=True)  # all of it or nothing
             for key, mapping in per_key.items():
                 pipe.hset(key, mapping=mapping)
@@ -504,6 +510,30 @@ class RedisPredictionLog:
         for i in range(0, len(old), 1000):
             self._call(self.redis.hdel, key, *old[i:i + 1000])
         log.info("%s: %d oldest fields trimmed (to %d)", key, len(old), cap)
+
+    def _write_acked(self, per_key: dict[str, dict[Any, bytes]]) -> None:
+        """MULTI, the HSETs, EXEC, then WAIT on that one connection (WAIT
+        counts the replicas holding what this connection wrote): fewer than
+        min_replicas_acked within replica_ack_timeout raise NotReplicated."""
+        if not per_key:
+            return
+        t = self.target
+        pool = self.redis.connection_pool
+        conn = pool.get_connection()
+        try:
+            cmds: list[tuple[Any, ...]] = [("MULTI",)]
+            for key, mapping in per_key.items():
+                cmds.append(("HSET", key, *(x for kv in mapping.items() for x in kv)))
+            cmds += [("EXEC",), ("WAIT", t.min_acked, int(t.ack_timeout * 1000))]
+            conn.send_packed_command(conn.pack_commands(cmds))
+            got = [conn.read_response() for _ in cmds][-1]
+        except BaseException:
+            conn.disconnect()  # a half-read answer must not go back to the pool
+            raise
+        finally:
+            pool.release(conn)
+        if int(got) < t.min_acked:
+            raise t.not_replicated(int(got), "the feedback")
 
     def add_feedback(self, request_id: str, index: int, label: str, *, model: str,
                      version: Any, text: str, predicted: str | None = None,

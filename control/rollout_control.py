@@ -168,8 +168,12 @@ class RolloutControl:
                 self.keeper.save_later(name)
                 raise
             info = done["info"]
-            return {"name": name, "from_version": info["version"], "to_version": info["back_to"],
-                    "instant": True, "took_s": round(time.monotonic() - t0, 6)}
+            out = {"name": name, "from_version": info["version"], "to_version": info["back_to"],
+                   "instant": True, "took_s": round(time.monotonic() - t0, 6)}
+            after = await self.keeper.records.after_change()  # cluster: written, replicated
+            if after is not None:
+                out["cluster"] = after
+            return out
         if not slot.previous:
             raise Conflict(f"{name} has no previous version to roll back to", code="no_previous")
         target, bad = slot.previous, slot.version
@@ -341,9 +345,13 @@ class RolloutControl:
                              to_version=c.version, details={"mode": c.mode, **c.describe(),
                                                             "gate": gate_info})
             ended = await self.after_swap(slot, old, previous, c.version)
-        return {"name": name, "from_version": previous["version"], "to_version": c.version,
-                "mode": c.mode, "swap_s": round(took, 6), "gate": gate_info,
-                "old_workers": ended, "figures": c.describe()}
+        after = await self.keeper.records.after_change()  # cluster: written, replicated
+        out = {"name": name, "from_version": previous["version"], "to_version": c.version,
+               "mode": c.mode, "swap_s": round(took, 6), "gate": gate_info,
+               "old_workers": ended, "figures": c.describe()}
+        if after is not None:
+            out["cluster"] = after
+        return out
 
     async def abort(self, name: str) -> dict[str, Any]:
         slot = self.router.slot_for(name)

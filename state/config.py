@@ -138,6 +138,15 @@ DEFAULTS: dict[str, Any] = {
                                 # `interrupted` this long after its last renewal
         "prepare_timeout": 60.0,  # two-phase apply: a node not ready this long
                                   # refuses the apply (409), unless "partial"
+        # Redis Sentinel (docs/cluster.md "Sentinel"): ["host:26379", ...]; the
+        # primary is asked of them, and followed through failovers. The URL
+        # (redis_url, TEXTSWAP_REDIS_URL or redis_url_file) then gives only the
+        # password, the db and rediss:// for TLS; its host is not used
+        "sentinels": [],
+        "sentinel_service": "textswap",  # the Sentinels' name for the primary
+        "min_replicas_acked": None,  # writes answered 200 wait for this many
+                                     # replicas (WAIT); None: 1 with Sentinel, else 0
+        "replica_ack_timeout": 1.0,  # that wait's bound, seconds; then 503 not_replicated
     },
     # Prometheus metrics (metrics.py): GET /metrics on the management port
     # (behind the admin or review key), and on a port of its own when `port` is set
@@ -273,6 +282,7 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     _check_ages(merged["predictions"])
     _check_feedback(merged["feedback"])
     _resolve_redis_url(merged["cluster"])
+    _check_sentinels(merged["cluster"])
     # the tokens' environment variables win over the file
     for env, (section, key) in _SECRET_ENV.items():
         if env != "TEXTSWAP_REDIS_URL" and os.environ.get(env):
@@ -336,6 +346,36 @@ def _resolve_redis_url(cluster: dict[str, Any]) -> None:
                               f"{exc.strerror or exc}") from None
         if not cluster["redis_url"]:
             raise ConfigError(f"cluster.redis_url_file: {path} holds no URL")
+
+
+def _check_sentinels(cluster: dict[str, Any]) -> None:
+    """cluster.sentinels: a list of "host:port"; min_replicas_acked resolved
+    (1 with Sentinel, 0 without), replica_ack_timeout a positive number."""
+    sentinels = cluster["sentinels"]
+    if isinstance(sentinels, str):
+        sentinels = [s for s in sentinels.replace(",", " ").split() if s]
+    if not isinstance(sentinels, list):
+        raise ConfigError("setting 'cluster.sentinels' must be a list of \"host:port\"")
+    for item in sentinels:
+        host, _, port = str(item).rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"setting 'cluster.sentinels': {item!r} is not \"host:port\"")
+    cluster["sentinels"] = [str(x) for x in sentinels]
+    if sentinels and not cluster["sentinel_service"]:
+        raise ConfigError("setting 'cluster.sentinel_service' must name the Sentinels' primary")
+    acked = cluster["min_replicas_acked"]
+    if acked is None:
+        acked = 1 if sentinels else 0
+    if isinstance(acked, bool) or not isinstance(acked, int) or acked < 0:
+        raise ConfigError("setting 'cluster.min_replicas_acked' must be an integer >= 0, "
+                          f"got {acked!r}")
+    cluster["min_replicas_acked"] = acked
+    timeout = cluster["replica_ack_timeout"]
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ConfigError("setting 'cluster.replica_ack_timeout' must be a number of seconds "
+                          f"> 0, got {timeout!r}")
+    if sentinels and not cluster["redis_url"]:
+        cluster["redis_url"] = "redis://"  # no password; the Sentinels name the primary
 
 
 def redact_url(url: str) -> str:
