@@ -108,7 +108,7 @@ def start_servers(sup: Service, config: Any) -> list[HTTPServer]:
     # one predict pipeline and one feedback service for both ports (their
     # caches: models' labels and policies), each given only what it uses
     pipeline = PredictPipeline(sup, sup.store, sup.policies, sup.predlog, sup.metrics,
-                               config["limits"], config["predictions"]["sample"])
+                               config["limits"], config["predictions"]["sample"], config)
     feedback = FeedbackService(sup.predlog, sup.store, sup.policies,
                                config["feedback"]["max_items"], config["limits"]["max_text_chars"])
     inference: Any = inference_app(sup, config, pipeline, feedback)

@@ -9,8 +9,10 @@ An `Access` belongs to a group of routes and says which key names they take:
                       predict key is set): predict
 
 Answers: 401 `unauthorized` without a key or with one that is no key here,
-403 `wrong_key` with a key of another scope (an admin key sent to the
-inference port too), each saying what the route takes. With auth switched
+403 `wrong_key` with a key of another scope on the management port, each
+saying what the route takes. The inference port is public: there any key
+that is not one of its own (an admin or review key, a dashboard session)
+gets the same 401 as an unknown one, so it tells nobody what a key is. With auth switched
 off (auth.enabled: false), the management port is open and the inference
 port's POST /feedback answers 403 `feedback_off`.
 
@@ -77,6 +79,10 @@ class Access:
                            f"this route needs 'Authorization: Bearer <key>' with the "
                            f"{' or '.join(want)} key", {"takes": list(want)}, headers=www)
         name = self.keys.match(value.strip()) if scheme.lower() == "bearer" else None
+        if name is not None and self.where != "management" and scope_of(name) not in want:
+            # the inference port is public: a key of another scope gets the
+            # unknown key's answer, so it cannot confirm a stolen key
+            name = None
         if name is None:
             raise ApiError(401, "unauthorized",
                            f"the key sent is not one of this service's keys; this route takes "
