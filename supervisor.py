@@ -276,8 +276,11 @@ def main(argv: list[str] | None = None) -> int:
             host = s["manage_host"] if s["manage_host"] not in ("0.0.0.0", "::", "") \
                 else "localhost"
             host = f"[{host}]" if ":" in host else host
-            log.info("dashboard (the link logs you in once): http://%s:%d/#code=%s",
-                     host, s["manage_port"], keys.new_code())
+            # once, at WARNING (seen at every log level); the code works once,
+            # within auth.code_minutes: `textswap dashboard` makes a new one
+            log.warning("dashboard (the link logs you in once, within %g minutes): "
+                        "http://%s:%d/#code=%s", config["auth"]["code_minutes"],
+                        host, s["manage_port"], keys.new_code())
 
     # Long-lived startup objects out of the collector's way, and fewer young
     # collections: the request path allocates many short-lived objects.

@@ -120,7 +120,8 @@ def start_servers(sup: Service, config: Any) -> list[HTTPServer]:
                             (management_app(sup, config, pipeline, feedback), s["manage_host"],
                              s["manage_port"])):
         cap = max(_MIN_TRANSPORT_CAP, 2 * config["limits"]["max_body_bytes"])
-        server = HTTPServer(app, max_body_size=cap, xheaders=False)
+        server = HTTPServer(app, max_body_size=cap, xheaders=False,
+                            body_timeout=float(s["body_timeout_s"]))
         server.listen(port, address=host)
         servers.append(server)
     m = config["metrics"]

@@ -381,7 +381,7 @@ class InferWire:
         pipe.check_declared(call, oip=True)
         texts, outputs, echo = parse_infer(call.body, call.headers, pipe.limits,
                                            info["multi_label"])
-        request_id = request_ids.request_id(call.headers, echo)  # X-Request-Id, else the body's id
+        request_id: str | None = request_ids.request_id(call.headers, echo)  # X-Request-Id, or the body's id
         if pipe.foreign(call):
             request_id = None  # another site's page: answered, never logged
         return InferRequest(texts, name, request_id=request_id, log_k=5, served=served,
