@@ -16,7 +16,7 @@ import yaml
 
 DEFAULTS: dict[str, Any] = {
     "server": {
-        "host": "0.0.0.0",
+        "host": "0.0.0.0",  # nosec B104 # public by design
         "port": 8080,
         "manage_host": "127.0.0.1",
         "manage_port": 8081,
