@@ -279,11 +279,15 @@ def main(argv: list[str] | None = None) -> int:
         log.info("inference API on http://%s:%d, management API on http://%s:%d",
                  s["host"], s["port"], s["manage_host"], s["manage_port"])
         if keys is not None:  # one-time code: the page trades it for a session
-            host = s["manage_host"] if s["manage_host"] not in ("0.0.0.0", "::", "") \
-                else "localhost"
+            # an any-address bind is shown as localhost (no bind here)
+            anywhere = ("0.0.0.0", "::", "")  # nosec B104 # names compared, nothing bound
+            host = s["manage_host"] if s["manage_host"] not in anywhere else "localhost"
             host = f"[{host}]" if ":" in host else host
-            log.info("dashboard (the link logs you in once): http://%s:%d/#code=%s",
-                     host, s["manage_port"], keys.new_code())
+            # once, at WARNING (seen at every log level); the code works once,
+            # within auth.code_minutes: `textswap dashboard` makes a new one
+            log.warning("dashboard (the link logs you in once, within %g minutes): "
+                        "http://%s:%d/#code=%s", config["auth"]["code_minutes"],
+                        host, s["manage_port"], keys.new_code())
 
     # Long-lived startup objects out of the collector's way, and fewer young
     # collections: the request path allocates many short-lived objects.

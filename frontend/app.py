@@ -108,7 +108,7 @@ def start_servers(sup: Service, config: Any) -> list[HTTPServer]:
     # one predict pipeline and one feedback service for both ports (their
     # caches: models' labels and policies), each given only what it uses
     pipeline = PredictPipeline(sup, sup.store, sup.policies, sup.predlog, sup.metrics,
-                               config["limits"], config["predictions"]["sample"])
+                               config["limits"], config["predictions"]["sample"], config)
     feedback = FeedbackService(sup.predlog, sup.store, sup.policies,
                                config["feedback"]["max_items"], config["limits"]["max_text_chars"],
                                config["feedback"]["max_examples"])
@@ -121,7 +121,8 @@ def start_servers(sup: Service, config: Any) -> list[HTTPServer]:
                             (management_app(sup, config, pipeline, feedback), s["manage_host"],
                              s["manage_port"])):
         cap = max(_MIN_TRANSPORT_CAP, 2 * config["limits"]["max_body_bytes"])
-        server = HTTPServer(app, max_body_size=cap, xheaders=False)
+        server = HTTPServer(app, max_body_size=cap, xheaders=False,
+                            body_timeout=float(s["body_timeout_s"]))
         server.listen(port, address=host)
         servers.append(server)
     m = config["metrics"]

@@ -9,23 +9,30 @@ An `Access` belongs to a group of routes and says which key names they take:
                       predict key is set): predict
 
 Answers: 401 `unauthorized` without a key or with one that is no key here,
-403 `wrong_key` with a key of another scope (an admin key sent to the
-inference port too), each saying what the route takes. With auth switched
+403 `wrong_key` with a key of another scope on the management port, each
+saying what the route takes. The inference port is public: there any key
+that is not one of its own (an admin or review key, a dashboard session)
+gets the same 401 as an unknown one, so it tells nobody what a key is. With auth switched
 off (auth.enabled: false), the management port is open and the inference
 port's POST /feedback answers 403 `feedback_off`.
 
-`POST /auth/session` (management port, no key) exchanges the one-time code
-of the dashboard URL the service prints at start for a session token with
-the admin scope (state/keys.py KeyRing.session); `POST /auth/code` (admin
-key) makes a new one-time URL.
+`POST /auth/session` (management port, no key; throttled per client
+address) exchanges the one-time code of the dashboard URL the service
+prints at start for a session token with the admin scope (state/keys.py
+KeyRing.session); `POST /auth/code` (admin key) makes a new one-time URL.
+`POST /auth/logout` ends the session whose token it is sent with; `DELETE
+/auth/sessions` (admin) ends every session and unused code, as a new admin
+key does.
 """
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from frontend.base import ApiError, JsonHandler
-from state.keys import ACTOR, KeyRing, scope_of
+from frontend.loop_handlers import RateLimit
+from state.keys import ACTOR, SESSION_NAME, KeyRing, scope_of
 
 log = logging.getLogger("textswap.auth")
 
@@ -77,6 +84,10 @@ class Access:
                            f"this route needs 'Authorization: Bearer <key>' with the "
                            f"{' or '.join(want)} key", {"takes": list(want)}, headers=www)
         name = self.keys.match(value.strip()) if scheme.lower() == "bearer" else None
+        if name is not None and self.where != "management" and scope_of(name) not in want:
+            # the inference port is public: a key of another scope gets the
+            # unknown key's answer, so it cannot confirm a stolen key
+            name = None
         if name is None:
             raise ApiError(401, "unauthorized",
                            f"the key sent is not one of this service's keys; this route takes "
@@ -116,6 +127,12 @@ class SessionHandler(JsonHandler):
         keys = self.parts
         if keys is None:
             raise ApiError(409, "auth_off", "auth is off (auth.enabled: false): no key needed")
+        wait = _SESSION_TRIES.take(self.request.remote_ip or "")
+        if wait:
+            raise ApiError(429, "rate_limited",
+                           f"too many code exchanges from this address; try again in "
+                           f"{math.ceil(wait)} s", {"retry_after_s": round(wait, 3)},
+                           headers={"Retry-After": str(math.ceil(wait))})
         if not isinstance(code, str) or not code:
             raise ApiError(400, "invalid_field", "'code' must be the code of the dashboard URL")
         token = keys.session(code)
@@ -140,9 +157,52 @@ class CodeHandler(JsonHandler):
         if keys is None:
             raise ApiError(409, "auth_off", "auth is off (auth.enabled: false): no key needed")
         code = keys.new_code()
-        self.send_json({"code": code, "url": f"http://{self.request.host}/#code={code}"})
+        self.send_json({"code": code, "url": f"http://{self.request.host}/#code={code}",
+                        "expires_in_s": int(keys.code_s)})
+
+
+class LogoutHandler(JsonHandler):
+    """POST /auth/logout: ends the dashboard session whose token the request
+    carries (a key is no session: 400 not_a_session)."""
+
+    parts: KeyRing | None
+
+    async def post(self) -> None:
+        self.json_object(set(), required=False)
+        keys = self.parts
+        if keys is None:
+            raise ApiError(409, "auth_off", "auth is off (auth.enabled: false): no sessions")
+        token = self.request.headers.get("Authorization", "").partition(" ")[2].strip()
+        if self.key_name != SESSION_NAME or not keys.end_session(token):
+            raise ApiError(400, "not_a_session",
+                           "POST /auth/logout ends the dashboard session whose token it is "
+                           "sent with; this is a key (rotate keys with `textswap keys rotate`)")
+        log.info("a dashboard session ended (logout)")
+        self.send_json({"ended": True})
+
+
+class SessionsHandler(JsonHandler):
+    """DELETE /auth/sessions (admin): ends every dashboard session and unused
+    one-time code."""
+
+    parts: KeyRing | None
+
+    async def delete(self) -> None:
+        keys = self.parts
+        if keys is None:
+            raise ApiError(409, "auth_off", "auth is off (auth.enabled: false): no sessions")
+        sessions, codes = keys.end_sessions()
+        log.warning("%d dashboard session(s) and %d one-time code(s) ended (DELETE "
+                    "/auth/sessions)", sessions, codes)
+        self.send_json({"ended": {"sessions": sessions, "codes": codes}})
+
+
+# POST /auth/session tries per client address: a person trades a code a few
+# times a day; guessing a 192-bit code is hopeless anyway, this keeps it slow
+_SESSION_TRIES = RateLimit(rate=0.5, burst=10)
 
 
 def routes(kw: dict[str, Any], keys: KeyRing | None) -> list[Any]:
     kw = {**kw, "parts": keys}
-    return [(r"/auth/session", SessionHandler, kw), (r"/auth/code", CodeHandler, kw)]
+    return [(r"/auth/session", SessionHandler, kw), (r"/auth/code", CodeHandler, kw),
+            (r"/auth/logout", LogoutHandler, kw), (r"/auth/sessions", SessionsHandler, kw)]

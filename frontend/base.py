@@ -188,7 +188,7 @@ class JsonHandler(RequestHandler):
 
 FORM = "application/x-www-form-urlencoded"  # what curl -d sends by default
 _LOCAL = {"localhost", "127.0.0.1", "::1"}
-_ANY = {"", "0.0.0.0", "::"}
+_ANY = {"", "0.0.0.0", "::"}  # nosec B104 # no bind: names left out
 
 
 def declared_json(content_type: str | None) -> bool:
@@ -224,12 +224,27 @@ def check_site(headers: Any, config: Any) -> None:
                        f"Host {host[:100]!r} is not one of this service's names; add it to "
                        "server.allowed_hosts if it is")
     origin = headers.get("Origin")
-    if origin is not None:
+    if origin is not None and not own_origin(origin, host, config):
+        raise ApiError(403, "forbidden_origin",
+                       f"requests from pages of {origin[:100]!r} are refused here")
+
+
+def own_origin(origin: str, host: str, config: Any) -> bool:
+    """Whether a page's Origin is this service's own: one of its names, the
+    port the request came to (its Host's), and http (https too for the
+    server.allowed_hosts names, which a TLS proxy may serve)."""
+    try:
         parsed = urllib.parse.urlsplit(origin)
-        if origin == "null" or parsed.scheme not in ("http", "https") \
-                or _hostname(parsed.netloc) not in allowed:
-            raise ApiError(403, "forbidden_origin",
-                           f"requests from pages of {origin[:100]!r} are refused here")
+        port = parsed.port
+        there = urllib.parse.urlsplit("//" + host).port
+    except ValueError:
+        return False
+    name = (parsed.hostname or "").lower()
+    proxied = {str(h).lower() for h in config["server"].get("allowed_hosts") or []}
+    if parsed.scheme not in (("http", "https") if name in proxied else ("http",)):
+        return False
+    default = 443 if parsed.scheme == "https" else 80
+    return name in allowed_hosts(config) and (port or default) == (there or default)
 
 
 def parse_json(raw: bytes, content_type: str | None, required: bool = True) -> Any:
@@ -238,7 +253,7 @@ def parse_json(raw: bytes, content_type: str | None, required: bool = True) -> A
     if media == FORM:
         # `curl -d '{...}'` sends JSON as a form: answer it when it is JSON
         try:
-            return json.loads(raw.decode("utf-8"))
+            return loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             raise ApiError(415, "unsupported_media_type",
                            f"Content-Type is '{media}' and the body is not JSON; send "
@@ -255,9 +270,40 @@ def parse_json(raw: bytes, content_type: str | None, required: bool = True) -> A
     except UnicodeDecodeError as exc:
         raise ApiError(400, "bad_encoding", f"body is not valid UTF-8: {exc}") from None
     try:
-        return json.loads(text)
+        return loads(text)
     except ValueError as exc:
         raise ApiError(400, "bad_json", f"body is not valid JSON: {exc}") from None
+
+
+MAX_DEPTH = 64  # how deep a request body's arrays and objects may nest
+
+
+def loads(raw: str | bytes) -> Any:
+    """json.loads for request bodies: arrays and objects nested deeper than
+    MAX_DEPTH are refused (400 too_deep), however deep (json's RecursionError
+    included). Bad JSON raises ValueError, as json.loads does."""
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise _too_deep() from None
+    # fewer brackets than the bound cannot nest past it: no walk (the usual body)
+    opened = raw.count("[") + raw.count("{") if isinstance(raw, str) \
+        else raw.count(b"[") + raw.count(b"{")
+    if opened > MAX_DEPTH and isinstance(data, (dict, list)):
+        stack: list[tuple[Any, int]] = [(data, 1)]
+        while stack:
+            value, depth = stack.pop()
+            for item in (value.values() if isinstance(value, dict) else value):
+                if isinstance(item, (dict, list)):
+                    if depth >= MAX_DEPTH:
+                        raise _too_deep()
+                    stack.append((item, depth + 1))
+    return data
+
+
+def _too_deep() -> ApiError:
+    return ApiError(400, "too_deep", f"the body nests arrays or objects more than "
+                                     f"{MAX_DEPTH} deep; flatten it")
 
 
 def check_object(data: Any, allowed: set[str]) -> dict[str, Any]:

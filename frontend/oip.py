@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from tornado.web import HTTPError
 
 from frontend import predictions, request_ids
-from frontend.base import ApiError, JsonHandler
+from frontend.base import ApiError, JsonHandler, loads
 from frontend.pipeline import (Call, PipelineHandler, PredictPipeline, PredictRequest,
                                Rendered, Routed, Lookup)
 
@@ -134,7 +134,7 @@ def _split(body: bytes, header_length: str | None) -> tuple[Any, memoryview]:
                                 f"{len(body)} bytes")
         head, rest = body[:n], body[n:]
     try:
-        data = json.loads(head)
+        data = loads(head)  # nesting past base.MAX_DEPTH: 400 too_deep
     except UnicodeDecodeError as exc:
         raise OipError(400, f"inference header is not valid UTF-8: {exc}") from None
     except ValueError as exc:
@@ -378,10 +378,13 @@ class InferWire:
         assert name is not None  # the route's pattern always has it
         served = resolve(pipe.serving, name, version)  # 404 before parsing: it must serve
         info = pipe.info(served)
+        pipe.check_declared(call, oip=True)
         texts, outputs, echo = parse_infer(call.body, call.headers, pipe.limits,
                                            info["multi_label"])
         # X-Request-Id, else the body's id (in the key's namespace when a predict key is set)
-        request_id = request_ids.request_id(call.headers, echo, call.namespace)
+        request_id: str | None = request_ids.request_id(call.headers, echo, call.namespace)
+        if pipe.foreign(call):
+            request_id = None  # another site's page: answered, never logged
         return InferRequest(texts, name, request_id=request_id, log_k=5, served=served,
                             version=version, outputs=outputs, echo_id=echo,
                             chosen=request_ids.chosen(call.headers, echo))
@@ -400,10 +403,10 @@ class InferWire:
                                 "serves)")
         out, head = infer_response(model, routed.labels, routed.scores, req.outputs,
                                    req.echo_id, routed.info)
-        assert req.request_id is not None
         headers = ({"Content-Type": _JSON} if head is None else
                    {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(head)})
-        headers[request_ids.HEADER] = req.request_id
+        if req.request_id is not None:  # None: not logged (another site's page sent it)
+            headers[request_ids.HEADER] = req.request_id
         return out, headers, None
 
     def error(self, exc: ApiError, rid: str | None) -> tuple[bytes, dict[str, str]]:

@@ -187,8 +187,10 @@ def inference_spec(cfg: Any, predict_key: bool = False) -> S:
                               "one prediction per text, in order", REQUEST_ID_HEADER),
                 "400": _err("not JSON, not an object, unknown field, both or neither of "
                             "text/texts, a blank or non-string text, bad top_k, "
-                            "min_score or explain"),
+                            "min_score or explain; nested past 64 (code too_deep)"),
                 **_body_errors(cfg),
+                "415": _err("Content-Type is not application/json (or */*+json): a form, "
+                            "text/plain or none is read only with an Authorization header"),
                 "413": _err(f"body over limits.max_body_bytes, or more than "
                             f"{lim['max_texts']} texts"),
                 "404": _err("'model' names a model that does not serve here (code "
@@ -1079,8 +1081,28 @@ def dashboard_paths(cfg: Any) -> S:
                 "the code and the URL with it in its #fragment"),
             "409": _err("auth is off (auth.enabled: false)"),
             **_body_errors(cfg)}}
+    logout: S = {
+        "summary": "End the dashboard session whose token the request is sent with.",
+        "responses": {
+            "200": _json({"type": "object", "properties": {"ended": {"type": "boolean"}}},
+                         "the session ended"),
+            "400": _err("the Authorization header carries a key, not a session (code "
+                        "not_a_session)"),
+            "409": _err("auth is off (auth.enabled: false)"),
+            **_body_errors(cfg)}}
+    sessions: S = {
+        "summary": "End every dashboard session and unused one-time code (a new admin key "
+                   "does too).",
+        "responses": {
+            "200": _json({"type": "object", "properties": {"ended": {
+                "type": "object", "properties": {"sessions": {"type": "integer"},
+                                                 "codes": {"type": "integer"}}}}},
+                         "how many sessions and codes ended"),
+            "409": _err("auth is off (auth.enabled: false)")}}
+    session["responses"]["429"] = _err("too many exchanges from this address (Retry-After)")
     return {"/feedback": {"post": feedback}, "/try": {"post": predict},
-            "/auth/session": {"post": session}, "/auth/code": {"post": code}}
+            "/auth/session": {"post": session}, "/auth/code": {"post": code},
+            "/auth/logout": {"post": logout}, "/auth/sessions": {"delete": sessions}}
 
 
 def dashboard_schemas(cfg: Any) -> S:

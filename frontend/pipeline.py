@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Protocol
 
 from frontend import request_ids
-from frontend.base import ApiError, JsonHandler, service_error
+from frontend.base import ApiError, JsonHandler, declared_json, own_origin, service_error
 from state.errors import ServiceError, StoreError
 
 if TYPE_CHECKING:
@@ -137,7 +137,8 @@ class PredictPipeline:
 
     def __init__(self, serving: Serving, store: ModelStore, policies: PolicyView | None,
                  predlog: PredictionLogBackend | None, metrics: Metrics | None,
-                 limits: dict[str, Any], sample: float) -> None:
+                 limits: dict[str, Any], sample: float, config: Any = None) -> None:
+        self.config = config  # the service's (its server section: own_origin); None: no check
         self.serving = serving
         self.store = store
         self.policies = policies
@@ -198,6 +199,33 @@ class PredictPipeline:
         raise ApiError(409, "request_id_taken",
                        f"the request id {req.request_id!r} was used before; send a new "
                        f"{request_ids.HEADER} (or none: the service makes one)")
+
+    # -- cross-site --------------------------------------------------------------------------
+    def check_declared(self, call: Call, oip: bool = False) -> None:
+        """The inference port's body rule, as the management port's: a body
+        is read when declared JSON (an OIP infer: also the binary type, or
+        none, as the official clients send), or with an Authorization header,
+        which a cross-site form or no-cors fetch cannot send; 415 otherwise."""
+        if call.data is not None or call.headers.get("Authorization"):
+            return
+        ctype = call.headers.get("Content-Type")
+        media = (ctype or "").split(";")[0].strip().lower()
+        if declared_json(ctype) or (oip and (
+                media in ("", "application/octet-stream")
+                or call.headers.get("Inference-Header-Content-Length") is not None)):
+            return
+        raise ApiError(415, "unsupported_media_type",
+                       f"a body declared {media or 'as nothing'!r} is read here only with an "
+                       "'Authorization: Bearer <key>' header; send 'Content-Type: "
+                       "application/json'")
+
+    def foreign(self, call: Call) -> bool:
+        """Whether a page of another site sent it (an Origin not this
+        service's own): answered, never logged for review."""
+        origin = call.headers.get("Origin")
+        if origin is None or self.config is None:
+            return False
+        return not own_origin(origin, call.headers.get("Host") or "", self.config)
 
     # -- route --------------------------------------------------------------------------------
     async def route(self, req: PredictRequest) -> Routed:

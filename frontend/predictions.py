@@ -115,6 +115,10 @@ class JsonWire:
         if call.refused is not None:
             raise call.refused
         data = call.data
+        if self.logged:  # the inference port's /predict
+            pipe.check_declared(call)
+            if pipe.foreign(call):
+                rid = None  # answered, not logged: no request id to give feedback on
         if data is None:
             data = check_object(parse_json(call.body, call.headers.get("Content-Type")),
                                 PREDICT_FIELDS)

@@ -16,7 +16,7 @@ import yaml
 
 DEFAULTS: dict[str, Any] = {
     "server": {
-        "host": "0.0.0.0",
+        "host": "0.0.0.0",  # nosec B104 # public by design
         "port": 8080,
         "manage_host": "127.0.0.1",
         "manage_port": 8081,
@@ -27,6 +27,7 @@ DEFAULTS: dict[str, Any] = {
         # localhost and the bound addresses: the management routes and
         # POST /feedback refuse any other Host or Origin (DNS rebinding)
         "allowed_hosts": [],
+        "body_timeout_s": 60.0,  # a request body not wholly sent within this is cut off
     },
     "models_dir": "./models",
     "management": {
@@ -51,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
         "feedback_key": "",
         "predict_key": "",  # set: /predict and /v2 need it
         "session_hours": 12.0,  # a dashboard session (from the start URL's code) lasts this long
+        "code_minutes": 10.0,  # a one-time dashboard code (the start URL's) works this long
     },
     "limits": {
         "max_body_bytes": 4 * 1024 * 1024,
@@ -302,10 +304,19 @@ _SECRET_ENV = {"TEXTSWAP_MANAGEMENT_TOKEN": ("management", "token"),
                "TEXTSWAP_REDIS_URL": ("cluster", "redis_url")}
 
 
+def secret_env_name(name: str) -> bool:
+    """Whether an environment variable holds one of the service's secrets:
+    those above, the CLI's TEXTSWAP_KEY, and any TEXTSWAP_*_KEY, *_TOKEN,
+    *_PASSWORD or *_SECRET."""
+    return name in _SECRET_ENV or (name.startswith("TEXTSWAP_") and (
+        name == "TEXTSWAP_KEY" or name.endswith(("_KEY", "_TOKEN", "_PASSWORD", "_SECRET"))))
+
+
 def scrub_secret_env() -> list[str]:
     """Remove the secrets' variables from os.environ (after load_config);
     the names removed."""
-    return [name for name in _SECRET_ENV if os.environ.pop(name, None) is not None]
+    names = [name for name in os.environ if secret_env_name(name)]
+    return [name for name in names if os.environ.pop(name, None) is not None]
 
 
 def _check_ages(p: dict[str, Any]) -> None:
@@ -339,6 +350,10 @@ def _resolve_redis_url(cluster: dict[str, Any]) -> None:
     path = cluster["redis_url_file"]
     if path:
         try:
+            mode = os.stat(path).st_mode & 0o777
+            if mode & 0o077:  # it holds the password
+                raise ConfigError(f"cluster.redis_url_file: {path} is open to others (mode "
+                                  f"{mode:o}); chmod 600 {path}")
             with open(path, encoding="utf-8") as fh:
                 cluster["redis_url"] = (fh.readline() or "").strip()
         except OSError as exc:
@@ -383,8 +398,14 @@ def redact_url(url: str) -> str:
     and /status may show."""
     try:
         parts = urllib.parse.urlsplit(url)
+        if parts.query:  # redis-py takes ?password= too
+            query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+            if any(k.lower() == "password" for k, _ in query):
+                parts = parts._replace(query="&".join(
+                    f"{k}=***" if k.lower() == "password" else urllib.parse.urlencode({k: v})
+                    for k, v in query))
         if parts.password is None:
-            return url
+            return urllib.parse.urlunsplit(parts)
         user = parts.username or ""
         host = parts.netloc.rsplit("@", 1)[1]
         return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

@@ -91,10 +91,28 @@ class Dataset:
         return out
 
 
+SAMPLE_VALUES = 5  # label values a message shows at most
+SAMPLE_CHARS = 40  # of each, at most this many characters
+
+
+def sample(values: Any) -> str:
+    """A short, escaped sample of values from a data file for a message: the
+    first few, each cut and quoted with its control characters escaped, and
+    how many more there are (a file's labels may be long or hostile)."""
+    values = list(values)
+    shown = []
+    for x in values[:SAMPLE_VALUES]:
+        text = str(x)
+        cut = text[:SAMPLE_CHARS]
+        quoted = repr(cut)  # control characters escaped
+        shown.append(quoted[:-1] + ("..." if len(text) > SAMPLE_CHARS else "") + quoted[-1])
+    more = len(values) - SAMPLE_VALUES
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
 def single_example_warning(labels: list[str]) -> str:
     """The warning of the job's data summary and the training report."""
-    shown = ", ".join(repr(x) for x in labels[:10]) + (f" and {len(labels) - 10} more"
-                                                       if len(labels) > 10 else "")
+    shown = sample(labels)
     return (f"{len(labels)} label(s) with a single example ({shown}): trained on, never "
             f"tested (kept on the training side of every cross-validation fold), so the "
             f"reported metrics say nothing about them; add examples")
@@ -103,7 +121,8 @@ def single_example_warning(labels: list[str]) -> str:
 def _check_counts(counts: dict[str, int], when: str = "") -> None:
     """At least two labels, and one of them with CV_MIN_PER_LABEL examples."""
     if len(counts) < 2:
-        raise DataError(f"{when}need at least two labels; the data has {list(counts)}")
+        raise DataError(f"{when}need at least two labels; the data has "
+                        f"{sample(counts) or 'none'}")
     if max(counts.values()) < CV_MIN_PER_LABEL:
         raise DataError(f"{when}every label has a single example: at least one label needs "
                         f"{CV_MIN_PER_LABEL} examples (cross-validation tests on them)")
@@ -269,10 +288,11 @@ def check_examples(rows: list[tuple[int, Any]], source: str,
             raise DataError("'data.labels' must be a list of distinct strings")
         missing = [x for x in declared if x not in counts]
         if missing:
-            raise DataError(f"label(s) {missing} have no examples")
+            raise DataError(f"{len(missing)} declared label(s) have no examples: "
+                            f"{sample(missing)}")
         extra = [x for x in counts if x not in declared]
         if extra:
-            raise DataError(f"examples use undeclared label(s) {extra[:10]}")
+            raise DataError(f"examples use {len(extra)} undeclared label(s): {sample(extra)}")
     if not partial:
         _check_counts(counts)
     return Dataset(texts, labels, source, counts, multi)

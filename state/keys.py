@@ -22,7 +22,8 @@ agree on the first one's keys. Keys shorter than 32 characters are refused.
 The key file is looked at again (its inode, mtime and size; at most every
 0.25 s) when a key is checked: a new file (`textswap keys rotate`) takes
 effect without a restart. Dashboard sessions (a one-time code exchanged for
-a session token, see `KeyRing.session`) live in memory.
+a session token, see `KeyRing.session`) live in memory; a new admin key in
+the file (rotation) ends them all, and every unused code.
 
 Nothing here logs a key or puts one in an error message.
 """
@@ -153,6 +154,33 @@ def write_keys_file(path: str, keys: dict[str, str], *, replace: bool) -> bool:
             pass
 
 
+def check_key_folder(path: str) -> None:
+    """The key file's folder: made 0700 when missing; refused (KeyError_) when
+    others may open it, when it is not this user's, or when it would sit
+    directly in a folder anyone may write to (the temporary folder: anyone
+    could make it first)."""
+    folder = os.path.dirname(path)
+    parent = os.path.dirname(folder.rstrip(os.sep)) or os.sep
+    try:
+        shared = bool(os.stat(parent).st_mode & 0o002)
+    except OSError:
+        shared = False  # made below, by this user
+    if shared:
+        raise KeyError_(f"the key folder {folder} would sit directly in {parent}, which anyone "
+                        "may write to (the temporary folder): set auth.keys_file to a path in "
+                        "a folder of your own, or keep the model store in one")
+    if not os.path.isdir(folder):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+    st = os.stat(folder)
+    if st.st_uid != os.getuid():
+        raise KeyError_(f"the key folder {folder} belongs to another user (uid {st.st_uid}); "
+                        "set auth.keys_file to a folder of your own")
+    if st.st_mode & 0o077:
+        raise KeyError_(f"the key folder {folder} is open to others (mode "
+                        f"{st.st_mode & 0o777:o}); chmod 700 {folder}")
+
+
 def _check_mode(path: str) -> None:
     mode = os.stat(path).st_mode & 0o777
     if mode & 0o077:
@@ -165,10 +193,11 @@ class KeyRing:
     changes), and dashboard sessions. Thread-safe; `match` is the hot call."""
 
     def __init__(self, configured: dict[str, str], path: str | None,
-                 session_s: float = 12 * 3600.0) -> None:
+                 session_s: float = 12 * 3600.0, code_s: float = 600.0) -> None:
         self.configured = dict(configured)
         self.path = path  # the key file, or None when no file is used
         self.session_s = session_s
+        self.code_s = code_s  # a one-time code's life
         self._file: dict[str, str] = {}
         self._stat: tuple[int, int, int] | None = None
         self._checked = 0.0
@@ -184,7 +213,15 @@ class KeyRing:
         configured = configured_keys(config)
         path = keys_file_of(config)
         session_s = config["auth"]["session_hours"] * 3600.0
+        code_s = config["auth"]["code_minutes"] * 60.0
         missing = [name for name in GENERATED if name not in configured]
+        if missing or os.path.exists(path):
+            try:
+                check_key_folder(path)
+            except OSError as exc:
+                raise KeyError_(f"cannot create the key folder of {path}: "
+                                f"{exc.strerror or exc}; set auth.keys_file to a writable "
+                                "place") from None
         if missing and not os.path.exists(path):
             keys = {name: new_key() for name in missing}
             try:
@@ -203,7 +240,7 @@ class KeyRing:
         else:
             log.info("API keys from the config or environment (%s); no key file at %s",
                      ", ".join(sorted(configured)), path)
-        ring = cls(configured, path if os.path.exists(path) else None, session_s)
+        ring = cls(configured, path if os.path.exists(path) else None, session_s, code_s)
         if ring.path is not None:
             ring._load(strict=True)
         return ring
@@ -228,10 +265,17 @@ class KeyRing:
             return
         with self._lock:
             changed = self._stat is not None
+            # sessions and codes stand for the admin key: a new one ends them
+            ended = changed and keys.get("admin") != self._file.get("admin") \
+                and "admin" not in self.configured
             self._file, self._stat = keys, (st.st_ino, st.st_mtime_ns, st.st_size)
         if changed:
             log.info("the key file %s changed: its keys (%s) are used from now on",
                      self.path, ", ".join(sorted(keys)))
+        if ended:
+            sessions, codes = self.end_sessions()
+            log.warning("the admin key changed: %d dashboard session(s) and %d one-time "
+                        "code(s) ended", sessions, codes)
 
     def _refresh(self) -> None:
         if self.path is None:
@@ -279,13 +323,32 @@ class KeyRing:
         return found
 
     # -- dashboard sessions ------------------------------------------------------------
-    def new_code(self, ttl_s: float = 24 * 3600.0) -> str:
-        """A one-time code for the dashboard URL's #fragment."""
+    def new_code(self, ttl_s: float | None = None) -> str:
+        """A one-time code for the dashboard URL's #fragment, good for
+        code_s (auth.code_minutes) unless ttl_s says otherwise."""
         code = secrets.token_urlsafe(24)
         with self._lock:
             self._codes = {c: t for c, t in self._codes.items() if t > time.time()}
-            self._codes[code] = time.time() + ttl_s
+            self._codes[code] = time.time() + (self.code_s if ttl_s is None else ttl_s)
         return code
+
+    def end_session(self, token: str) -> bool:
+        """End one dashboard session (POST /auth/logout); False: no such session."""
+        with self._lock:
+            for t in list(self._sessions):
+                if hmac.compare_digest(token.encode(), t.encode()):
+                    del self._sessions[t]
+                    return True
+        return False
+
+    def end_sessions(self) -> tuple[int, int]:
+        """End every dashboard session and unused one-time code (DELETE
+        /auth/sessions, and a new admin key): how many of each."""
+        with self._lock:
+            counts = len(self._sessions), len(self._codes)
+            self._sessions.clear()
+            self._codes.clear()
+        return counts
 
     def session(self, code: str) -> str | None:
         """Exchange a one-time code for a session token (admin scope); None when

@@ -636,3 +636,28 @@ def test_page_and_assets_are_static_strict_and_hold_no_data(locked):
         code, hd, body = get(path)
         assert code == 404 and json.loads(body)["error"]["code"] == "not_found", path
     assert get("/status")[0] == 401  # the data still needs a key
+
+
+@browser
+def test_forget_key_ends_the_dashboard_session(locked, pw):
+    """A tab logged in by a one-time URL holds a session token; "Forget key"
+    ends that session on the service (POST /auth/logout), so a copy of the
+    token is refused from then on."""
+    b = Browser(pw)
+    try:
+        page = b.page
+        code, got = locked.mpost("/auth/code", {}, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert code == 200, got
+        page.goto(got["url"].replace("localhost", "127.0.0.1"))
+        page.locator("#conn.ok").wait_for()
+        token = page.evaluate("sessionStorage.getItem('textswap.token')")
+        assert token and token != TOKEN
+        session = {"Authorization": f"Bearer {token}"}
+        assert locked.mget("/status", headers=session)[0] == 200
+        page.locator("#forget").click()
+        wait_for(lambda: locked.mget("/status", headers=session)[0] == 401, 15,
+                 "the session ended")
+        assert page.evaluate("sessionStorage.getItem('textswap.token')") is None
+        assert not b.js_errors, b.js_errors
+    finally:
+        b.close()

@@ -285,7 +285,8 @@ def test_documents_are_served_and_match_the_routes(svc):
         "/models/{name}/review", "/models/{name}/policy", "/models/{name}/quality",  # the loop
         "/predictions/{request_id}", "/models/{name}/predictions",  # erasure
         "/feedback", "/try",  # the dashboard's panels (frontend/dashboard_routes.py)
-        "/auth/session", "/auth/code"}  # the dashboard's sessions (frontend/auth.py)
+        "/auth/session", "/auth/code", "/auth/logout",  # the dashboard's sessions
+        "/auth/sessions"}  # (frontend/auth.py)
     assert doc["security"] == [{"bearer": []}]
     assert doc["paths"]["/apply"]["post"]["responses"]["401"]
     apply = doc["paths"]["/apply"]["post"]["requestBody"]["content"]["application/json"]

@@ -7,10 +7,14 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
 import threading
+from typing import Any
+
+import pytest
 
 from helpers import ROOT, Service, keys_file, request, wait_for
 
@@ -317,7 +321,8 @@ def test_generated_keys_file_and_each_keys_scope_on_each_port(tmp_path):
     key. On the management port admin may do everything and review may read
     and label; on the inference port only the feedback key takes POST
     /feedback. 401 without a key or with a wrong one, 403 with one of
-    another scope, each with a JSON body saying what the route takes."""
+    another scope on the management port (401 on the public one), each with
+    a JSON body saying what the route takes."""
     svc = Service(str(tmp_path / "models"), args=["--config", _config(tmp_path)])
     try:
         path = keys_file(svc.models_dir)
@@ -351,8 +356,9 @@ def test_generated_keys_file_and_each_keys_scope_on_each_port(tmp_path):
              {"review": 403, "none": 401, "admin": 200}),
             (m, "POST", "/feedback", fb,  # the review queue's labels: 404, no such id
              {"admin": 404, "review": 404, "feedback": 403, "none": 401}),
-            (p, "POST", "/feedback", fb,  # the inference port takes the feedback key only
-             {"feedback": 404, "admin": 403, "review": 403, "none": 401, "wrong": 401}),
+            (p, "POST", "/feedback", fb,  # the inference port takes the feedback key only,
+             # and tells no other key from an unknown one
+             {"feedback": 404, "admin": 401, "review": 401, "none": 401, "wrong": 401}),
             (p, "POST", "/predict", {"text": "x"}, {"none": 503}),  # open: no predict key
         ]
         for port, method, path, body, want in cases:
@@ -544,3 +550,483 @@ def test_the_start_urls_one_time_code_works_once(tmp_path):
         assert svc.dashboard_url().startswith(f"http://127.0.0.1:{svc.mport}/#code=")
     finally:
         svc.stop()
+
+
+# -- the second pass: cross-site bodies, bad bodies, no oracle, modes, sessions -----------
+XSITE = "http://evil.example"
+
+
+@pytest.fixture(scope="module")
+def served(tiny_store, tmp_path_factory):
+    """One service for the module with `sent` v1 serving (the lean predict
+    path, the default), started with the CLI's key variable and other key
+    variables in its environment."""
+    work = tmp_path_factory.mktemp("served")
+    root = str(work / "models")
+    shutil.copytree(tiny_store, root)
+    env = {"TEXTSWAP_KEY": TOKEN + "-cli", "TEXTSWAP_EXTRA_TOKEN": TOKEN + "-extra",
+           "TEXTSWAP_PREDICT_PASSWORD": TOKEN + "-pw"}
+    svc = Service(root, args=["--config", _config(work)], env=env)
+    svc.secrets = env
+    try:
+        code, got = svc.mpost("/apply", {"name": "sent"}, timeout=240)
+        assert code == 200, got
+        yield svc
+    finally:
+        svc.stop()
+
+
+def _raw(port: int, path: str, body: bytes, headers: dict[str, str]):
+    """POST exactly these headers (no Content-Type unless given): status,
+    headers, JSON body."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", path, body=body, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, dict(resp.getheaders()), json.loads(data) if data else None
+    finally:
+        conn.close()
+
+
+def _infer_body(text: str) -> bytes:
+    return json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                   "data": [text]}]}).encode()
+
+
+def test_public_port_reads_no_cross_site_body_and_logs_no_foreign_page(served):
+    """POST /predict and OIP infer read a body declared as a form, text/plain
+    or nothing only with an Authorization header (a cross-site form or no-cors
+    fetch cannot send one); a request from another site's page (its Origin)
+    is answered but never logged, so it never reaches the review queue."""
+    svc = served
+    body = json.dumps({"text": "很好"}).encode()
+    form = "application/x-www-form-urlencoded"
+    for ctype in (form, "text/plain", "multipart/form-data; boundary=x", None):
+        headers = {} if ctype is None else {"Content-Type": ctype}
+        code, _, got = _raw(svc.port, "/predict", body, headers)
+        assert code == 415 and got["error"]["code"] == "unsupported_media_type", (ctype, got)
+        if ctype is not None:  # none: what OIP clients send, read (below)
+            code, _, got = _raw(svc.port, "/v2/models/sent/infer", _infer_body("x"), headers)
+            assert code == 415 and "Authorization" in got["error"], (ctype, got)
+    # `curl -d` with a Bearer header is read, as on the management port
+    code, _, got = _raw(svc.port, "/predict", body,
+                        {"Content-Type": form, "Authorization": "Bearer anything"})
+    assert code == 200, got
+    code, _, got = _raw(svc.port, "/v2/models/sent/infer", _infer_body("x"), {})
+    assert code == 200, got  # what tritonclient sends for JSON tensors
+    label = got["outputs"][0]["data"][0]
+
+    # another site's page: answered, with no request id, and not logged
+    code, headers, got = _raw(svc.port, "/predict", body,
+                              {"Content-Type": "application/json", "Origin": XSITE,
+                               "X-Request-Id": "xsite-predict"})
+    assert code == 200 and "request_id" not in got and "X-Request-Id" not in headers, got
+    code, headers, got = _raw(svc.port, "/v2/models/sent/infer", _infer_body("很好"),
+                              {"Content-Type": "application/json", "Origin": "null",
+                               "X-Request-Id": "xsite-infer"})
+    assert code == 200 and "X-Request-Id" not in headers, got
+    # a page of this service (its own origin) is logged; sent after the others,
+    # so once its answer is in the log, theirs would be too
+    own = f"http://127.0.0.1:{svc.port}"
+    for rid, path, raw in (("own-predict", "/predict", body),
+                           ("own-infer", "/v2/models/sent/infer", _infer_body("很好"))):
+        code, headers, got = _raw(svc.port, path, raw, {"Content-Type": "application/json",
+                                                        "Origin": own, "X-Request-Id": rid})
+        assert code == 200 and headers["X-Request-Id"] == rid, got
+    fb = svc.auth("review")
+    for rid in ("own-predict", "own-infer"):
+        wait_for(lambda: request(svc.mport, "POST", "/feedback", {"request_id": rid,
+                                                                  "label": label},
+                                 headers=fb)[0] == 200, 30, f"{rid} logged")
+    for rid in ("xsite-predict", "xsite-infer"):
+        code, got = request(svc.mport, "POST", "/feedback", {"request_id": rid, "label": label},
+                            headers=fb)
+        assert code == 404, (rid, got)
+
+
+def _nested(depth: int, kind: str = "[") -> bytes:
+    if kind == "[":
+        return b"[" * depth + b"]" * depth
+    return b'{"a":' * depth + b"1" + b"}" * depth
+
+
+def test_deeply_nested_bodies_get_400_too_deep_everywhere(served):
+    """A body nested 100,000 deep (and anything past 64) is a 400 too_deep on
+    the lean predict path, OIP infer and the management routes: never a 500,
+    never a traceback in the log. 64 deep is parsed (and refused for what it
+    says)."""
+    svc = served
+    ok = {"Content-Type": "application/json"}
+    for depth in (65, 1000, 100_000):
+        for kind in ("[", "{"):
+            raw = _nested(depth, kind)
+            code, _, got = _raw(svc.port, "/predict", raw, ok)
+            assert code == 400 and got["error"]["code"] == "too_deep", (depth, kind, got)
+            code, _, got = _raw(svc.port, "/v2/models/sent/infer", raw, ok)
+            assert code == 400 and "deep" in got["error"], (depth, kind, got)
+            for path in ("/train", "/apply", "/feedback"):
+                code, got = request(svc.mport, "POST", path, raw=raw)
+                assert code == 400 and got["error"]["code"] == "too_deep", (path, got)
+            code, got = request(svc.mport, "PUT", "/models/sent/policy", raw=raw)
+            assert code == 400 and got["error"]["code"] == "too_deep", got
+    # deep inside a valid body, and exactly at the bound
+    inner = b'{"text": "x", "model": ' + _nested(70) + b"}"
+    code, _, got = _raw(svc.port, "/predict", inner, ok)
+    assert code == 400 and got["error"]["code"] == "too_deep", got
+    code, _, got = _raw(svc.port, "/predict", _nested(64), ok)
+    assert code == 400 and got["error"]["code"] == "bad_request", got  # not an object
+    log = svc.log()
+    assert "Traceback" not in log and "RecursionError" not in log
+    assert " 500 " not in log
+
+
+def test_fuzzed_bodies_never_get_a_500(served):
+    """Random JSON values (nested deep and wide), broken JSON and random bytes
+    to every body-reading route kind, through real HTTP: always a JSON
+    answer below 500."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    svc = served
+    leaves = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+    values = st.recursive(leaves, lambda inner: st.lists(inner, max_size=4)
+                          | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                          max_leaves=30).map(lambda v: json.dumps(v).encode())
+    deep = st.tuples(st.integers(1, 3000), st.sampled_from(["[", "{"]),
+                     st.booleans()).map(lambda t: _nested(t[0], t[1])[: None if t[2] else -1])
+    bodies = values | deep | st.binary(max_size=300) | values.map(lambda b: b[:-1])
+    targets = [(svc.port, "/predict"), (svc.port, "/v2/models/sent/infer"),
+               (svc.mport, "/train"), (svc.mport, "/feedback"), (svc.mport, "/try")]
+
+    @settings(max_examples=60, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(body=bodies, target=st.sampled_from(targets),
+           ctype=st.sampled_from(["application/json", "application/x-www-form-urlencoded"]))
+    def one(body, target, ctype):
+        port, path = target
+        headers = {"Content-Type": ctype}
+        if port == svc.mport:
+            headers.update(svc.auth("admin"))
+        code, _, got = _raw(port, path, body, headers)
+        assert code < 500 and isinstance(got, dict) and "error" in got or code == 200, \
+            (path, body[:200], code, got)
+
+    one()
+    assert "Traceback" not in svc.log()
+
+
+def test_no_child_gets_the_cli_key_or_any_key_variable(served):
+    """TEXTSWAP_KEY (the CLI's) and every TEXTSWAP_*_KEY/_TOKEN/_PASSWORD are
+    taken out of the environment before the zygote, workers and the log
+    writer start."""
+    import psutil
+
+    kids = wait_for(lambda: (lambda k: len(k) >= 3 and k)(served.children()), 60,
+                    "the zygote, a worker and the log writer")
+    for p in kids:
+        try:
+            environ = open(f"/proc/{p.pid}/environ", "rb").read().decode(errors="replace")
+        except (psutil.NoSuchProcess, FileNotFoundError):
+            continue
+        for name, value in served.secrets.items():
+            assert f"{name}=" not in environ and value not in environ, (p.pid, name)
+    assert not any(v in served.log() for v in served.secrets.values())
+
+
+def test_the_public_port_is_no_key_oracle(tmp_path):
+    """On the inference port a key of another scope (admin, review, a
+    dashboard session) gets exactly the 401 of an unknown key: a stolen key
+    cannot be confirmed there."""
+    pkey = "p" * 40
+    svc = Service(str(tmp_path / "models"), args=["--config", _config(tmp_path)],
+                  env={"TEXTSWAP_PREDICT_KEY": pkey})
+    try:
+        keys = _key_file(svc)
+        code, got = svc.mpost("/auth/session", {"code": svc.dashboard_url().split("=")[1]},
+                              auth=False)
+        assert code == 200, got
+        session = got["token"]
+        fb = {"request_id": "never-logged", "label": "a"}
+        for method, path, body, own in (("POST", "/feedback", fb, keys["feedback"]),
+                                        ("POST", "/predict", {"text": "x"}, pkey),
+                                        ("GET", "/v2", None, pkey)):
+            answers = {}
+            for who, key in (("unknown", "u" * 43), ("admin", keys["admin"]),
+                             ("review", keys["review"]), ("session", session),
+                             ("predict/feedback", keys["feedback"] if own == pkey else pkey)):
+                answers[who] = request(svc.port, method, path, body,
+                                       headers={"Authorization": f"Bearer {key}"})
+            assert all(a == answers["unknown"] for a in answers.values()), (path, answers)
+            assert answers["unknown"][0] == 401, answers
+            assert request(svc.port, method, path, body,
+                           headers={"Authorization": f"Bearer {own}"})[0] not in (401, 403)
+        # the management port still says which key a route takes
+        code, got = svc.mpost("/apply", {"name": "x"}, headers=svc.auth("review"))
+        assert code == 403 and got["error"]["code"] == "wrong_key", got
+    finally:
+        svc.stop()
+    assert session not in svc.log()
+
+
+def _start(tmp_path, models: str, cfg: str, env: dict[str, str] | None = None):
+    """supervisor.py run to its refusal (or its start): the finished process."""
+    from helpers import free_port
+
+    cmd = [sys.executable, os.path.join(ROOT, "supervisor.py"), "--config", cfg,
+           "--models-dir", models, "--host", "127.0.0.1", "--port", str(free_port()),
+           "--manage-port", str(free_port())]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env={**os.environ, **(env or {})})
+
+
+def test_key_folder_modes_are_enforced_at_start(tmp_path):
+    """The key folder open to others (0777, 0750) is refused at start; one
+    that would sit directly in a world-writable folder (as the temporary
+    folder is) is refused with a message naming auth.keys_file; set there,
+    the service starts and makes its folder 0700."""
+    cfg = _config(tmp_path)
+    for mode in (0o777, 0o750):
+        base = tmp_path / f"open{mode:o}"
+        (base / ".textswap").mkdir(parents=True)
+        os.chmod(base / ".textswap", mode)
+        p = _start(tmp_path, str(base / "models"), cfg)
+        assert p.returncode == 2 and "open to others" in p.stderr and "chmod 700" in p.stderr, \
+            p.stderr
+        assert not os.path.exists(base / ".textswap" / "keys.json")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)  # what /tmp is
+    p = _start(tmp_path, str(shared / "models"), cfg)
+    assert p.returncode == 2 and "auth.keys_file" in p.stderr and str(shared) in p.stderr, \
+        p.stderr
+    assert not os.path.exists(shared / ".textswap")
+    own = tmp_path / "own" / "keys" / "keys.json"
+    svc = Service(str(shared / "models"), args=["--config", _config(
+        tmp_path, f"auth:\n  keys_file: {own}\n")])
+    try:
+        assert svc.mget("/status", headers={"Authorization": f"Bearer "
+                                                             f"{json.loads(own.read_text())['keys']['admin']}"})[0] == 200
+        assert stat.S_IMODE(os.stat(own.parent).st_mode) == 0o700
+    finally:
+        svc.stop()
+
+
+def test_redis_url_file_must_be_private_and_its_password_never_shown(tmp_path):
+    """cluster.redis_url_file readable by others is refused at start; a URL
+    giving its password as ?password= works, and /status and /cluster show
+    it as ***."""
+    if not os.path.exists("/usr/bin/redis-server") and not shutil.which("redis-server"):
+        pytest.skip("redis-server is not installed (.ci/run installs it)")
+    sys.path.insert(0, os.path.join(ROOT, "deploy"))
+    from localcluster import RedisServer
+
+    redis = RedisServer(str(tmp_path / "redis"))
+    try:
+        url_file = tmp_path / "redis.url"
+        url_file.write_text(f"redis://127.0.0.1:{redis.port}/0?password={redis.password}\n")
+        os.chmod(url_file, 0o644)
+        cfg = _config(tmp_path, f"cluster:\n  redis_url_file: {url_file}\n")
+        p = _start(tmp_path, str(tmp_path / "models"), cfg)
+        assert p.returncode == 2 and "chmod 600" in p.stderr, p.stderr
+        os.chmod(url_file, 0o600)
+        svc = Service(str(tmp_path / "models"), args=["--config", cfg])
+        try:
+            for path in ("/status", "/cluster"):
+                code, got = svc.mget(path)
+                assert code == 200, (path, got)
+                text = json.dumps(got)
+                assert redis.password not in text and "password=***" in text, (path, text)
+        finally:
+            svc.stop()
+        assert redis.password not in svc.log()
+    finally:
+        redis.stop()
+
+
+def _exchange(svc, code: str) -> tuple[int, Any]:
+    return svc.mpost("/auth/session", {"code": code}, auth=False)
+
+
+def test_sessions_end_with_rotation_logout_and_revocation(tmp_path):
+    """The start URL is logged once, at WARNING; a new admin key (textswap
+    keys rotate) ends every session and unused code made before it; POST
+    /auth/logout ends the caller's session; DELETE /auth/sessions (admin)
+    ends them all; POST /auth/session is throttled per address."""
+    import re
+
+    svc = Service(str(tmp_path / "models"), args=["--config", _config(tmp_path)])
+    try:
+        lines = wait_for(lambda: [ln for ln in svc.log().splitlines() if "#code=" in ln], 30,
+                         "the dashboard URL in the log")
+        assert len(lines) == 1 and " WARNING " in lines[0] and "10 minutes" in lines[0], lines
+        start_code = re.search(r"#code=([\w-]+)", lines[0]).group(1)
+        code, got = _exchange(svc, start_code)
+        assert code == 200, got
+        old_session = {"Authorization": f"Bearer {got['token']}"}
+        assert svc.mget("/status", headers=old_session)[0] == 200
+        code, made = svc.mpost("/auth/code", {})
+        assert code == 200 and made["expires_in_s"] == 600, made
+        path = keys_file(svc.models_dir)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TEXTSWAP_")}
+        p = subprocess.run([sys.executable, "-m", "textswap_cli", "--keys-file", path,
+                            "keys", "rotate"], capture_output=True, text=True, timeout=60,
+                           cwd=ROOT, env=env)
+        assert p.returncode == 0, p.stderr
+        svc.keys = _key_file(svc)
+        wait_for(lambda: svc.mget("/status", headers=old_session)[0] == 401, 10,
+                 "the session ended by the new admin key")
+        assert _exchange(svc, made["code"])[0] == 401  # the unused code too
+        # logout ends the caller's own session, and no other
+        tokens = []
+        for _ in range(3):
+            code, got = _exchange(svc, svc.mpost("/auth/code", {})[1]["code"])
+            assert code == 200, got
+            tokens.append({"Authorization": f"Bearer {got['token']}"})
+        code, got = svc.mpost("/auth/logout", {}, headers=tokens[0])
+        assert code == 200 and got["ended"] is True, got
+        assert svc.mget("/status", headers=tokens[0])[0] == 401
+        assert svc.mget("/status", headers=tokens[1])[0] == 200
+        code, got = svc.mpost("/auth/logout", {})  # the admin key is no session
+        assert code == 400 and got["error"]["code"] == "not_a_session", got
+        # revocation: every session and unused code; the review key may not
+        pending = svc.mpost("/auth/code", {})[1]["code"]
+        assert request(svc.mport, "DELETE", "/auth/sessions",
+                       headers=svc.auth("review"))[0] == 403
+        code, got = request(svc.mport, "DELETE", "/auth/sessions")
+        assert code == 200 and got["ended"] == {"sessions": 2, "codes": 1}, got
+        assert svc.mget("/status", headers=tokens[1])[0] == 401
+        assert svc.mget("/status", headers=tokens[2])[0] == 401
+        assert _exchange(svc, pending)[0] == 401
+        # the exchange is throttled per client address
+        answers = [_exchange(svc, "made-up") for _ in range(12)]
+        assert answers[-1][0] == 429 and answers[-1][1]["error"]["code"] == "rate_limited", \
+            answers[-1]
+        assert all(code in (401, 429) for code, _ in answers)
+    finally:
+        svc.stop()
+    log = svc.log()
+    assert log.count("#code=") == 1
+    assert "dashboard session(s) and" in log
+
+
+def test_one_time_codes_expire_after_code_minutes(tmp_path):
+    """auth.code_minutes: a code not traded in time is refused (0.02 minutes
+    here: the test waits on the clock the code is checked against)."""
+    import time
+
+    svc = Service(str(tmp_path / "models"),
+                  args=["--config", _config(tmp_path, "auth:\n  code_minutes: 0.02\n")])
+    try:
+        code, made = svc.mpost("/auth/code", {})
+        assert code == 200 and made["expires_in_s"] == 1, made
+        fresh = svc.mpost("/auth/code", {})[1]["code"]
+        assert _exchange(svc, fresh)[0] == 200  # in time
+        deadline = time.time() + 1.3  # 1.2 s after it was made, and a margin
+        while time.time() < deadline:
+            time.sleep(deadline - time.time())
+        code, got = _exchange(svc, made["code"])
+        assert code == 401 and got["error"]["code"] == "unauthorized", got
+    finally:
+        svc.stop()
+
+
+def test_origin_port_and_scheme_are_compared(tmp_path):
+    """An Origin naming this service on another port, or https where the
+    service speaks http, is another site's; a proxy's name
+    (server.allowed_hosts) may come as https on its default port."""
+    svc = Service(str(tmp_path / "models"), args=["--config", _config(
+        tmp_path, "server:\n  allowed_hosts: [svc.example]\n")])
+    try:
+        m = svc.mport
+        for origin, host, want in (
+                (f"http://localhost:{m}", None, 200), (f"http://127.0.0.1:{m}", None, 200),
+                ("http://localhost:9999", None, 403), (f"http://127.0.0.1:{m + 1}", None, 403),
+                (f"https://127.0.0.1:{m}", None, 403), ("http://localhost", None, 403),
+                (f"ftp://127.0.0.1:{m}", None, 403),
+                ("https://svc.example", "svc.example", 200),
+                ("http://svc.example", "svc.example", 200),
+                ("https://svc.example:8443", "svc.example", 403),
+                ("https://svc.example:8443", "svc.example:8443", 200),
+                ("https://evil.example", "svc.example", 403)):
+            headers = {"Origin": origin, **({"Host": host} if host else {})}
+            code, got = svc.mget("/status", headers={**headers, **svc.auth()})
+            assert code == want, (origin, host, got)
+            if want == 403:
+                assert got["error"]["code"] == "forbidden_origin", got
+    finally:
+        svc.stop()
+
+
+def test_a_body_sent_too_slowly_is_cut_off(tmp_path):
+    """server.body_timeout_s: a client that sends headers and then only part
+    of its body (holding a connection and a handler) is cut off."""
+    import socket
+    import time
+
+    svc = Service(str(tmp_path / "models"), args=["--config", _config(
+        tmp_path, "server:\n  body_timeout_s: 1\n")])
+    try:
+        for port, path in ((svc.port, "/predict"), (svc.mport, "/train")):
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                sock.sendall(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                             b"Authorization: Bearer %s\r\n"
+                             b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                             b'{"text": ' % (path.encode(), port, svc.keys["admin"].encode()))
+                started = time.monotonic()
+                assert sock.recv(1024) == b""  # closed by the service, no answer
+                assert time.monotonic() - started < 20
+        assert svc.predict({"text": "x"})[0] == 503  # whole bodies are read as before
+    finally:
+        svc.stop()
+
+
+def test_labels_from_data_are_echoed_as_a_short_escaped_sample(tmp_path):
+    """A data file's labels in an error are cut to a short sample, quoted
+    with control characters escaped (a label may be long or hostile)."""
+    data_dir = tmp_path / "models" / "data"
+    data_dir.mkdir(parents=True)
+    hostile = "\x1b[31m" + "x" * 5000
+    rows = [{"text": f"t{i}", "label": lab} for i, lab in enumerate(
+        ["pos", "pos", "neg", "neg", hostile] + [f"extra{i}" for i in range(40)])]
+    with open(data_dir / "bad.jsonl", "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    svc = Service(str(tmp_path / "models"), args=["--config", _config(tmp_path)])
+    try:
+        for data in ({"path": "bad.jsonl", "labels": ["pos", "neg"]},
+                     {"examples": rows, "labels": ["pos", "neg"]},
+                     {"examples": [{"text": "t", "label": hostile}]}):
+            code, got = svc.mpost("/train", {"name": "x", "data": data})
+            if code == 202:  # checked by the job: its error
+                job = got["job"]["id"]
+                got = wait_for(lambda: (lambda j: j["job"]["state"] in ("failed", "error")
+                                        and j)(svc.mget(f"/train/{job}")[1]), 60, "the job")
+                message = json.dumps(got)
+            else:
+                assert code == 400, got
+                message = got["error"]["message"]
+            assert "x" * 100 not in message and "\x1b" not in message, message
+            assert len(message) < 600, message
+    finally:
+        svc.stop()
+
+
+def test_the_tornado_predict_path_reads_bodies_the_same_way(tmp_path):
+    """server.fast_predict: false answers /predict and OIP infer through
+    Tornado's RequestHandler, with the same body rule and depth bound as the
+    lean path (the pipeline's); no model serves, so a body that is read gets
+    503 and one that is not gets 4xx first."""
+    svc = Service(str(tmp_path / "models"), args=["--config", _config(
+        tmp_path, "server:\n  fast_predict: false\n")])
+    try:
+        body = json.dumps({"text": "x"}).encode()
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        code, _, got = _raw(svc.port, "/predict", body, form)
+        assert code == 415 and got["error"]["code"] == "unsupported_media_type", got
+        assert _raw(svc.port, "/predict", body, {**form, "Authorization": "Bearer k"})[0] == 503
+        code, _, got = _raw(svc.port, "/predict", _nested(100_000),
+                            {"Content-Type": "application/json"})
+        assert code == 400 and got["error"]["code"] == "too_deep", got
+    finally:
+        svc.stop()
+    assert "Traceback" not in svc.log()

@@ -267,17 +267,21 @@ def test_bad_predict_requests(sent1):
     assert len(got["predictions"][0]["top"]) == 2  # top_k is capped at the label count
 
 
-def test_json_sent_as_a_form_is_answered_as_json(sent1):
-    """`curl -d '{...}'` sends Content-Type application/x-www-form-urlencoded:
-    a JSON body is answered on the lean /predict path; a form body that is
-    not JSON is still a 415."""
+def test_json_sent_as_a_form_is_read_only_with_an_authorization_header(sent1):
+    """`curl -d '{...}'` sends Content-Type application/x-www-form-urlencoded,
+    as a cross-site form does: /predict reads such a body only with an
+    Authorization header (which a form cannot send), as the management port
+    does; `-H 'Content-Type: application/json'` is what the README sends."""
     svc = sent1
     form = {"Content-Type": "application/x-www-form-urlencoded"}
     code, plain = svc.predict({"text": "good"})
     assert code == 200, plain
     code, got = svc.predict({"text": "good"}, headers=form)
+    assert code == 415 and got["error"]["code"] == "unsupported_media_type", got
+    assert "application/json" in got["error"]["message"]
+    code, got = svc.predict({"text": "good"}, headers={**form, "Authorization": "Bearer k"})
     assert code == 200 and got["predictions"] == plain["predictions"], got
-    code, got = svc.predict(None, raw=b"text=good", headers=form)
+    code, got = svc.predict(None, raw=b"text=good", headers={**form, "Authorization": "Bearer k"})
     assert code == 415 and got["error"]["code"] == "unsupported_media_type", got
     # the management port takes a form body only with a valid Authorization
     # header (test_security.py): a cross-site form cannot send one; curl -d
@@ -286,14 +290,14 @@ def test_json_sent_as_a_form_is_answered_as_json(sent1):
     assert code == 401 and got["error"]["code"] == "unauthorized", got
     code, got = svc.mpost("/apply", {"name": "sent", "version": 1}, headers=form)
     assert code == 200, got
-    # and the real first thing people type, `curl -d '{"text": "good"}' URL`: the
-    # bytes curl sends, written here so the test does not depend on curl
+    # the bytes `curl -H 'Content-Type: application/json' -d '{"text": "good"}' URL`
+    # sends, written here so the test does not depend on curl
     body = b'{"text": "good"}'
     with socket.create_connection(("127.0.0.1", svc.port), timeout=60) as sock:
         sock.sendall(b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
                      b"User-Agent: curl/8.5.0\r\nAccept: */*\r\n"
-                     b"Content-Length: %d\r\n"
-                     b"Content-Type: application/x-www-form-urlencoded\r\n\r\n%s"
+                     b"Content-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s"
                      % (svc.port, len(body), body))
         resp = http.client.HTTPResponse(sock)
         resp.begin()

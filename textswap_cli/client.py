@@ -59,6 +59,10 @@ class Api:
     timeout: float = 60.0
 
     def url(self, path: str) -> str:
+        if not self.base.lower().startswith(("http://", "https://")):
+            # urlopen would open file: and other schemes too
+            raise CliError(f"the service URL must start with http:// or https://, "
+                           f"got {self.base[:100]!r}")
         return self.base.rstrip("/") + path
 
     def _request(self, method: str, path: str, body: Any = None,
@@ -71,7 +75,8 @@ class Api:
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            return urllib.request.urlopen(req, timeout=timeout or self.timeout)
+            # url() lets only http:// and https:// through
+            return urllib.request.urlopen(req, timeout=timeout or self.timeout)  # nosec B310
         except urllib.error.HTTPError as exc:
             raise _http_error(method, path, exc) from None
         except (urllib.error.URLError, OSError, socket.timeout) as exc:

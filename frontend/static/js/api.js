@@ -4,6 +4,7 @@
 // asked once, sent on every call, dropped when the service refuses it.
 
 const KEY = "textswap.token";
+const SESSION = "textswap.session";  // "1": the token is a session bought with a code
 let token = sessionStorage.getItem(KEY) || "";
 let authListener = () => {};
 export const stats = {requests: 0, since: performance.now()};
@@ -20,10 +21,21 @@ export class ApiError extends Error {
 export function onAuthNeeded(fn) { authListener = fn; }
 export function hasToken() { return token !== ""; }
 
-export function setToken(value) {
+export function setToken(value, session = false) {
   token = (value || "").trim();
   if (token) sessionStorage.setItem(KEY, token);
   else sessionStorage.removeItem(KEY);
+  if (token && session) sessionStorage.setItem(SESSION, "1");
+  else sessionStorage.removeItem(SESSION);
+}
+
+// Drop the tab's token; a session bought with a one-time code is ended on
+// the service too (POST /auth/logout), so a copy of it is worth nothing.
+export async function forget() {
+  if (token && sessionStorage.getItem(SESSION) === "1") {
+    try { await call("POST", "/auth/logout", {}); } catch (e) { /* ended or refused already */ }
+  }
+  setToken("");
 }
 
 export async function call(method, path, body) {
@@ -78,7 +90,7 @@ export async function exchangeStartCode() {
   history.replaceState(null, "", location.pathname + location.search);
   try {
     const got = await call("POST", "/auth/session", {code: m[1]});
-    if (got && typeof got.token === "string") setToken(got.token);
+    if (got && typeof got.token === "string") setToken(got.token, true);
   } catch (e) {
     // a used or expired code: the page asks for a key as without one
   }

@@ -57,8 +57,8 @@ $("#auth-form").addEventListener("submit", (ev) => {
   schedule(0);
 });
 
-$("#forget").addEventListener("click", () => {
-  api.setToken("");
+$("#forget").addEventListener("click", async () => {
+  await api.forget();
   toast("Key forgotten for this tab.");
   schedule(0);
 });
