@@ -607,10 +607,10 @@ class PredictionLog:
             rows = self._rows.get(key)
             rows = (rows + n) if rows is not None else None
             if rows is None or rows > cap + int(cap * TRIM_SLACK):
-                rows = conn.execute(f"SELECT COUNT(*) FROM {table} WHERE model = ?",
+                rows = conn.execute(f"SELECT COUNT(*) FROM {table} WHERE model = ?",  # nosec B608: table is "feedback" or "examples"
                                     (model,)).fetchone()[0]
                 if rows > cap:
-                    conn.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM "
+                    conn.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM "  # nosec B608: table is "feedback" or "examples"
                                  f"{table} WHERE model = ? ORDER BY at, rowid LIMIT ?)",
                                  (model, rows - cap))
                     log.info("%s: %d oldest %s rows trimmed (feedback.%s: %d)", model,
@@ -644,7 +644,7 @@ class PredictionLog:
                         texts.update(_unpack(e)[0])
                 for table in ("feedback", "examples"):
                     texts.update(r[0] for r in conn.execute(
-                        f"SELECT text FROM {table} WHERE model = ?", (model,)))
+                        f"SELECT text FROM {table} WHERE model = ?", (model,)))  # nosec B608: table is "feedback" or "examples"
             ids = [r[0] for r in conn.execute("SELECT id FROM batches WHERE model = ?",
                                               (model,))]
             n = conn.execute("SELECT COALESCE(SUM(n), 0) FROM batches WHERE model = ?",
@@ -690,7 +690,7 @@ class PredictionLog:
                             texts.update(_unpack(e)[0])
                     for table in ("feedback", "examples"):
                         texts.update(r[0] for r in conn.execute(
-                            f"SELECT text FROM {table} WHERE model = ? AND at < ?",
+                            f"SELECT text FROM {table} WHERE model = ? AND at < ?",  # nosec B608: table is "feedback" or "examples"
                             (model, cut)))
                 for i in range(0, len(old), 500):
                     part = [r[0] for r in old[i:i + 500]]
