@@ -27,6 +27,9 @@ DEFAULTS: dict[str, Any] = {
         # localhost and the bound addresses: the management routes and
         # POST /feedback refuse any other Host or Origin (DNS rebinding)
         "allowed_hosts": [],
+        # the supervisor's event loop under Tornado: "uvloop" (where the
+        # package imports; else asyncio's, logged) or "asyncio" (control/eventloop.py)
+        "event_loop": "uvloop",
     },
     "models_dir": "./models",
     "management": {
@@ -262,6 +265,9 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     if overrides:
         merged = _merge(merged, overrides)
     _check_ages(merged["predictions"])
+    if merged["server"]["event_loop"] not in ("uvloop", "asyncio"):
+        raise ConfigError("setting 'server.event_loop' must be uvloop or asyncio, got "
+                          f"{merged['server']['event_loop']!r}")
     _resolve_redis_url(merged["cluster"])
     # the tokens' environment variables win over the file
     for env, (section, key) in _SECRET_ENV.items():
