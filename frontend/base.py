@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tornado import httputil
 from tornado.web import HTTPError, RequestHandler, stream_request_body
 
+from frontend import jsonwire
 from state.errors import InvalidName, NotFound, ServiceError, StoreError
 
 if TYPE_CHECKING:
@@ -255,7 +256,7 @@ def parse_json(raw: bytes, content_type: str | None, required: bool = True) -> A
     except UnicodeDecodeError as exc:
         raise ApiError(400, "bad_encoding", f"body is not valid UTF-8: {exc}") from None
     try:
-        return json.loads(text)
+        return jsonwire.loads_utf8(raw)  # the value json.loads(text) gives, faster
     except ValueError as exc:
         raise ApiError(400, "bad_json", f"body is not valid JSON: {exc}") from None
 
