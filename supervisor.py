@@ -43,7 +43,7 @@ from state.predlog_api import PredictionLogBackend
 from state.statedb import FILENAME as STATE_DB, StateDB
 from state.storage import Storage
 from state.store import ModelStore, StoreError
-from control import metrics
+from control import eventloop, metrics
 from control.applies import Applies
 from control.events import Events
 from control.healing import Healer
@@ -247,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from frontend.app import start_servers  # Tornado apps; no TensorFlow anywhere
 
+    # uvloop (where it imports) or asyncio's loop, before the IOLoop wraps one
+    loop_kind = eventloop.install(config["server"]["event_loop"])
     loop = IOLoop.current()
     try:
         sup = Supervisor(config)
@@ -276,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
             return
         await sup.start()
         s = config["server"]
-        log.info("inference API on http://%s:%d, management API on http://%s:%d",
-                 s["host"], s["port"], s["manage_host"], s["manage_port"])
+        log.info("inference API on http://%s:%d, management API on http://%s:%d "
+                 "(event loop: %s)", s["host"], s["port"], s["manage_host"], s["manage_port"],
+                 loop_kind)
         if keys is not None:  # one-time code: the page trades it for a session
             # an any-address bind is shown as localhost (no bind here)
             anywhere = ("0.0.0.0", "::", "")  # nosec B104 # names compared, nothing bound

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/serving.py            # full run, about 5 minutes
     .venv/bin/python bench/serving.py --quick    # short smoke run
+    .venv/bin/python bench/serving.py --loops    # event loop and JSON only, ~6 minutes
     make bench
 
 Everything runs on this machine, against 127.0.0.1 only. The bench trains two
@@ -21,6 +22,11 @@ taken in the same run, so the ratios mean something on any machine:
      Prometheus metrics on vs the same service with metrics.enabled false
      (budget: at most 3% fewer req/s), and Open Inference Protocol infer
      (JSON tensors) vs /predict, 1 and 256 texts; runs interleaved, medians
+  7. the event loop and JSON (alone: --loops): single text at c64 (log on)
+     and 256 texts at c4 on four services alike but for server.event_loop
+     (asyncio, uvloop) and TEXTSWAP_JSON (stdlib, orjson), against the bare
+     Tornado echo on asyncio's default loop, interleaved rounds, medians; and
+     the request path's JSON calls timed in-process
 
 The load generator is wrk (Debian package `wrk`) with a generated Lua script,
 or, where wrk is missing, a keep-alive HTTP/1.1 client on asyncio in its own
@@ -368,10 +374,11 @@ def loadgen(spec: dict[str, Any]) -> None:
 # The service under test
 # ---------------------------------------------------------------------------
 
-def write_config(path: str, models_dir: str, standby: bool, metrics: bool = True) -> str:
+def write_config(path: str, models_dir: str, standby: bool, metrics: bool = True,
+                 event_loop: str | None = None) -> str:
     import yaml
 
-    cfg = {
+    cfg: dict[str, Any] = {
         "models_dir": models_dir,
         "worker": {"standby": standby},
         "metrics": {"enabled": metrics},
@@ -381,6 +388,8 @@ def write_config(path: str, models_dir: str, standby: bool, metrics: bool = True
         "watcher": {"enabled": False},
         "log_level": "WARNING",
     }
+    if event_loop is not None:
+        cfg["server"] = {"event_loop": event_loop}
     with open(path, "w", encoding="utf-8") as fh:
         yaml.safe_dump(cfg, fh)
     return path
@@ -499,13 +508,14 @@ def timed_apply(svc: Any, version: int, poller: ServingPoller) -> dict[str, Any]
 
 
 def start_service(workdir: str, models_dir: str, standby: bool, tag: str,
-                  metrics: bool = True) -> Any:
+                  metrics: bool = True, event_loop: str | None = None,
+                  env: dict[str, str] | None = None) -> Any:
     from tests.helpers import Service
 
     cfg = write_config(os.path.join(workdir, f"config-{tag}.yaml"), models_dir, standby,
-                       metrics)
+                       metrics, event_loop)
     t0 = time.monotonic()
-    svc = Service(models_dir, args=["--config", cfg],
+    svc = Service(models_dir, args=["--config", cfg], env=env,
                   log_path=os.path.join(workdir, f"service-{tag}.log"))
     # the supervisor imports no TensorFlow: /healthz answers within about 1 s on
     # an idle machine (tests/test_lifecycle.py checks the memory, not this time)
@@ -985,6 +995,182 @@ def run_ecosystem(args: argparse.Namespace) -> int:
     return 0 if t["pass"] else 1
 
 
+# ---------------------------------------------------------------------------
+# The event loop and JSON (--loops): each change alone, against bare Tornado
+# ---------------------------------------------------------------------------
+
+# (label, server.event_loop, TEXTSWAP_JSON): the service as it was (asyncio's
+# loop, the standard library's json), each change alone, and both (the default)
+LOOP_VARIANTS = [("asyncio+json", "asyncio", "stdlib"), ("uvloop+json", "uvloop", "stdlib"),
+                 ("asyncio+orjson", "asyncio", ""), ("uvloop+orjson", "uvloop", "")]
+
+
+def json_timings() -> dict[str, dict[str, float]]:
+    """The request path's JSON calls timed in this process, stdlib vs jsonwire
+    (microseconds, best of 5): figures that a shared machine's noise cannot hide."""
+    import timeit
+
+    from frontend import jsonwire
+
+    texts = read_texts(BATCH_TEXTS)
+    m = {"name": MODEL, "version": 2, "labels": ["负面", "正面"], "replicas": 1}
+
+    def pred(i: int) -> dict[str, Any]:
+        s = 0.93 + i * 1e-4
+        return {"label": "正面", "score": s,
+                "top": [{"label": "正面", "score": s}, {"label": "负面", "score": 1 - s}]}
+
+    cases: list[tuple[str, Any, Any, int]] = []
+    for n, body in ((1, {"text": texts[0]}), (BATCH_TEXTS, {"texts": texts})):
+        raw = json.dumps(body, ensure_ascii=True).encode()  # as the bench's clients send it
+        cases.append((f"parse {n} text(s)", lambda raw=raw: json.loads(raw.decode("utf-8")),
+                      lambda raw=raw: jsonwire.loads_utf8(raw), 20000 if n == 1 else 300))
+    for n in (1, BATCH_TEXTS):
+        ans = {"model": m, "predictions": [pred(i) for i in range(n)], "request_id": "r" * 44}
+        cases.append((f"render {n} prediction(s)",
+                      lambda ans=ans: json.dumps(ans, ensure_ascii=False,
+                                                 allow_nan=False).encode(),
+                      lambda ans=ans: jsonwire.dumps(ans), 20000 if n == 1 else 300))
+    out = {}
+    for label, std, ours, number in cases:
+        t = {k: 1e6 * min(timeit.repeat(f, number=number, repeat=5)) / number
+             for k, f in (("stdlib_us", std), ("orjson_us", ours))}
+        out[label] = {**t, "speedup": t["stdlib_us"] / t["orjson_us"]}
+    return out
+
+
+def run_loops(args: argparse.Namespace) -> int:
+    """`--loops`: single text at c64 (the log on) and 256 texts at c4, on four
+    services alike but for the event loop and the JSON library, against the
+    bare Tornado echo on asyncio's default loop; interleaved rounds, medians."""
+    from tests.helpers import free_port, wait_for
+
+    dur = 3.0 if args.quick else 8.0
+    warm = 1.0 if args.quick else 2.0
+    rounds = 1 if args.quick else args.rounds
+    kind = args.loadgen or ("wrk" if shutil.which("wrk") else "python")
+    workdir = tempfile.mkdtemp(prefix="textswap-bench-")
+    gen = LoadGen(kind, workdir)
+    texts = read_texts()
+    single = write_bodies(os.path.join(workdir, "single.jsonl"),
+                          [{"text": t} for t in texts[:2000]])
+    batched = write_bodies(os.path.join(workdir, "batch.jsonl"),
+                           [{"texts": [texts[(i * BATCH_TEXTS + j) % len(texts)]
+                                       for j in range(BATCH_TEXTS)]} for i in range(40)])
+    models_dir, train = prepare_models(workdir, reuse=True)
+    if train:  # the cache the other modes use: two versions, as the full run trains them
+        svc = start_service(workdir, models_dir, standby=False, tag="train")
+        try:
+            log("training the demo model (first run; later runs reuse bench/.cache) ...")
+            wait_for(lambda: svc.status()["serving"], 900, "the demo model", interval=1.0)
+            code, body = svc.mpost("/train", {"name": MODEL, "data": {"path": DATA_REL},
+                                              "params": V2_PARAMS, "apply": False})
+            assert code == 202, body
+            wait_models(svc, 900)
+            save_cache(models_dir)
+        finally:
+            svc.stop()
+    svcs: dict[str, Any] = {}
+    eport = free_port()
+    echo = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--echo-server",
+                             str(eport)])
+    res: dict[str, Any] = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "loadgen": kind,
+                           "machine": {"cpus": os.cpu_count()},
+                           "durations_s": {"measure": dur, "rounds": rounds}}
+    try:
+        for label, loop_kind, json_env in LOOP_VARIANTS:
+            d = os.path.join(workdir, f"models-{label}")
+            shutil.copytree(models_dir, d, ignore=shutil.ignore_patterns(".state.db*", ".tmp"))
+            env = {"TEXTSWAP_JSON": json_env} if json_env else {}
+            svcs[label] = s = start_service(workdir, d, standby=False, tag=label,
+                                            event_loop=loop_kind, env=env)
+            wait_for(lambda: s.status()["serving"], 300, f"{label}: the startup apply",
+                     interval=0.2)
+        wait_for(lambda: _port_open(eport), 20, "echo server")
+        log(f"single text at c{CONC_THROUGHPUT}, {rounds} interleaved rounds of {dur:.0f} s ...")
+        plans = [("echo", eport, "/predict", single, CONC_THROUGHPUT, 1, {"server": echo.pid})]
+        plans += [(label, s.port, "/predict", single, CONC_THROUGHPUT, 1,
+                   {"server": s.proc.pid}) for label, s in svcs.items()]
+        res["single_c64"] = _alternate(gen, plans, dur, warm, rounds)
+        log(f"{BATCH_TEXTS} texts at c{CONC_BATCH} ...")
+        bplans = [(label, s.port, "/predict", batched, CONC_BATCH, BATCH_TEXTS,
+                   {"server": s.proc.pid}) for label, s in svcs.items()]
+        res["batch_c4"] = _alternate(gen, bplans, max(dur, 8.0), warm, rounds)
+    finally:
+        echo.terminate()
+        echo.wait(10)
+        for s in svcs.values():
+            s.stop()
+    res["json_us"] = json_timings()
+    print_loops(res)
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, f"loops-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(res, fh, indent=1)
+    print(f"\nresults: {os.path.relpath(path, ROOT)}")
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0 if all(t["pass"] for t in res["targets"].values()) else 1
+
+
+def print_loops(res: dict[str, Any]) -> None:
+    one, batch = res["single_c64"], res["batch_c4"]
+    echo = one["echo"]
+    # server CPU per request (the supervisor's, or the echo process's): the
+    # figure a shared machine's noise hides least; req/s swings with the load
+    def cpu(r: dict[str, Any]) -> float:
+        return float(r["cpu_ms_per_request"].get("server", 0.0))
+
+    print(f"\n{'event loop and JSON (medians)':<30}{'req/s c64':>10}{'/ echo':>7}"
+          f"{'CPU ms/req':>11}{'echo/this':>10}{'texts/s b256':>13}{'/ before':>9}"
+          f"{'CPU ms/req':>11}{'/ before':>9}  rounds c64 (req/s)")
+    print(f"{'bare tornado echo (asyncio)':<30}{echo['rps']:>10.0f}{1.0:>7.2f}"
+          f"{cpu(echo):>11.3f}{1.0:>10.2f}{'':>13}{'':>9}{'':>11}{'':>9}  "
+          f"{[round(x) for x in echo['rounds']]}")
+    before = batch["asyncio+json"]["texts_per_s"]
+    bcpu = cpu(batch["asyncio+json"])
+    for label, _, _ in LOOP_VARIANTS:
+        r, b = one[label], batch[label]
+        print(f"{'service, ' + label:<30}{r['rps']:>10.0f}{r['rps'] / echo['rps']:>7.2f}"
+              f"{cpu(r):>11.3f}{cpu(echo) / max(cpu(r), 1e-9):>10.2f}{b['texts_per_s']:>13.0f}"
+              f"{b['texts_per_s'] / before:>9.2f}{cpu(b):>11.3f}{cpu(b) / max(bcpu, 1e-9):>9.2f}"
+              f"  {[round(x) for x in r['rounds']]}")
+    print("\nJSON calls in-process (us, best of 5):")
+    for label, t in res["json_us"].items():
+        print(f"  {label:<26} stdlib {t['stdlib_us']:>9.1f}   orjson {t['orjson_us']:>9.1f}"
+              f"   {t['speedup']:.1f}x")
+    new, old = one["uvloop+orjson"]["rps"], one["asyncio+json"]["rps"]
+    b_ratio = batch["uvloop+orjson"]["texts_per_s"] / before
+    errors = sum(x["errors"] for x in (*one.values(), *batch.values()))
+    res["targets"] = {
+        "single_vs_echo": {"target": ">= 1.1x bare Tornado req/s, 1 text, c64, log on",
+                           "measured": f"{new:.0f} vs {echo['rps']:.0f} (before "
+                                       f"{old / echo['rps']:.2f}x)",
+                           "ratio": round(new / echo["rps"], 3),
+                           "pass": new / echo["rps"] >= 1.1},
+        "batch_vs_before": {"target": "256 texts/request: no slower than before",
+                            "measured": f"{batch['uvloop+orjson']['texts_per_s']:.0f} vs "
+                                        f"{before:.0f} texts/s", "ratio": round(b_ratio, 3),
+                            "pass": b_ratio >= 0.97},
+        "single_cpu_vs_echo": {
+            "target": ">= 1.1x bare Tornado, as CPU: echo's ms/req / ours",
+            "measured": f"{cpu(one['uvloop+orjson']):.3f} vs {cpu(echo):.3f} ms (before "
+                        f"{cpu(echo) / max(cpu(one['asyncio+json']), 1e-9):.2f}x)",
+            "ratio": round(cpu(echo) / max(cpu(one["uvloop+orjson"]), 1e-9), 3),
+            "pass": cpu(echo) / max(cpu(one["uvloop+orjson"]), 1e-9) >= 1.1},
+        "batch_cpu_vs_before": {
+            "target": "256 texts/request: CPU ms/request <= before",
+            "measured": f"{cpu(batch['uvloop+orjson']):.2f} vs {bcpu:.2f} ms",
+            "ratio": round(cpu(batch["uvloop+orjson"]) / max(bcpu, 1e-9), 3),
+            "pass": cpu(batch["uvloop+orjson"]) <= bcpu},
+        "errors": {"target": "no failed requests", "measured": str(errors), "ratio": None,
+                   "pass": errors == 0}}
+    print(f"\n{'target':<52}{'measured':<42}{'ratio':>7}  result")
+    for t in res["targets"].values():
+        ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
+        print(f"{t['target']:<52}{t['measured']:<42}{ratio:>7}  "
+              f"{'PASS' if t['pass'] else 'FAIL'}")
+
+
 def _metrics_target(eco: dict[str, Any]) -> dict[str, Any]:
     on, off = eco["metrics"]["on_c64"], eco["metrics"]["off_c64"]
     r = on["rps"] / off["rps"]
@@ -1104,6 +1290,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the temporary work dir")
     p.add_argument("--ecosystem", action="store_true",
                    help="only the ecosystem section: metrics on vs off, OIP vs /predict")
+    p.add_argument("--loops", action="store_true",
+                   help="only the event loop and JSON section: uvloop and orjson, each alone "
+                        "and both, vs the bare Tornado echo")
     p.add_argument("--rounds", type=int, default=3,
                    help="interleaved rounds of each ecosystem run (medians; default 3)")
     p.add_argument("--echo-server", type=int, help=argparse.SUPPRESS)
@@ -1122,6 +1311,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.ecosystem:
         return run_ecosystem(args)
+    if args.loops:
+        return run_loops(args)
     return run(args)
 
 

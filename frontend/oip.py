@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from tornado.web import HTTPError
 
-from frontend import predictions, request_ids
+from frontend import jsonwire, predictions, request_ids
 from frontend.base import ApiError, JsonHandler, loads
 from frontend.pipeline import (Call, PipelineHandler, PredictPipeline, PredictRequest,
                                Rendered, Routed, Lookup)
@@ -134,7 +134,7 @@ def _split(body: bytes, header_length: str | None) -> tuple[Any, memoryview]:
                                 f"{len(body)} bytes")
         head, rest = body[:n], body[n:]
     try:
-        data = loads(head)  # nesting past base.MAX_DEPTH: 400 too_deep
+        data = loads(head)  # orjson; nesting past base.MAX_DEPTH: 400 too_deep
     except UnicodeDecodeError as exc:
         raise OipError(400, f"inference header is not valid UTF-8: {exc}") from None
     except ValueError as exc:
@@ -347,7 +347,7 @@ def infer_response(model: dict[str, Any], labels: list[str], scores: list[list[f
                               "model_version": str(model["version"]), "outputs": tensors}
     if rid is not None:
         answer["id"] = rid
-    head = json.dumps(answer, ensure_ascii=False, allow_nan=False).encode()
+    head = jsonwire.dumps(answer)
     if not blobs:
         return head, None
     return head + b"".join(blobs), len(head)

@@ -22,7 +22,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from frontend import request_ids
+from frontend import jsonwire, request_ids
 from frontend.base import ApiError, check_object, int_field, parse_json
 from frontend.pipeline import Call, PredictRequest, Rendered, Routed
 
@@ -137,10 +137,10 @@ class JsonWire:
                 p["explanation"] = e
         payload: dict[str, Any] = {"model": routed.model, "predictions": shown}
         if req.request_id is None:
-            return json.dumps(payload, ensure_ascii=False, allow_nan=False).encode(), \
+            return jsonwire.dumps(payload), \
                 {"Content-Type": _JSON}, shown
         payload["request_id"] = req.request_id
-        return (json.dumps(payload, ensure_ascii=False, allow_nan=False).encode(),
+        return (jsonwire.dumps(payload),
                 {"Content-Type": _JSON, request_ids.HEADER: req.request_id}, shown)
 
     def error(self, exc: ApiError, rid: str | None) -> tuple[bytes, dict[str, str]]:

@@ -62,8 +62,13 @@ def make_predict_fn(model: keras.Model) -> Callable[[list[str]], np.ndarray]:
     per-call Python overhead. model.predict costs ~100 ms a call building
     a dataset and a step function; eager model(x) re-runs the Python layer
     code each time. Numbers: `bench/accuracy.py --speed`.
+
+    Traced without AutoGraph: the layers' calls hold no Python control flow
+    on tensors, and AutoGraph's conversion of the call path left about 16 MB
+    of private pages in every serving worker (bench/worker_memory.py); the
+    graph, and so every score, is the same.
     """
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def serve(texts: tf.Tensor) -> tf.Tensor:
         return model(texts, training=False)
 

@@ -28,6 +28,9 @@ DEFAULTS: dict[str, Any] = {
         # POST /feedback refuse any other Host or Origin (DNS rebinding)
         "allowed_hosts": [],
         "body_timeout_s": 60.0,  # a request body not wholly sent within this is cut off
+        # the supervisor's event loop under Tornado: "uvloop" (where the
+        # package imports; else asyncio's, logged) or "asyncio" (control/eventloop.py)
+        "event_loop": "uvloop",
     },
     "models_dir": "./models",
     "management": {
@@ -283,6 +286,9 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
         merged = _merge(merged, overrides)
     _check_ages(merged["predictions"])
     _check_feedback(merged["feedback"])
+    if merged["server"]["event_loop"] not in ("uvloop", "asyncio"):
+        raise ConfigError("setting 'server.event_loop' must be uvloop or asyncio, got "
+                          f"{merged['server']['event_loop']!r}")
     _resolve_redis_url(merged["cluster"])
     _check_sentinels(merged["cluster"])
     # the tokens' environment variables win over the file

@@ -20,6 +20,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--manage-host", help="management API bind address (default 127.0.0.1)")
     p.add_argument("--manage-port", type=int, help="management API port (default 8081)")
     p.add_argument("--models-dir", help="model store folder (default ./models)")
+    p.add_argument("--event-loop", choices=["uvloop", "asyncio"],
+                   help="the supervisor's event loop (server.event_loop; default uvloop "
+                        "where it imports)")
     p.add_argument("--redis-url", help="cluster mode: the cluster store, e.g. "
                                        "redis://host:6379/0 (default: off)")
     p.add_argument("--node-id", help="cluster mode: this node's name (default hostname:port)")
@@ -37,7 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_config(args: argparse.Namespace) -> Config:
     server = {k: v for k, v in (("host", args.host), ("port", args.port),
                                 ("manage_host", args.manage_host),
-                                ("manage_port", args.manage_port)) if v is not None}
+                                ("manage_port", args.manage_port),
+                                ("event_loop", getattr(args, "event_loop", None)))
+              if v is not None}
     overrides: dict[str, Any] = {"server": server} if server else {}
     if args.models_dir:
         overrides["models_dir"] = args.models_dir

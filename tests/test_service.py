@@ -15,27 +15,43 @@ import pytest
 from helpers import Service, pid_gone, wait_for
 
 
+@pytest.fixture(scope="module", params=["uvloop", "asyncio"])
+def loop_kind(request):
+    """Every test here runs on both of the supervisor's event loops
+    (server.event_loop): uvloop, the default, and asyncio's own."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def svc(tiny_store, tmp_path_factory):
+def svc(tiny_store, tmp_path_factory, loop_kind):
     base = tmp_path_factory.mktemp("svc")
     root = str(base / "models")
     shutil.copytree(tiny_store, root)
     cfg = base / "config.yaml"  # old workers stop right after a swap (no probation)
-    cfg.write_text("rollout:\n  probation_s: 0\n")
+    cfg.write_text(f"rollout:\n  probation_s: 0\nserver:\n  event_loop: {loop_kind}\n")
     s = Service(root, args=["--config", str(cfg)])
     yield s
     s.stop()
 
 
 @pytest.fixture
-def fresh(store_copy, tmp_path):
+def fresh(store_copy, tmp_path, loop_kind):
     """A service of its own that nothing was applied on yet (the module's one
     has whatever the tests before applied)."""
     cfg = tmp_path / "config.yaml"
     cfg.write_text("rollout:\n  probation_s: 0\n")
-    s = Service(store_copy, args=["--config", str(cfg)])
+    s = Service(store_copy, args=["--config", str(cfg), "--event-loop", loop_kind])
     yield s
     s.stop()
+
+
+def test_runs_on_the_configured_event_loop(svc, loop_kind):
+    """The loop asked for (config file here; the command line in `fresh`) is
+    the one the supervisor runs on, as its start line reports."""
+    line = wait_for(lambda: next((x for x in svc.log().splitlines()
+                                  if "management API on" in x), None),
+                    30, "the supervisor's start line")
+    assert line.endswith(f"(event loop: {loop_kind})"), line
 
 
 @pytest.fixture
