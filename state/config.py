@@ -199,10 +199,17 @@ DEFAULTS: dict[str, Any] = {
     # PUT /models/<name>/policy overrides them (control/policies.py)
     "policies": {},
     "log_level": "INFO",
+    # "text": one line a record, for a terminal; "json": one JSON object a
+    # line on stdout (time, level, logger, message, request_id where there is
+    # one), for log collectors (Loki, ELK); --log-format overrides it
+    "log_format": "text",
 }
 
 # mappings whose keys are the user's (model names), checked where they are used
 _FREE_MAPPINGS = {"policies", "predictions.max_age_days_by_model"}
+
+
+LOG_FORMATS = ("text", "json")
 
 
 class ConfigError(ValueError):
@@ -262,6 +269,15 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     if overrides:
         merged = _merge(merged, overrides)
     _check_ages(merged["predictions"])
+    if merged["log_format"] not in LOG_FORMATS:
+        raise ConfigError(f"setting 'log_format' must be one of {', '.join(LOG_FORMATS)}, "
+                          f"got {merged['log_format']!r}")
+    # TEXTSWAP_DEMO=0 (a production image) or 1 overrides training.demo_on_empty_store
+    demo = os.environ.get("TEXTSWAP_DEMO", "").strip()
+    if demo:
+        if demo not in ("0", "1"):
+            raise ConfigError(f"TEXTSWAP_DEMO must be 0 or 1, got {demo!r}")
+        merged["training"]["demo_on_empty_store"] = demo == "1"
     _resolve_redis_url(merged["cluster"])
     # the tokens' environment variables win over the file
     for env, (section, key) in _SECRET_ENV.items():
