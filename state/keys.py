@@ -154,8 +154,12 @@ def write_keys_file(path: str, keys: dict[str, str], *, replace: bool) -> bool:
 
 
 def _check_mode(path: str) -> None:
-    mode = os.stat(path).st_mode & 0o777
-    if mode & 0o077:
+    """Readable by this user alone; or a read-only file (no write bit at all)
+    readable by this process's own group too: what Kubernetes makes of a
+    Secret mounted with the pod's fsGroup (0440, that group; docs/kubernetes.md)."""
+    st = os.stat(path)
+    mode = st.st_mode & 0o777
+    if mode & 0o037 or (mode & 0o040 and (mode & 0o200 or st.st_gid != os.getegid())):
         raise KeyError_(f"the key file {path} is readable by others (mode {mode:o}); "
                         f"chmod 600 {path}")
 
