@@ -89,6 +89,12 @@ def image(tmp_path_factory):
         base = BASE
         _timed("base (debootstrap + import)", times,
                [os.path.join(ROOT, "deploy", "image", "debian-base.sh"), base])
+    ctr = _run(["buildah", "from", "--quiet", base]).stdout.strip()
+    with open(os.path.join(_run(["buildah", "mount", ctr]).stdout.strip(),
+                           "etc/ssl/certs/ca-certificates.crt"), "rb") as fh:
+        base_ca = fh.read()
+    _run(["buildah", "umount", ctr])
+    _run(["buildah", "rm", ctr])
     wheels = work / "wheels"
     _timed("wheels (pip download of the lock)", times,
            [sys.executable, "-m", "pip", "download", "--quiet", "--require-hashes",
@@ -101,14 +107,21 @@ def image(tmp_path_factory):
     mnt = _run(["buildah", "mount", ctr]).stdout.strip()
     image_bytes, venv = (int(_run(["du", "-sb", path]).stdout.split()[0])
                          for path in (mnt, f"{mnt}/opt/textswap/venv"))
+    with open(f"{mnt}/opt/textswap/venv/pyvenv.cfg", encoding="utf-8") as fh:
+        python = dict(line.split(" = ", 1) for line in fh.read().splitlines())["version"]
     _run(["buildah", "umount", ctr])
     _run(["buildah", "rm", ctr])
     config = json.loads(_run(["buildah", "inspect", "--type", "image", tag]).stdout)["Docker"]["config"]
-    print(f"\nimage {tag}: {image_bytes / 1e6:.0f} MB, its venv {venv / 1e6:.0f} MB "
+    print(f"\nimage {tag} (Python {python}): {image_bytes / 1e6:.0f} MB, its venv {venv / 1e6:.0f} MB "
           f"({image_bytes / venv:.2f}x); " + ", ".join(f"{k} {v:.0f}s" for k, v in times.items()))
-    yield {"tag": tag, "config": config, "image_bytes": image_bytes, "venv_bytes": venv,
-           "build_log": build, "work": work}
+    yield {"tag": tag, "config": config, "base_ca": base_ca, "image_bytes": image_bytes,
+           "venv_bytes": venv, "python": python, "build_log": build, "work": work}
     subprocess.run(["buildah", "rmi", "--force", tag, base], capture_output=True)
+
+
+def test_the_hashed_lock_installed_on_debians_python_3_11_2(image):
+    """The lock's oldest 3.11 (redis asks for async-timeout before 3.11.3)."""
+    assert image["python"] == "3.11.2"
 
 
 def test_the_image_is_at_most_1_3_times_its_venv(image):
@@ -135,11 +148,11 @@ def test_the_image_holds_no_compiler_pip_cache_tests_or_git(image):
         for path in ("opt/textswap/tests", "opt/textswap/bench", "opt/textswap/.git",
                      "root/.cache/pip", "usr/bin/gcc", "usr/bin/cc", "etc/ssl/certs/proxy"):
             assert not os.path.exists(os.path.join(mnt, path)), path
-        # the CA bundle is the base's own: the build secret was never stored
-        with open("/etc/ssl/certs/ca-certificates.crt", "rb") as fh:
-            host_ca = fh.read()
+        # the CA bundle is the base's own: the build secret (the host's
+        # bundle) was mounted for the install only and stored nowhere
         with open(os.path.join(mnt, "etc/ssl/certs/ca-certificates.crt"), "rb") as fh:
-            assert fh.read() != host_ca or not os.environ.get("PIP_CERT")
+            assert fh.read() == image["base_ca"]
+        assert not os.path.exists(os.path.join(mnt, "run/secrets/cacert"))
         assert os.path.exists(os.path.join(mnt, "opt/textswap/data/demo/sentiment_zh.jsonl"))
         # bytecode compiled at build time: the read-only root takes none later
         site = os.path.join(mnt, "opt/textswap/venv/lib/python3.11/site-packages")
