@@ -235,13 +235,6 @@ def test_every_secret_configmap_and_claim_named_is_defined(rendered, overlay):
                     assert item["key"] in secret["data"], item
 
 
-def _mount_of(container: dict, volumes: list[dict], kind: str, name: str) -> str:
-    """Where the pod mounts the volume of the Secret or ConfigMap `name`."""
-    field = {"Secret": "secretName", "ConfigMap": "name"}[kind]
-    vol = next(v["name"] for v in volumes if v.get(kind[0].lower() + kind[1:], {}).get(field) == name)
-    return next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == vol)
-
-
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_configmap_loads_with_the_service_loader_and_matches_the_pod(rendered, overlay, tmp_path):
     import base64
