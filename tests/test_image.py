@@ -280,9 +280,14 @@ def test_the_image_runs_trains_applies_predicts_and_stops_cleanly(image, tmp_pat
         code, body = request(c.port, "POST", "/predict", {"text": "质量很好，非常满意"})
         assert code == 200 and body["model"]["name"] == "reviews", body
         serving_pss = c.pss()
+        code, _ = request(c.port, "POST", "/predict", {"text": 5},
+                          headers={"X-Request-Id": "image-test-1"})
+        assert code == 400
         # logs: one JSON object a line (the image's config says log_format: json)
         lines = [x for x in c.output().splitlines() if x.startswith("{")]
         records = [json.loads(x) for x in lines]
+        assert any(r.get("request_id") == "image-test-1" and "400 POST /predict" in r["message"]
+                   for r in records), lines[-5:]
         assert {"time", "level", "logger", "message"} <= set(records[0])
         assert any("inference API on" in r["message"] for r in records)
         assert not any("demo" in r["message"] and "training" in r["message"] for r in records)
