@@ -163,6 +163,10 @@ def test_the_image_holds_no_compiler_pip_cache_tests_or_git(image):
             assert any(f.startswith("__init__.cpython-311") for f in
                        os.listdir(os.path.join(site, pkg, "__pycache__"))), pkg
         assert os.listdir(os.path.join(mnt, "opt/textswap/control/__pycache__"))
+        # the `textswap` command is on the image's PATH, as the image's user
+        out = _run(["buildah", "run", "--isolation", "chroot", "--user", f"{UID}:{UID}", ctr,
+                    "--", "textswap", "--version"]).stdout
+        assert "0.1.0" in out, out
     finally:
         _run(["buildah", "umount", ctr])
         _run(["buildah", "rm", ctr])
