@@ -14,7 +14,7 @@ DEVSTAMP := $(VENV)/.installed-dev
 PIP_TOOLS := pip-tools==7.7.0
 COMPILE := --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: serve test venv lock bench bench-slots bench-rollouts bench-faults bench-accuracy clean cluster
+.PHONY: serve test venv lock image bench bench-slots bench-rollouts bench-faults bench-accuracy clean cluster
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,30 @@ test: $(DEVSTAMP)
 	$(PY) -m coverage run -m pytest -q tests
 	$(PY) -m coverage combine -q
 	$(PY) -m coverage report | awk 'NR <= 12 || /^TOTAL/'
+
+# The container image (deploy/image/Containerfile; docs/kubernetes.md), built
+# with whichever of podman, docker (with a daemon) or buildah is present. The
+# host's CA bundle goes in as the build secret `cacert` (pip's, for a
+# TLS-intercepting proxy) when there is one. BASE: another Debian 12 base
+# with Python 3.11; IMAGE_ARGS: more build flags.
+IMAGE ?= textswap:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_BUILDER ?= $(shell for b in podman docker buildah; do command -v $$b >/dev/null || continue; \
+	[ $$b != docker ] || docker info >/dev/null 2>&1 || continue; echo $$b; break; done)
+CACERT ?= $(firstword $(wildcard /etc/ssl/certs/ca-certificates.crt /etc/pki/tls/certs/ca-bundle.crt))
+BASE ?=
+IMAGE_ARGS ?=
+image:
+	@test -n "$(IMAGE_BUILDER)" || { echo "make image needs podman, docker (with its daemon) or buildah" >&2; exit 1; }
+	$(IMAGE_BUILDER) build -f deploy/image/Containerfile -t $(IMAGE) \
+	    $(if $(filter docker,$(IMAGE_BUILDER)),,--format docker) \
+	    $(if $(CACERT),--secret id=cacert$(comma)src=$(CACERT)) \
+	    $(if $(BASE),--build-arg BASE=$(BASE)) $(IMAGE_ARGS) .
+	@echo "image $(IMAGE): $$($(IMAGE_BUILDER) images --format '{{.Size}}' $(IMAGE) | head -1)"
+
+comma := ,
+
+print-%:  # a variable's value, e.g. make -s print-IMAGE
+	@echo '$($*)'
 
 # Redis + nginx + three nodes on this machine (see README "Running several nodes")
 cluster: $(STAMP)

@@ -34,6 +34,7 @@ from tornado import gen
 from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.locks import Event
 
+from state import logformat
 from state.config import Config, ConfigError, scrub_secret_env
 from state.keys import KeyError_, KeyRing, open_keys
 from state.options import build_config, parse_args
@@ -231,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     # the store, the logs' databases, the records: this user's alone (files
     # 0600, folders 0700), in this process and every child it starts
     os.umask(0o077)
-    logging.basicConfig(level=config["log_level"],
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logformat.setup(config["log_level"], config["log_format"])
     if config["cluster"]["redis_url"]:  # nodes share the store: it must be writable
         from cluster.node import check_store_writable
         try:

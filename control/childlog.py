@@ -31,6 +31,8 @@ from typing import TextIO
 
 from tornado.ioloop import IOLoop
 
+from state import logformat
+
 log = logging.getLogger("textswap.tensorflow")
 
 # what TensorFlow's C++ side writes: absl/glog records ("I0000 00:00:17.. 123
@@ -110,7 +112,11 @@ class StderrRelay:
             log.debug("%s: %s", self.name, line)
             return
         self.other_lines += 1
-        out = self.out or sys.stderr
+        if logformat.json_on():  # one JSON object a line, on stdout with the rest
+            out = self.out or sys.stdout
+            line = logformat.child_line(self.name, line)
+        else:
+            out = self.out or sys.stderr
         try:
             out.write(line + "\n")
             out.flush()

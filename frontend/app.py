@@ -88,7 +88,8 @@ def _log(handler: Any) -> None:
     status = handler.get_status()
     if status >= 400:  # expected refusals (503 while no model serves) are not errors
         log.log(log_level(status, handler.request.path), "%d %s %.1fms", status,
-                handler._request_summary(), 1000.0 * handler.request.request_time())
+                handler._request_summary(), 1000.0 * handler.request.request_time(),
+                extra={"request_id": handler._headers.get("X-Request-Id")})
 
 
 def _audit_log(handler: Any) -> None:

@@ -138,7 +138,8 @@ class _Predict(httputil.HTTPMessageDelegate):
             self.started)
         if reply.status >= 400:  # a 503 while no model serves yet is expected: not ERROR
             log.log(log_level(reply.status), "%d POST %s %.1fms", reply.status,
-                    self.start_line.path, 1000 * (time.monotonic() - self.started))
+                    self.start_line.path, 1000 * (time.monotonic() - self.started),
+                    extra={"request_id": reply.headers.get("X-Request-Id")})
         self._write(reply.status, reply.body, reply.headers)
 
     def _write(self, status: int, out: bytes, fields: dict[str, str]) -> None:

@@ -222,10 +222,17 @@ DEFAULTS: dict[str, Any] = {
     # PUT /models/<name>/policy overrides them (control/policies.py)
     "policies": {},
     "log_level": "INFO",
+    # "text": one line a record, for a terminal; "json": one JSON object a
+    # line on stdout (time, level, logger, message, request_id where there is
+    # one), for log collectors (Loki, ELK); --log-format overrides it
+    "log_format": "text",
 }
 
 # mappings whose keys are the user's (model names), checked where they are used
 _FREE_MAPPINGS = {"policies", "predictions.max_age_days_by_model"}
+
+
+LOG_FORMATS = ("text", "json")
 
 
 class ConfigError(ValueError):
@@ -289,6 +296,15 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     if merged["server"]["event_loop"] not in ("uvloop", "asyncio"):
         raise ConfigError("setting 'server.event_loop' must be uvloop or asyncio, got "
                           f"{merged['server']['event_loop']!r}")
+    if merged["log_format"] not in LOG_FORMATS:
+        raise ConfigError(f"setting 'log_format' must be one of {', '.join(LOG_FORMATS)}, "
+                          f"got {merged['log_format']!r}")
+    # TEXTSWAP_DEMO=0 (a production image) or 1 overrides training.demo_on_empty_store
+    demo = os.environ.get("TEXTSWAP_DEMO", "").strip()
+    if demo:
+        if demo not in ("0", "1"):
+            raise ConfigError(f"TEXTSWAP_DEMO must be 0 or 1, got {demo!r}")
+        merged["training"]["demo_on_empty_store"] = demo == "1"
     _resolve_redis_url(merged["cluster"])
     _check_sentinels(merged["cluster"])
     # the tokens' environment variables win over the file
@@ -344,6 +360,19 @@ def _check_feedback(f: dict[str, Any]) -> None:
             raise ConfigError(f"setting 'feedback.{key}' must be >= 0 (a rate of 0: no limit)")
 
 
+def open_to_others(path: str) -> int | None:
+    """The mode of a file holding a secret when others may read it, else None.
+    Private is readable by this user alone, or a read-only file (no write bit
+    at all) readable by this process's own group too: what Kubernetes makes of
+    a Secret mounted with the pod's fsGroup (0440, that group;
+    docs/kubernetes.md). The key file and cluster.redis_url_file keep this rule."""
+    st = os.stat(path)
+    mode = st.st_mode & 0o777
+    if mode & 0o037 or (mode & 0o040 and (mode & 0o200 or st.st_gid != os.getegid())):
+        return mode
+    return None
+
+
 def _resolve_redis_url(cluster: dict[str, Any]) -> None:
     """cluster.redis_url: as set (config, --redis-url), else the environment's
     TEXTSWAP_REDIS_URL, else the first line of cluster.redis_url_file."""
@@ -356,8 +385,8 @@ def _resolve_redis_url(cluster: dict[str, Any]) -> None:
     path = cluster["redis_url_file"]
     if path:
         try:
-            mode = os.stat(path).st_mode & 0o777
-            if mode & 0o077:  # it holds the password
+            mode = open_to_others(path)
+            if mode is not None:  # it holds the password
                 raise ConfigError(f"cluster.redis_url_file: {path} is open to others (mode "
                                   f"{mode:o}); chmod 600 {path}")
             with open(path, encoding="utf-8") as fh:

@@ -39,7 +39,7 @@ import threading
 import time
 from typing import Any
 
-from state.config import Config, ConfigError
+from state.config import Config, ConfigError, open_to_others
 
 log = logging.getLogger("textswap.auth")
 
@@ -182,8 +182,10 @@ def check_key_folder(path: str) -> None:
 
 
 def _check_mode(path: str) -> None:
-    mode = os.stat(path).st_mode & 0o777
-    if mode & 0o077:
+    """Readable by this user alone, or a read-only Secret file of this
+    process's group (state/config.py open_to_others)."""
+    mode = open_to_others(path)
+    if mode is not None:
         raise KeyError_(f"the key file {path} is readable by others (mode {mode:o}); "
                         f"chmod 600 {path}")
 

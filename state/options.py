@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                    help="log level (default INFO); debug also shows TensorFlow's C++ logs "
                         "of workers and trainers")
+    p.add_argument("--log-format", choices=["text", "json"],
+                   help="log records as text lines (default) or one JSON object a line "
+                        "on stdout, for log collectors")
     return p.parse_args(argv)
 
 
@@ -52,4 +55,6 @@ def build_config(args: argparse.Namespace) -> Config:
         overrides["cluster"] = cluster
     if getattr(args, "log_level", None):
         overrides["log_level"] = args.log_level
+    if getattr(args, "log_format", None):
+        overrides["log_format"] = args.log_format
     return load_config(args.config, overrides)
