@@ -13,9 +13,10 @@ same volume that serves the applied model again. buildah run has no
 read-only root filesystem, so the test checks that the container's writable
 layer holds nothing outside /tmp.
 
-The image's pip reads the wheels this machine's pip already has (`pip
-download` of the same hashed lock, mounted read-only into the build:
-PIP_FIND_LINKS, PIP_NO_INDEX); the Containerfile alone installs from PyPI.
+The build is deploy/image/ci-build.sh, which .ci/run starts beside the test
+suite (the fixture waits for its result). The image's pip reads the wheels
+of the same hashed lock downloaded beforehand (mounted read-only into the
+build: PIP_FIND_LINKS, PIP_NO_INDEX); the Containerfile alone installs from PyPI.
 Needs root, debootstrap and buildah (.ci/run installs them).
 """
 from __future__ import annotations
@@ -34,7 +35,6 @@ import pytest
 
 from helpers import ROOT, free_port, request, wait_for
 
-BASE = "localhost/textswap-base:bookworm"
 UID = 10001
 
 
@@ -63,46 +63,36 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, **kw)
 
 
-def _timed(what: str, times: dict[str, float], cmd: list[str], **kw) -> str:
-    t0 = time.monotonic()
-    try:
-        out = _run(cmd, **kw).stdout
-    except subprocess.CalledProcessError as exc:
-        raise AssertionError(f"{what} failed ({exc.returncode}):\n{exc.stdout[-3000:]}\n"
-                             f"{exc.stderr[-3000:]}") from None
-    times[what] = time.monotonic() - t0
-    return out
-
-
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
-    """The image `make image` builds, on a debootstrap'd bookworm base."""
-    work = tmp_path_factory.mktemp("image")
-    times: dict[str, float] = {}
+    """The image `make image` builds, on a debootstrap'd bookworm base
+    (deploy/image/ci-build.sh). .ci/run starts that build beside the test
+    suite and names its folder in TEXTSWAP_IMAGE_BUILD: this waits for its
+    result; else the build runs here. Either way it is this run's: nothing
+    is kept between runs."""
     tag = make_var("IMAGE")
-    # .ci/run builds the base in the background while `make venv` runs (it
-    # waits on the network) and names it in TEXTSWAP_IMAGE_BASE; else it is
-    # built here. Either way it is this run's: nothing is kept between runs.
-    base = os.environ.get("TEXTSWAP_IMAGE_BASE")
-    if not base or subprocess.run(["buildah", "inspect", "--type", "image", base],
-                                  capture_output=True).returncode != 0:
-        base = BASE
-        _timed("base (debootstrap + import)", times,
-               [os.path.join(ROOT, "deploy", "image", "debian-base.sh"), base])
+    out = os.environ.get("TEXTSWAP_IMAGE_BUILD")
+    if not out:
+        out = str(tmp_path_factory.mktemp("image"))
+        subprocess.run([os.path.join(ROOT, "deploy", "image", "ci-build.sh"), out,
+                        os.environ.get("TEXTSWAP_IMAGE_BASE", "")], cwd=ROOT)
+    rc = os.path.join(out, "rc")
+    wait_for(lambda: os.path.exists(rc), timeout=1400, what="the image build (ci-build.sh)", interval=1.0)
+    with open(os.path.join(out, "log"), encoding="utf-8", errors="replace") as fh:
+        build = fh.read()
+    with open(rc) as fh:
+        assert fh.read().strip() == "0", f"the image build failed:\n{build[-6000:]}"
+    with open(os.path.join(out, "times")) as fh:
+        times = {k: float(v) for k, v in (line.split() for line in fh if line.strip())}
+    with open(os.path.join(out, "base")) as fh:
+        base = fh.read().strip()
+    work = tmp_path_factory.mktemp("image-work")
     ctr = _run(["buildah", "from", "--quiet", base]).stdout.strip()
     with open(os.path.join(_run(["buildah", "mount", ctr]).stdout.strip(),
                            "etc/ssl/certs/ca-certificates.crt"), "rb") as fh:
         base_ca = fh.read()
     _run(["buildah", "umount", ctr])
     _run(["buildah", "rm", ctr])
-    wheels = work / "wheels"
-    _timed("wheels (pip download of the lock)", times,
-           [sys.executable, "-m", "pip", "download", "--quiet", "--require-hashes",
-            "-r", "requirements.txt", "-d", str(wheels)], cwd=ROOT)
-    build = _timed("make image", times, [
-        "make", "image", "IMAGE_BUILDER=buildah", f"BASE={base}",
-        f"IMAGE_ARGS=--layers=false --volume {wheels}:/wheels:ro "
-        "--build-arg PIP_FIND_LINKS=/wheels --build-arg PIP_NO_INDEX=1"], cwd=ROOT)
     ctr = _run(["buildah", "from", "--quiet", tag]).stdout.strip()
     mnt = _run(["buildah", "mount", ctr]).stdout.strip()
     image_bytes, venv = (int(_run(["du", "-sb", path]).stdout.split()[0])
