@@ -253,8 +253,7 @@ class Search:
                     # the pretrained view: the table of this fold's training side
                     # (its texts' words and the frequent words), not every text's
                     seen = np.asarray(self._word_counts[train].sum(axis=0)).ravel() > 0
-                    in_frequent = view.table.in_frequent  # type: ignore[attr-defined]
-                    known = seen if in_frequent is None else seen | in_frequent
+                    known = view.table.known_rows(seen)  # type: ignore[attr-defined]
                     self._weighted[key] = sp.csr_matrix(view.features_of(self._word_counts, known))  # type: ignore[attr-defined]
                 else:
                     self._weighted[key] = autofeatures.weighted(view, counts, autofeatures.idf_weights(counts[train]))
