@@ -328,10 +328,11 @@ def test_view_in_the_served_graph(tmp_path, monkeypatch):
     norms = np.linalg.norm(search.counts["pretrained"].matrix.toarray(), axis=1)
     assert np.isclose(np.median(norms[norms > 0]), pretrained.SCALE, rtol=1e-3)
     probe = ["a tennis final", "spicy noodle soup", "zqxjv"]
-    for views, fused in ((("pretrained",), True), (("word", "pretrained"), True), (("word", "pretrained"), False)):
+    for views, fused, weight in ((("pretrained",), True, 1.0), (("word", "pretrained"), True, 2.0),
+                                 (("word", "pretrained"), False, 1.0)):
         if not fused:
             monkeypatch.setattr(type(view), "fusable", lambda self, units: False)
-        cand = autoselect.Candidate(views, "svm", 1.0)
+        cand = autoselect.Candidate(views, "svm", 1.0, False, weight)
         model = autoselect.final_model(search, [cand], [1.0])
         kinds = {type(lay) for lay in model.layers}
         assert (layers.PretrainedLogits in kinds) == fused and (pretrained.PretrainedEmbedding in kinds) != fused
@@ -348,6 +349,45 @@ def test_view_in_the_served_graph(tmp_path, monkeypatch):
         again = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
         assert np.allclose(textmodel.make_predict_fn(again)(probe), textmodel.make_predict_fn(model)(probe),
                            atol=1e-5)
+
+
+def test_the_views_weight_is_chosen_by_cv():
+    """Beside the n-grams the view is screened at several weights (the larger
+    first at 300 texts or fewer); the learners go on with the best one, and
+    the served graph computes the weighted model (final_model checks it)."""
+    import time
+
+    from model_worker import autoselect
+    from model_worker.params import validate_params
+
+    texts, labels = _topics()
+    assert len(texts) <= autoselect._FEW_LABELS
+    names = sorted(set(labels))
+    y = np.array([names.index(x) for x in labels])
+    search = autoselect.Search(texts, y, len(names), validate_params({"time_budget_s": 60, "folds": 2}),
+                               "word", time.monotonic(), None, None)
+    search.search(include_networks=False)
+    done = [s.candidate for s in search.scored] + [autoselect.Candidate(tuple(p["views"]), p["learner"], p["C"],
+                                                                        p["balanced"], p.get("pretrained_weight", 1.0))
+                                                   for p in search.pruned]
+    beside = [c.weight for c in done if "pretrained" in c.views and len(c.views) > 1 and c.learner == "svm"
+              and c.c == autoselect._SCREEN[1]]
+    assert beside[:3] == list(autoselect._PRETRAINED_WEIGHTS_FEW), beside
+    screened = {s.candidate.weight: s.score for s in search.scored
+                if "pretrained" in s.candidate.views and len(s.candidate.views) > 1
+                and (s.candidate.learner, s.candidate.c) == autoselect._SCREEN}
+    later = [s.candidate for s in search.scored if "pretrained" in s.candidate.views
+             and len(s.candidate.views) > 1 and (s.candidate.learner, s.candidate.c) != autoselect._SCREEN]
+    if later:  # the learners take the screen's best weight
+        assert {c.weight for c in later} == {max(screened, key=lambda w: screened[w])}
+    # two weights give two different served models, each the fitted one
+    probe = ["a tennis final", "spicy noodle soup"]
+    from model_worker import textmodel
+
+    got = [textmodel.make_predict_fn(autoselect.final_model(
+        search, [autoselect.Candidate(("word", "pretrained"), "svm", 1.0, False, w)], [1.0]))(probe)
+        for w in (0.5, 2.0)]
+    assert np.abs(got[0] - got[1]).max() > 1e-3
 
 
 def test_cjk_text_never_gets_the_view():
