@@ -448,22 +448,19 @@ class PretrainedEmbedding(keras.layers.Layer):
     PretrainedLogits fold the linear map into the table; true (the first
     versions, and zero-shot's cosine): scaled to L2 norm `scale`.
 
-    `fallback` true (the case-kept tables, split "cased"): a word the table
+    `fallback` true (the case-kept tables, splits "cased" and "cased_punct"): a word the table
     lacks as written is looked up again lowercased (the table maps a
     lowercase form it lacks to its capitalized form's row, so this is the
     lowercase-then-capitalized fallback); false (versions before): one lookup.
-    `strip` true (zero-shot, whose table has no training texts to bring the
-    forms with punctuation attached): a word still unknown is looked up once
-    more without the punctuation at its ends (as written, then lowercased).
     """
 
     def __init__(self, vocabulary_size: int = 0, dim: int = 256, standardize: str | None = "word",
                  scale: float = 0.5, packed: bool = False, l2: bool = True, fallback: bool = False,
-                 strip: bool = False, **kwargs: Any) -> None:
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size, self.dim = int(vocabulary_size), int(dim)
         self.standardize, self.scale, self.packed = standardize, float(scale), bool(packed)
-        self.l2, self.fallback, self.strip = bool(l2), bool(fallback), bool(strip)
+        self.l2, self.fallback = bool(l2), bool(fallback)
         self.lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="words")
         if self.packed:
             self.vectors = keras.layers.Embedding(self.vocabulary_size + 1, self.dim + 1, dtype="float16",
@@ -509,10 +506,10 @@ class PretrainedEmbedding(keras.layers.Layer):
 
     def word_ids(self, words: Any) -> Any:
         """Table ids (0: unknown) of a flat tensor of words."""
-        return _lookup(words, self.lookup, self.fallback, self.strip)
+        return _lookup(words, self.lookup, self.fallback)
 
     def call(self, texts: Any) -> Any:
-        ids, rows, n = _word_rows(texts, self.standardize, self.lookup, self.fallback, self.strip)
+        ids, rows, n = _word_rows(texts, self.standardize, self.lookup, self.fallback)
 
         def per_text(x: Any) -> Any:
             # rows are sorted; texts after the last one with a word get zeros
@@ -538,35 +535,26 @@ class PretrainedEmbedding(keras.layers.Layer):
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "dim": self.dim,
                 "standardize": self.standardize, "scale": self.scale, "packed": self.packed, "l2": self.l2,
-                "fallback": self.fallback, "strip": self.strip}
+                "fallback": self.fallback}
 
 
-# Punctuation and symbols at a word's start or end (not letters, marks, digits)
-_EDGE_MARKS = r"^[^\p{L}\p{M}\p{N}]+|[^\p{L}\p{M}\p{N}]+$"
-
-
-def _lookup(words: Any, lookup: Any, fallback: bool, strip: bool = False) -> Any:
+def _lookup(words: Any, lookup: Any, fallback: bool) -> Any:
     """Table ids of `words`; with `fallback`, a word unknown as written takes
-    its lowercase form's id (0 when that is unknown too); with `strip` too, a
-    word still unknown is looked up without the marks at its ends."""
+    its lowercase form's id (0 when that is unknown too)."""
     ids = lookup(words)
     if fallback:
         ids = tf.where(ids > 0, ids, lookup(tf.strings.lower(words, encoding="utf-8")))
-    if strip:
-        bare = tf.strings.regex_replace(words, _EDGE_MARKS, "")
-        ids = tf.where(ids > 0, ids, lookup(bare))
-        ids = tf.where(ids > 0, ids, lookup(tf.strings.lower(bare, encoding="utf-8")))
     return ids
 
 
-def _word_rows(texts: Any, standardize: str | None, lookup: Any, fallback: bool = False, strip: bool = False
+def _word_rows(texts: Any, standardize: str | None, lookup: Any, fallback: bool = False
                ) -> tuple[Any, Any, Any]:
     """(table ids of the texts' words, their text of origin (sorted), the batch size)."""
     texts = tf.convert_to_tensor(texts, tf.string)
     if standardize:
         texts = _STANDARDIZERS[standardize](texts)
     words = tf.strings.split(texts)
-    return _lookup(words.flat_values, lookup, fallback, strip), words.value_rowids(), tf.shape(texts, out_type=tf.int64)[0]
+    return _lookup(words.flat_values, lookup, fallback), words.value_rowids(), tf.shape(texts, out_type=tf.int64)[0]
 
 
 @keras.saving.register_keras_serializable(package="textswap")

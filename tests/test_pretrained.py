@@ -151,6 +151,24 @@ def test_unknown_case_falls_back_to_lowercase_then_capitalized():
     assert freq.in_frequent.all()
 
 
+def test_zero_shot_split_keeps_case_and_attaches_marks():
+    """The zero-shot view (no training texts: marks are split off so that
+    "kernel." finds "kernel") keeps case, and a mark's vector is its pieces
+    attached to a word, as the package's embed() of the text has them: on
+    texts whose words the frequent list holds, the package's vector."""
+    from model_worker import zeroshot
+
+    assert zeroshot.STANDARDIZE == "cased_punct"
+    texts = ["The Linux kernel.", "Games, puzzles and music!", "Paris is in France."]
+    table = pretrained.build_table([], n_frequent=30_000, standardize="cased_punct", capitalized=30_000)
+    assert {"Linux", "linux", "Paris", ".", ","} <= set(table.words)
+    view = pretrained.PretrainedView(table, standardize="cased_punct", scale=0.0, l2=False)
+    got, want = view.features(texts), _package_means(texts)
+    assert np.allclose(got, want, rtol=2e-3, atol=2e-3), np.abs(got - want).max()
+    # an upper-case word the list lacks falls back to its lowercase form
+    assert np.allclose(view.features(["GAMES"]), view.features(["games"]), atol=1e-6)
+
+
 def test_versions_before_keep_the_folded_lookup():
     """A layer saved before case was kept has no `fallback` in its config: it
     loads with one lookup and its lowercase split, computing what it did."""
