@@ -452,15 +452,19 @@ class PretrainedEmbedding(keras.layers.Layer):
     lacks as written is looked up again lowercased (the table maps a
     lowercase form it lacks to its capitalized form's row, so this is the
     lowercase-then-capitalized fallback); false (versions before): one lookup.
+    `strip` true (auto's case-kept tables): a word still unknown is looked up
+    once more without the punctuation at its ends, as written and then
+    lowercased ("(runtime" -> "runtime"): words met with a mark attached in
+    serving that training met bare.
     """
 
     def __init__(self, vocabulary_size: int = 0, dim: int = 256, standardize: str | None = "word",
                  scale: float = 0.5, packed: bool = False, l2: bool = True, fallback: bool = False,
-                 **kwargs: Any) -> None:
+                 strip: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size, self.dim = int(vocabulary_size), int(dim)
         self.standardize, self.scale, self.packed = standardize, float(scale), bool(packed)
-        self.l2, self.fallback = bool(l2), bool(fallback)
+        self.l2, self.fallback, self.strip = bool(l2), bool(fallback), bool(strip)
         self.lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="words")
         if self.packed:
             self.vectors = keras.layers.Embedding(self.vocabulary_size + 1, self.dim + 1, dtype="float16",
@@ -506,10 +510,10 @@ class PretrainedEmbedding(keras.layers.Layer):
 
     def word_ids(self, words: Any) -> Any:
         """Table ids (0: unknown) of a flat tensor of words."""
-        return _lookup(words, self.lookup, self.fallback)
+        return _lookup(words, self.lookup, self.fallback, self.strip)
 
     def call(self, texts: Any) -> Any:
-        ids, rows, n = _word_rows(texts, self.standardize, self.lookup, self.fallback)
+        ids, rows, n = _word_rows(texts, self.standardize, self.lookup, self.fallback, self.strip)
 
         def per_text(x: Any) -> Any:
             # rows are sorted; texts after the last one with a word get zeros
@@ -535,26 +539,41 @@ class PretrainedEmbedding(keras.layers.Layer):
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "dim": self.dim,
                 "standardize": self.standardize, "scale": self.scale, "packed": self.packed, "l2": self.l2,
-                "fallback": self.fallback}
+                "fallback": self.fallback, "strip": self.strip}
 
 
-def _lookup(words: Any, lookup: Any, fallback: bool) -> Any:
+# Punctuation and symbols at a word's ends (anything but letters, marks, digits)
+EDGE_MARKS = r"^[^\p{L}\p{M}\p{N}]+|[^\p{L}\p{M}\p{N}]+$"
+
+
+def strip_marks(words: Any) -> Any:
+    """Each word without the punctuation and symbols at its ends."""
+    return tf.strings.regex_replace(words, EDGE_MARKS, "")
+
+
+def _lookup(words: Any, lookup: Any, fallback: bool, strip: bool = False) -> Any:
     """Table ids of `words`; with `fallback`, a word unknown as written takes
-    its lowercase form's id (0 when that is unknown too)."""
+    its lowercase form's id; with `strip` too, a word still unknown takes
+    its form without the marks at its ends, as written, else lowercased (0
+    when every form is unknown)."""
     ids = lookup(words)
     if fallback:
         ids = tf.where(ids > 0, ids, lookup(tf.strings.lower(words, encoding="utf-8")))
+    if strip:
+        bare = strip_marks(words)
+        ids = tf.where(ids > 0, ids, lookup(bare))
+        ids = tf.where(ids > 0, ids, lookup(tf.strings.lower(bare, encoding="utf-8")))
     return ids
 
 
-def _word_rows(texts: Any, standardize: str | None, lookup: Any, fallback: bool = False
+def _word_rows(texts: Any, standardize: str | None, lookup: Any, fallback: bool = False, strip: bool = False
                ) -> tuple[Any, Any, Any]:
     """(table ids of the texts' words, their text of origin (sorted), the batch size)."""
     texts = tf.convert_to_tensor(texts, tf.string)
     if standardize:
         texts = _STANDARDIZERS[standardize](texts)
     words = tf.strings.split(texts)
-    return _lookup(words.flat_values, lookup, fallback), words.value_rowids(), tf.shape(texts, out_type=tf.int64)[0]
+    return _lookup(words.flat_values, lookup, fallback, strip), words.value_rowids(), tf.shape(texts, out_type=tf.int64)[0]
 
 
 @keras.saving.register_keras_serializable(package="textswap")
@@ -574,11 +593,12 @@ class PretrainedLogits(keras.layers.Layer):
     """
 
     def __init__(self, vocabulary_size: int = 0, units: int = 1, standardize: str | None = "word",
-                 scale: float = 1.0, use_bias: bool = False, fallback: bool = False, **kwargs: Any) -> None:
+                 scale: float = 1.0, use_bias: bool = False, fallback: bool = False, strip: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size, self.units = int(vocabulary_size), int(units)
         self.standardize, self.scale, self.use_bias = standardize, float(scale), bool(use_bias)
-        self.fallback = bool(fallback)  # as PretrainedEmbedding's
+        self.fallback, self.strip = bool(fallback), bool(strip)  # as PretrainedEmbedding's
         self.lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="words")
         self.projected = keras.layers.Embedding(self.vocabulary_size + 1, self.units + 1, dtype="float32",
                                                 trainable=False, name="projected")
@@ -612,10 +632,10 @@ class PretrainedLogits(keras.layers.Layer):
 
     def word_ids(self, words: Any) -> Any:
         """Table ids (0: unknown) of a flat tensor of words."""
-        return _lookup(words, self.lookup, self.fallback)
+        return _lookup(words, self.lookup, self.fallback, self.strip)
 
     def call(self, texts: Any) -> Any:
-        ids, rows, n = _word_rows(texts, self.standardize, self.lookup, self.fallback)
+        ids, rows, n = _word_rows(texts, self.standardize, self.lookup, self.fallback, self.strip)
         # the sorted sum (rows come text by text) measured ~4x faster than the
         # unsorted one; texts after the last one with a word get zeros
         summed = tf.math.segment_sum(self.projected(ids), rows)
@@ -631,4 +651,4 @@ class PretrainedLogits(keras.layers.Layer):
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "units": self.units,
                 "standardize": self.standardize, "scale": self.scale, "use_bias": self.use_bias,
-                "fallback": self.fallback}
+                "fallback": self.fallback, "strip": self.strip}

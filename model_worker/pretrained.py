@@ -267,9 +267,16 @@ def build_table(texts: list[str], n_frequent: int = FREQUENT_WORDS,
     fallback_rows = None
     if alias_of is not None:
         index = {w: i for i, w in enumerate(words)}
-        fallback_rows = np.full((len(words), 2), -1, dtype=np.int64)
-        for i, w in enumerate(words):
-            for j, f in enumerate((w.lower(), _capitalized(w))):
+        # serving's order: lowercase, capitalized (an alias row), and for
+        # "cased" the word without its edge marks as written, lowercase, capitalized
+        bare = [b.decode("utf-8") for b in layers.strip_marks(tf.constant(words, tf.string)).numpy()] \
+            if standardize == "cased" and words else list(words)
+        fallback_rows = np.full((len(words), 5), -1, dtype=np.int64)
+        for i, (w, b) in enumerate(zip(words, bare)):
+            forms = [w.lower(), _capitalized(w)]
+            if b != w:
+                forms += [b, b.lower(), _capitalized(b)]
+            for j, f in enumerate(forms):
                 if f != w:
                     fallback_rows[i, j] = index.get(f, -1)
     return WordTable(words, sums.astype(np.float16), counts, from_training=len(own), frequent=len(frequent),
@@ -300,6 +307,12 @@ class PretrainedView:
     l2: bool = True  # false: the mean times `scale`, no per-text norm (fit_view)
 
     @property
+    def strip(self) -> bool:
+        """Whether serving looks a word still unknown up without its edge marks
+        (auto's split "cased", which keeps marks attached to words)."""
+        return self.standardize == "cased"
+
+    @property
     def fallback(self) -> bool:
         """Whether serving looks an unknown word up again lowercased (the case-kept split)."""
         return self.standardize in ("cased", "cased_punct")
@@ -310,7 +323,7 @@ class PretrainedView:
     def layer(self, standardized: bool = False) -> PretrainedEmbedding:
         lay = PretrainedEmbedding(len(self.table.words), self.table.sums.shape[1],
                                   None if standardized else self.standardize, self.scale,
-                                  packed=True, l2=self.l2, fallback=self.fallback,
+                                  packed=True, l2=self.l2, fallback=self.fallback, strip=self.strip,
                                   name=f"vectorizer_{self.name}")
         lay.set_table(self.table)
         return lay
@@ -325,7 +338,7 @@ class PretrainedView:
         projected = self.table.sums.astype(np.float64) @ np.asarray(kernel, dtype=np.float64)
         lay = layers.PretrainedLogits(len(self.table.words), kernel.shape[1],
                                       None if standardized else self.standardize, self.scale,
-                                      use_bias=bias is not None, fallback=self.fallback,
+                                      use_bias=bias is not None, fallback=self.fallback, strip=self.strip,
                                       name=name or f"logits_{self.name}")
         lay.set_table(self.table.words, projected.astype(np.float32), self.table.counts, bias)
         return lay

@@ -145,6 +145,11 @@ def test_unknown_case_falls_back_to_lowercase_then_capitalized():
         assert np.allclose(g, want[w], atol=1e-6), w
     assert not got[-1].any()                      # no form of it: unknown
     assert view.unknown_share(["OIL gas Texas"]) == 1 / 3
+    # still unknown: the form without the marks at its ends, as written, lowercased, capitalized
+    got = view.features(["(Oil,", "prices.", "\"TEXAS\"", "texas!", "--", "gas."])
+    for g, w in zip(got, ["Oil", "prices", "Texas", "Texas"]):
+        assert np.allclose(g, want[w], atol=1e-6), w
+    assert not got[4:].any()
     # the frequent words come as written and capitalized
     freq = pretrained.build_table([], n_frequent=500)
     assert {"the", "The", "people", "People"} <= set(freq.words)
@@ -513,6 +518,12 @@ def test_fused_table_computes_what_the_vector_table_did(tmp_path):
     assert any(isinstance(lay, pretrained.PretrainedEmbedding) for lay in wide.layers)
 
 
+def _forms(w: str) -> list[str]:
+    cap = lambda x: x[:1].upper() + x[1:].lower()  # noqa: E731
+    bare = w.strip("()[]{}.,;:!?\"'-")
+    return [w, w.lower(), cap(w), bare, bare.lower(), cap(bare)]
+
+
 def test_folds_see_held_out_only_words_as_unknown():
     """The table holds every training text's words, but in the search's folds
     a word that only held-out texts use counts as unknown (as a word first
@@ -528,8 +539,9 @@ def test_folds_see_held_out_only_words_as_unknown():
     from model_worker.params import validate_params
 
     texts, labels = _topics()
-    texts = texts + ["zorbulex quintaphrax tennis zorbulex", "glimmerwab snorfix soup", "Snorfix SOUP tonight"]
-    labels = labels + [labels[0], labels[-1], labels[-1]]
+    texts = texts + ["zorbulex quintaphrax tennis zorbulex", "glimmerwab snorfix soup", "Snorfix SOUP tonight",
+                     "(Glimmerwab) soup, again.", "zorbulex: tennis!"]
+    labels = labels + [labels[0], labels[-1], labels[-1], labels[-1], labels[0]]
     names = sorted(set(labels))
     y = np.array([names.index(x) for x in labels])
     search = autoselect.Search(texts, y, len(names), validate_params({"time_budget_s": 30, "folds": 2}),
@@ -544,9 +556,9 @@ def test_folds_see_held_out_only_words_as_unknown():
         have = set(pretrained.words_of([texts[i] for i in train])) | frequent
         for i in test:
             tokens = texts[i].split()   # as written: case and punctuation kept
-            # as written, else lowercase, else capitalized (serving's fallback)
-            kept = [next(f for f in (w, w.lower(), w[:1].upper() + w[1:].lower()) if f in have)
-                    for w in tokens if {w, w.lower(), w[:1].upper() + w[1:].lower()} & have]
+            # as written, else lowercase, else capitalized, else the same
+            # without edge marks (serving's fallback)
+            kept = [next(f for f in _forms(w) if f in have) for w in tokens if set(_forms(w)) & have]
             assert np.allclose(x[i], view.features([" ".join(kept)])[0], atol=1e-5), texts[i]
             changed += len(kept) < len(tokens)
     assert changed >= 2  # the invented words' texts, held out, lost those words
