@@ -166,18 +166,6 @@ def subword_sums(words: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return sums, counts
 
 
-_MARKS = frozenset(PUNCTUATION)
-
-
-def attached_sums(marks: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """subword_sums of each mark as the tokenizer sees it attached to a word
-    ("word." -> "▁word", "."), not alone ("." -> "▁."): what the package's
-    embed() gives a text's marks, which mostly follow a word."""
-    with_word, counts_with = subword_sums(["word" + m for m in marks])
-    word, count = subword_sums(["word"])
-    return with_word - word[0], counts_with - count[0]
-
-
 @dataclass(eq=False)
 class WordTable:
     words: list[str]
@@ -253,9 +241,6 @@ def build_table(texts: list[str], n_frequent: int = FREQUENT_WORDS,
         else:
             alias_of = np.full(len(words), -1, dtype=np.int64)
     sums, counts = subword_sums(words)
-    if standardize == "cased_punct":  # a mark split off was (mostly) attached: its pieces as such
-        marks = [i for i, w in enumerate(words) if w in _MARKS]
-        sums[marks], counts[marks] = attached_sums([words[i] for i in marks])
     if alias_of is not None:
         alias = np.flatnonzero(alias_of >= 0)
         sums[alias], counts[alias] = sums[alias_of[alias]], counts[alias_of[alias]]

@@ -156,20 +156,25 @@ def test_unknown_case_falls_back_to_lowercase_then_capitalized():
     assert freq.in_frequent.all()
 
 
-def test_zero_shot_split_keeps_case_and_attaches_marks():
+def test_zero_shot_split_keeps_case_and_splits_marks():
     """The zero-shot view (no training texts: marks are split off so that
-    "kernel." finds "kernel") keeps case, and a mark's vector is its pieces
-    attached to a word, as the package's embed() of the text has them: on
-    texts whose words the frequent list holds, the package's vector."""
+    "kernel." finds "kernel") keeps case: on texts without marks whose words
+    the frequent list holds, the package's embed() of the text as written;
+    each mark is a token of its own, with the pieces it has alone."""
     from model_worker import zeroshot
 
     assert zeroshot.STANDARDIZE == "cased_punct"
-    texts = ["The Linux kernel.", "Games, puzzles and music!", "Paris is in France."]
+    texts = ["The Linux kernel", "Games puzzles and music", "Paris is in France"]
     table = pretrained.build_table([], n_frequent=30_000, standardize="cased_punct", capitalized=30_000)
     assert {"Linux", "linux", "Paris", ".", ","} <= set(table.words)
     view = pretrained.PretrainedView(table, standardize="cased_punct", scale=0.0, l2=False)
     got, want = view.features(texts), _package_means(texts)
     assert np.allclose(got, want, rtol=2e-3, atol=2e-3), np.abs(got - want).max()
+    assert not np.allclose(got, view.features([t.lower() for t in texts]), atol=1e-2)  # case matters
+    # "Paris, France!" = the mean over the pieces of Paris, ",", France, "!"
+    ids = [pretrained.tokenizer().encode(t, add_special_tokens=False).ids for t in ("Paris", ",", "France", "!")]
+    mean = np.concatenate([pretrained.codebook()[i].astype(np.float32) for i in ids]).mean(0)
+    assert np.allclose(view.features(["Paris, France!"])[0], mean, atol=2e-3)
     # an upper-case word the list lacks falls back to its lowercase form
     assert np.allclose(view.features(["GAMES"]), view.features(["games"]), atol=1e-6)
 
