@@ -8,7 +8,8 @@
                                                           # pretrained view, tfidf-svc, fastText at
                                                           # 100/300/1,000/all texts, English sets
 
-Sets: bench/datasets.py (six, built from Debian packages and shared/; bench/DATASETS.md);
+Sets: bench/datasets.py (six, built from Debian packages and shared/; bench/DATASETS.md; --curve
+adds debsum_en, where case carries meaning: CASE_SETS);
 --holdout runs three more that were never used to choose auto's grid (HOLDOUT_SETS).
 Multi-label (run after the six by default; --multilabel: only them; MULTILABEL_SETS):
 auto on several labels per text against one-vs-rest LinearSVC on TF-IDF words + character
@@ -928,7 +929,7 @@ def main() -> None:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
         names = [s for s in args.sets.split(",") if s] or [
-            s for s in datasets.names() if datasets.spec(s).lang == "en"]
+            s for s in datasets.names() + datasets.case_names() if datasets.spec(s).lang == "en"]
         models = [m for m in args.only.split(",") if m] or list(CURVE_MODELS)
         sizes = [int(x) for x in args.sizes.split(",")]
         curve = curve_bench(names, sizes, models, args)
