@@ -238,6 +238,8 @@ class Search:
         return {"used": True, **view.table.describe(), "scale": round(view.scale, 6),
                 "norm": "the mean times scale (one constant: SCALE / the training texts' median norm)",
                 "pooling": "mean",
+                "lookup": "as written, else lowercase, else capitalized, else without the marks at its ends",
+                "weight": "beside n-grams: times 2, 1 or 0.5, chosen by CV (the candidate's pretrained_weight)",
                 "unknown_words": "ignored (a text's mean is over its known words; none known: zeros)",
                 "seconds": {"table_and_features": round(table_s, 2)}}
 
