@@ -557,13 +557,18 @@ def _lookup(words: Any, lookup: Any, fallback: bool, strip: bool = False) -> Any
     its form without the marks at its ends, as written, else lowercased (0
     when every form is unknown)."""
     ids = lookup(words)
-    if fallback:
-        ids = tf.where(ids > 0, ids, lookup(tf.strings.lower(words, encoding="utf-8")))
+    if not fallback:
+        return ids
+    # only the words unknown as written go through the fallback (a tenth of
+    # a batch's words or fewer): their other forms, then back in place
+    miss = tf.where(tf.equal(ids, 0))
+    unknown = tf.gather_nd(words, miss)
+    found = lookup(tf.strings.lower(unknown, encoding="utf-8"))
     if strip:
-        bare = strip_marks(words)
-        ids = tf.where(ids > 0, ids, lookup(bare))
-        ids = tf.where(ids > 0, ids, lookup(tf.strings.lower(bare, encoding="utf-8")))
-    return ids
+        bare = strip_marks(unknown)
+        found = tf.where(found > 0, found, lookup(bare))
+        found = tf.where(found > 0, found, lookup(tf.strings.lower(bare, encoding="utf-8")))
+    return tf.tensor_scatter_nd_update(ids, miss, found)
 
 
 def _word_rows(texts: Any, standardize: str | None, lookup: Any, fallback: bool = False, strip: bool = False
