@@ -8,12 +8,14 @@
                                                           # pretrained view, tfidf-svc, fastText at
                                                           # 100/300/1,000/all texts, English sets
 
-Sets: bench/datasets.py (six, built from Debian packages and shared/; bench/DATASETS.md);
+Sets: bench/datasets.py (six, built from Debian packages and shared/; bench/DATASETS.md; --curve
+adds debsum_en, where case carries meaning: CASE_SETS);
 --holdout runs three more that were never used to choose auto's grid (HOLDOUT_SETS).
 Multi-label (run after the six by default; --multilabel: only them; MULTILABEL_SETS):
 auto on several labels per text against one-vs-rest LinearSVC on TF-IDF words + character
-n-grams (a text with no positive decision gets its argmax label), micro/macro/samples-F1 on
-a seeded 80/20 split; floor: the baseline's micro-F1, goal: +1 point.
+n-grams (a text with no positive decision gets its argmax label), and the same with
+WordLlama's own vector of the raw text beside them (weight by 5-fold CV, micro-F1),
+micro/macro/samples-F1 on a seeded 80/20 split; floor: the baseline's micro-F1, goal: +1 point.
 Every model sees the same seeded, stratified 80/20 split of a set; anything a model tunes,
 it tunes on its training part only (folds or an inner validation split), never on test.
 
@@ -23,6 +25,10 @@ Models:
   bow        textswap's former default, `architecture: "bow"`, other params default
   tfidf-svc  TfidfVectorizer + LinearSVC, scikit-learn defaults
   tfidf-lr   TfidfVectorizer + LogisticRegression, C chosen by 5-fold CV (macro-F1)
+  anchor     (--curve, English sets) the pretrained view's fair anchor: tfidf-svc's TF-IDF
+             beside WordLlama's own unit-norm mean vector of the raw text (its tokenizer on
+             the text as written), LinearSVC, the vector's weight chosen among 0, 0.5, 1, 2
+             by 5-fold CV (macro-F1)
   fasttext   fastText with its autotune on a stratified 20 % validation split of the
              training part (budget --fasttext-s), then refit on the whole training part
 
@@ -284,6 +290,61 @@ def run_tfidf_svc(ds) -> Outcome:
     model.fit(ds.train_texts, _indices(ds, ds.train_labels))
     seconds = time.monotonic() - started
     return Outcome(pred=model.predict(ds.test_texts), probs=None, seconds=seconds)
+
+
+def package_vectors(texts: list[str]):
+    """WordLlama's own mean subword vector of each raw text (its tokenizer on
+    the whole text as written, its embed()'s pooling), unit L2 norm."""
+    import numpy as np
+
+    from model_worker import pretrained
+
+    tok, book = pretrained.tokenizer(), pretrained.codebook()
+    tok.no_padding()
+    tok.no_truncation()
+    out = np.zeros((len(texts), book.shape[1]), np.float32)
+    for i in range(0, len(texts), 2048):
+        for j, enc in enumerate(tok.encode_batch(texts[i:i + 2048], add_special_tokens=False)):
+            if enc.ids:
+                out[i + j] = book[np.clip(enc.ids, 0, len(book) - 1)].astype(np.float32).mean(0)
+    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+
+
+ANCHOR_WEIGHTS = (0.0, 0.5, 1.0, 2.0)
+
+
+def run_anchor(ds, folds: int = 5) -> Outcome:
+    """The fair anchor for the pretrained view: TF-IDF (the tfidf-svc
+    baseline's) beside the package's unit-norm vector of the raw text times a
+    weight, LinearSVC; the weight chosen by stratified k-fold CV (macro-F1)
+    among ANCHOR_WEIGHTS (0: TF-IDF alone)."""
+    import numpy as np
+    import scipy.sparse as sp
+    from sklearn.metrics import f1_score
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.svm import LinearSVC
+
+    started = time.monotonic()
+    y = _indices(ds, ds.train_labels)
+    vec_train, vec_test = package_vectors(ds.train_texts), package_vectors(ds.test_texts)
+    k = max(2, min(folds, int(np.bincount(y)[np.bincount(y) > 0].min())))
+    scores = {w: [] for w in ANCHOR_WEIGHTS}
+    for tr, te in StratifiedKFold(k, shuffle=True, random_state=SEED).split(np.zeros(len(y)), y):
+        tfidf = _vectorizer(ds.lang).fit([ds.train_texts[i] for i in tr])
+        a = tfidf.transform([ds.train_texts[i] for i in tr])
+        b = tfidf.transform([ds.train_texts[i] for i in te])
+        for w in ANCHOR_WEIGHTS:
+            fit = LinearSVC().fit(sp.hstack([a, sp.csr_matrix(vec_train[tr] * w)], format="csr"), y[tr])
+            pred = fit.predict(sp.hstack([b, sp.csr_matrix(vec_train[te] * w)], format="csr"))
+            scores[w].append(f1_score(y[te], pred, average="macro"))
+    best = max(ANCHOR_WEIGHTS, key=lambda w: (round(float(np.mean(scores[w])), 6), -ANCHOR_WEIGHTS.index(w)))
+    tfidf = _vectorizer(ds.lang).fit(ds.train_texts)
+    fit = LinearSVC().fit(sp.hstack([tfidf.transform(ds.train_texts), sp.csr_matrix(vec_train * best)],
+                                    format="csr"), y)
+    pred = fit.predict(sp.hstack([tfidf.transform(ds.test_texts), sp.csr_matrix(vec_test * best)], format="csr"))
+    return Outcome(pred=pred, probs=None, seconds=time.monotonic() - started,
+                   extra={"weight": best, "cv_macro_f1": {str(w): round(float(np.mean(v)), 4)
+                                                          for w, v in scores.items()}})
 
 
 LR_GRID = (1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
@@ -569,23 +630,52 @@ def _multi_hot(ds, label_sets):
     return y
 
 
-def run_ovr_svc(ds) -> tuple:
+def run_ovr_svc(ds, vector: bool = False, folds: int = 5) -> tuple:
     """One-vs-rest LinearSVC on TF-IDF words (1-2-grams) + character n-grams (2-5, inside
-    word boundaries), sublinear TF; labels with a positive decision, else the argmax."""
-    from sklearn.multiclass import OneVsRestClassifier
-    from sklearn.pipeline import make_pipeline, make_union
+    word boundaries), sublinear TF; labels with a positive decision, else the argmax.
+    `vector`: beside them WordLlama's own unit-norm vector of the raw text (package_vectors)
+    times a weight chosen among ANCHOR_WEIGHTS by k-fold CV (micro-F1): the fair anchor
+    of the pretrained view. Returns (predictions, seconds, the weight or None)."""
+    import numpy as np
+    import scipy.sparse as sp
     from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.model_selection import KFold
+    from sklearn.multiclass import OneVsRestClassifier
+    from sklearn.pipeline import make_union
     from sklearn.svm import LinearSVC
-    from model_worker.autoselect import at_least_one
+
+    from model_worker.autoselect import at_least_one, micro_f1
+
+    def vec():
+        return make_union(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True),
+                          TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True))
+
+    def fit_predict(train_texts, y_train, test_texts, v_train, v_test, w):
+        bags = vec().fit(train_texts)
+        a, b = bags.transform(train_texts), bags.transform(test_texts)
+        if w:
+            a = sp.hstack([a, sp.csr_matrix(v_train * w)], format="csr")
+            b = sp.hstack([b, sp.csr_matrix(v_test * w)], format="csr")
+        d = OneVsRestClassifier(LinearSVC()).fit(a, y_train).decision_function(b)
+        return at_least_one(d > 0, d)
 
     started = time.monotonic()
-    vec = make_union(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True),
-                     TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True))
-    model = make_pipeline(vec, OneVsRestClassifier(LinearSVC()))
-    model.fit(ds.train_texts, _multi_hot(ds, ds.train_labels))
-    seconds = time.monotonic() - started
-    d = model.decision_function(ds.test_texts)
-    return at_least_one(d > 0, d), seconds
+    y = _multi_hot(ds, ds.train_labels)
+    weight = None
+    v_train = v_test = None
+    if vector:
+        v_train, v_test = package_vectors(ds.train_texts), package_vectors(ds.test_texts)
+        scores: dict[float, list[float]] = {w: [] for w in ANCHOR_WEIGHTS}
+        for tr, te in KFold(folds, shuffle=True, random_state=SEED).split(np.zeros(len(y))):
+            keep = y[tr].any(axis=0)  # labels absent from a fold's training part: never predicted there
+            for w in ANCHOR_WEIGHTS:
+                pred = np.zeros((len(te), y.shape[1]), dtype=bool)
+                pred[:, keep] = fit_predict([ds.train_texts[i] for i in tr], y[tr][:, keep],
+                                            [ds.train_texts[i] for i in te], v_train[tr], v_train[te], w)
+                scores[w].append(micro_f1(y[te], pred))
+        weight = max(ANCHOR_WEIGHTS, key=lambda w: (round(float(np.mean(scores[w])), 6), -ANCHOR_WEIGHTS.index(w)))
+    pred = fit_predict(ds.train_texts, y, ds.test_texts, v_train, v_test, weight or 0.0)
+    return pred, time.monotonic() - started, weight
 
 
 def run_auto_multilabel(ds, params: dict) -> tuple:
@@ -619,27 +709,33 @@ def multilabel_bench(names: list[str], args) -> dict:
         ds = datasets.load_multilabel(name)
         print(datasets.describe_multilabel(ds), flush=True)
         y = _multi_hot(ds, ds.test_labels)
-        pred, base_s = run_ovr_svc(ds)
+        pred, base_s, _ = run_ovr_svc(ds)
         base = multilabel_metrics(y, pred, ds.labels)
+        pred, vec_s, weight = run_ovr_svc(ds, vector=True)
+        with_vec = multilabel_metrics(y, pred, ds.labels)
         pred, auto_s, result, same = run_auto_multilabel(ds, params)
         auto = multilabel_metrics(y, pred, ds.labels)
         row = out[name] = {
             "baseline": {k: base[k] for k in ("micro_f1", "macro_f1", "samples_f1")} | {"train_s": round(base_s, 1)},
+            "baseline+vector": {k: with_vec[k] for k in ("micro_f1", "macro_f1", "samples_f1")} | {
+                "train_s": round(vec_s, 1), "chosen": f"weight {weight:g}"},
             "auto": {k: auto[k] for k in ("micro_f1", "macro_f1", "samples_f1")} | {
                 "train_s": round(auto_s, 1), "chosen": result.report["chosen"]["name"],
                 "cv_micro_f1": result.metrics["micro_f1"], "safe_reload_same": same}}
         row["gain"] = round(auto["micro_f1"] - base["micro_f1"], 4)
-        for model in ("baseline", "auto"):
+        row["gain_vs_vector"] = round(auto["micro_f1"] - with_vec["micro_f1"], 4)
+        for model in ("baseline", "baseline+vector", "auto"):
             r = row[model]
-            print(f"    {model:9s} micro-F1 {r['micro_f1']:.4f}  macro-F1 {r['macro_f1']:.4f}  "
+            print(f"    {model:15s} micro-F1 {r['micro_f1']:.4f}  macro-F1 {r['macro_f1']:.4f}  "
                   f"samples-F1 {r['samples_f1']:.4f}  train {r['train_s']:.1f}s"
-                  + (f"  chosen: {r['chosen']}" if model == "auto" else ""), flush=True)
-    print("\nmulti-label: set | ovr-LinearSVC micro-F1 | auto micro / macro / samples-F1 | gain | verdict")
+                  + (f"  chosen: {r['chosen']}" if "chosen" in r else ""), flush=True)
+    print("\nmulti-label: set | ovr-LinearSVC micro-F1 without / with the vector | auto micro / macro / "
+          "samples-F1 | gain (vs without / with) | verdict")
     for name, row in out.items():
-        b, a = row["baseline"], row["auto"]
+        b, bv, a = row["baseline"], row["baseline+vector"], row["auto"]
         verdict = "goal" if row["gain"] >= ML_GOAL else ("floor" if row["gain"] >= 0 else "BELOW FLOOR")
-        print(f"  {name:12s} {b['micro_f1']:.4f} | {a['micro_f1']:.4f} / {a['macro_f1']:.4f} / "
-              f"{a['samples_f1']:.4f} | {100 * row['gain']:+.1f} | {verdict}")
+        print(f"  {name:12s} {b['micro_f1']:.4f} / {bv['micro_f1']:.4f} | {a['micro_f1']:.4f} / {a['macro_f1']:.4f} / "
+              f"{a['samples_f1']:.4f} | {100 * row['gain']:+.1f} / {100 * row['gain_vs_vector']:+.1f} | {verdict}")
     return out
 
 
@@ -648,7 +744,7 @@ def multilabel_bench(names: list[str], args) -> dict:
 # --------------------------------------------------------------------------
 
 CURVE_SIZES = (100, 300, 1000, 0)  # 0: every training text
-CURVE_MODELS = ("auto+pretrained", "auto", "tfidf-svc", "fasttext", "fasttext-fixed")
+CURVE_MODELS = ("auto+pretrained", "auto", "anchor", "tfidf-svc", "fasttext", "fasttext-fixed")
 
 
 def subsample(ds, n: int, seed: int = SEED):
@@ -742,6 +838,13 @@ def curve_bench(names: list[str], sizes: list[int], models: list[str], args) -> 
                         cell[model] = _auto_cell(ds, {**params, "pretrained": False}, timed)
                     elif model == "tfidf-svc":
                         cell[model] = score(ds, run_tfidf_svc(ds))
+                    elif model == "anchor":
+                        if ds.lang != "en":
+                            cell[model] = {"skipped": "English sets only (LLaMA-2's vocabulary splits CJK into bytes)"}
+                            continue
+                        got = run_anchor(ds)
+                        cell[model] = {**score(ds, got), "chosen": f"weight {got.extra['weight']:g}",
+                                       "cv_macro_f1": got.extra["cv_macro_f1"]}
                     elif model in ("fasttext", "fasttext-fixed"):
                         try:
                             import fasttext  # noqa: F401
@@ -777,7 +880,10 @@ def print_curve(out: dict, models: list[str]) -> None:
                   + f"   {cell.get('unknown_words')}")
             a, b = cell.get("auto+pretrained", {}), cell.get("auto", {})
             svc = cell.get("tfidf-svc", {})
+            anchor = cell.get("anchor", {})
             size = key.split(" ")[0]
+            if "accuracy" in a and "accuracy" in anchor:
+                gains.setdefault(f"vs anchor, {size}", []).append(a["accuracy"] - anchor["accuracy"])
             if "accuracy" in a and "accuracy" in b:
                 gains.setdefault(f"vs auto, {size}", []).append(a["accuracy"] - b["accuracy"])
             if "accuracy" in a and "accuracy" in svc:
@@ -823,7 +929,7 @@ def main() -> None:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
         names = [s for s in args.sets.split(",") if s] or [
-            s for s in datasets.names() if datasets.spec(s).lang == "en"]
+            s for s in datasets.names() + datasets.case_names() if datasets.spec(s).lang == "en"]
         models = [m for m in args.only.split(",") if m] or list(CURVE_MODELS)
         sizes = [int(x) for x in args.sizes.split(",")]
         curve = curve_bench(names, sizes, models, args)

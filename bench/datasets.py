@@ -144,6 +144,21 @@ def _build_debian_en() -> list[Row]:
     return rows
 
 
+def _build_debsum_en() -> list[Row]:
+    """English package synopses (the short description alone, one line as
+    written: product names, acronyms and proper nouns in their own case,
+    "GNU Image Manipulation Program", "Perl module for ...") labelled by
+    archive section, the sections and filter of debian_en."""
+    sections = _package_sections()
+    rows = []
+    for fields in _parse_stanzas(_translation("en")):
+        name = fields.get("Package", "")
+        section = sections.get(name)
+        if section in DEBIAN_SECTIONS and "Description-en" in fields and not _GIVEAWAY_NAME.search(name):
+            rows.append((fields["Description-en"].split("\n")[0].strip(), section))
+    return rows
+
+
 def _translation(lang: str) -> str:
     """The archive's package description translations for `lang` ("en" holds the long
     English descriptions, which the Packages lists leave out), as text."""
@@ -456,6 +471,13 @@ SETS: dict[str, Spec] = {
     "debian_zh": Spec("zh", _build_debian_zh, 15, 5000),
 }
 
+# Development sets where case carries meaning (product names, acronyms, titles),
+# added with the case-kept pretrained view: in bench/accuracy.py --curve's
+# default sets; the other runs take them when named in --sets.
+CASE_SETS: dict[str, Spec] = {
+    "debsum_en": Spec("en", _build_debsum_en, 30, 600),
+}
+
 # Sets never used to choose auto's grid or any default: a check that the choice
 # generalises. Not in SETS, so `names()` (what the bench runs by default) leaves them
 # out; bench/accuracy.py --holdout runs them.
@@ -476,8 +498,12 @@ def holdout_names() -> list[str]:
     return list(HOLDOUT_SETS)
 
 
+def case_names() -> list[str]:
+    return list(CASE_SETS)
+
+
 def spec(name: str) -> Spec:
-    return SETS[name] if name in SETS else HOLDOUT_SETS[name]
+    return SETS[name] if name in SETS else CASE_SETS[name] if name in CASE_SETS else HOLDOUT_SETS[name]
 
 
 # --------------------------------------------------------------------------

@@ -1,13 +1,16 @@
 """Serving cost of auto's pretrained view: worker memory (PSS, USS) and throughput.
 
     .venv/bin/python bench/pretrained_cost.py [--set debian_en] [--n 1000] [--rounds 3] [--vector-table] [--first-layout]
+                                              [--folded]
 
 Builds `auto`'s served graph from the set's first --n training texts for the
 same learner (svm C=1) on word + char with and without the pretrained view
 (autoselect.final_model, as the trainer does: the view's linear map folded
 into its table, layers.PretrainedLogits; with --vector-table also the view
 as a vector table and a SparseLinear, with --first-layout in its first
-layout, as versions saved before hold them), saves each
+layout, as versions saved before hold them; with --folded also the view as
+versions trained before case was kept build it: lowercase words, punctuation
+dropped, one lookup, the baseline of the case-kept view's cost), saves each
 as .keras, then, --rounds times, the models taking turns, starts a fresh
 interpreter for each that does what a serving worker does (imports
 model_worker.textmodel, loads the model in safe mode, predicts, gives the
@@ -108,6 +111,9 @@ def main() -> None:
     ap.add_argument("--vector-table", action="store_true",
                     help="also the view as a vector table and a SparseLinear, as versions saved before the "
                          "fused table hold it")
+    ap.add_argument("--folded", action="store_true",
+                    help="also the view as trained before case was kept (lowercase words, one lookup): "
+                         "the case-kept view's baseline")
     ap.add_argument("--first-layout", action="store_true",
                     help="also the view in its first layout (two Embeddings), as the first versions hold it")
     args = ap.parse_args()
@@ -132,17 +138,34 @@ def main() -> None:
         search = autoselect.Search(texts, y, len(names), validate_params({}), "word", time.monotonic(), None, None)
         print(f"features (with the word table) {time.monotonic() - t0:.1f}s; table {search.pretrained.get('words')} words",
               flush=True)
+        folded = None
+        if args.folded:  # the same search's view, built as before case was kept
+            import scipy.sparse as sp
+
+            from model_worker import autofeatures, pretrained
+
+            folded = autoselect.Search(texts, y, len(names), validate_params({}), "word", time.monotonic(), None, None)
+            view, feats = pretrained.fit_view(texts, standardize="word")
+            folded.view_defs["pretrained"] = view  # type: ignore[assignment]
+            folded.counts["pretrained"] = autofeatures.Counts(sp.csr_matrix(feats.astype(np.float64)),
+                                                              view.vocabulary())
+            print(f"tables: case kept {search.pretrained.get('words')} words, folded {len(view.table.words)} words",
+                  flush=True)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
         paths = {}
         for name, views, kind in (("with pretrained", ("word", "char", "pretrained"), "fused"),
+                                  ("with pretrained, folded (before)", ("word", "char", "pretrained"), "folded"),
                                   ("with pretrained, vector table", ("word", "char", "pretrained"), "vector"),
                                   ("with pretrained, first layout", ("word", "char", "pretrained"), "first"),
                                   ("without", ("word", "char"), "fused")):
-            if (kind == "vector" and not args.vector_table) or (kind == "first" and not args.first_layout):
+            if ((kind == "vector" and not args.vector_table) or (kind == "first" and not args.first_layout)
+                    or (kind == "folded" and folded is None)):
                 continue
-            with layout(kind):
-                model = autoselect.final_model(search, [autoselect.Candidate(views, "svm", 1.0)], [1.0])
-            paths[name] = os.path.join(tmp, name.replace(" ", "_").replace(",", "") + ".keras")
+            with layout("fused" if kind == "folded" else kind):
+                model = autoselect.final_model(folded if kind == "folded" and folded is not None else search,
+                                               [autoselect.Candidate(views, "svm", 1.0)], [1.0])
+            paths[name] = os.path.join(tmp, name.replace(" ", "_").replace(",", "").replace("(", "")
+                                       .replace(")", "") + ".keras")
             model.save(paths[name])
             out[name] = {"views": "+".join(views), "artifact_mb": round(os.path.getsize(paths[name]) / 2**20, 1),
                          "runs": []}

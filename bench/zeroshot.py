@@ -12,8 +12,9 @@ fortunes_en, wordnet_en), with the one-line descriptions below:
   cosine rule   the same rule computed directly in NumPy from the package's own
                 tokenizer on whole texts: mean subword vector of the text, cosine
                 to each description's, argmax (the figure the issue measured from
-                outside, the floor); the served graph differs from it by what its
-                split drops (case) and by the words its table lacks
+                outside, the floor); the served graph (words as written, case
+                kept, marks split off) differs from it by the marks' pieces and by
+                the words its table lacks
   names only    zero-shot with each label's name as its description
   auto@100 / tfidf-svc@100
                 auto (pretrained view allowed) and TF-IDF + LinearSVC trained on

@@ -82,6 +82,14 @@ _PRETRAINED_ALONE_BELOW = 5000
 # ... and beside the n-grams it goes on to the learners only when it screens
 # better than the same n-grams without it by more than this.
 _PRETRAINED_MARGIN = 0.005
+# The pretrained view's weight beside the n-grams (times its scale, SCALE /
+# the training texts' median norm) is chosen by CV among these, screened in
+# this order (a binding budget cuts the last): with few labelled texts the
+# pretrained part should weigh more, so at _FEW_LABELS texts or fewer the
+# larger weight comes first.
+_PRETRAINED_WEIGHTS = (1.0, 2.0, 0.5)
+_PRETRAINED_WEIGHTS_FEW = (2.0, 1.0, 0.5)
+_FEW_LABELS = 300
 # Relative cost of a learner against the linear SVM on the same features
 # (measured), used to predict whether a candidate still fits the budget.
 _COST_FACTOR = {"svm": 1.0, "nbsvm": 2.0, "lr": 3.0}
@@ -103,16 +111,26 @@ class Candidate:
     learner: str           # "svm", "nbsvm", "lr"; "bow", "cnn" for the networks
     c: float | None = None
     balanced: bool = False  # labels weighted inversely to their frequency
+    # the pretrained view's columns times this beside n-grams (chosen by CV,
+    # see _PRETRAINED_WEIGHTS); the served graph folds it into the kernel
+    weight: float = 1.0
 
     @property
     def name(self) -> str:
         if self.learner in ("bow", "cnn"):
             return self.learner
-        return f"{'+'.join(self.views)}/{self.learner} C={self.c:g}{' balanced' if self.balanced else ''}"
+        w = f" w={self.weight:g}" if self.weight != 1.0 else ""
+        return f"{'+'.join(self.views)}/{self.learner} C={self.c:g}{' balanced' if self.balanced else ''}{w}"
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "views": list(self.views), "learner": self.learner, "C": self.c,
-                "balanced": self.balanced}
+        out = {"name": self.name, "views": list(self.views), "learner": self.learner, "C": self.c,
+               "balanced": self.balanced}
+        if "pretrained" in self.views:
+            out["pretrained_weight"] = self.weight
+        return out
+
+    def view_weight(self, view: str) -> float:
+        return self.weight if view == "pretrained" else 1.0
 
 
 @dataclass
@@ -188,7 +206,7 @@ class Search:
         self.metric = "micro_f1" if self.multi else "macro_f1"
         self.folds, self.tested = cv_folds(y, wanted, self.seed)
         self._weighted: dict[tuple[str, int], sp.csr_matrix] = {}
-        self._split_cache: dict[tuple[tuple[str, ...], int], tuple[sp.csr_matrix, sp.csr_matrix]] = {}
+        self._split_cache: dict[tuple[tuple[tuple[str, ...], float], int], tuple[sp.csr_matrix, sp.csr_matrix]] = {}
         self.scored: list[Scored] = []
         self.skipped: list[dict[str, Any]] = []
         self.pruned: list[dict[str, Any]] = []
@@ -220,26 +238,31 @@ class Search:
         return {"used": True, **view.table.describe(), "scale": round(view.scale, 6),
                 "norm": "the mean times scale (one constant: SCALE / the training texts' median norm)",
                 "pooling": "mean",
+                "lookup": "as written, else lowercase, else capitalized, else without the marks at its ends",
+                "weight": "beside n-grams: times 2, 1 or 0.5, chosen by CV (the candidate's pretrained_weight)",
                 "unknown_words": "ignored (a text's mean is over its known words; none known: zeros)",
                 "seconds": {"table_and_features": round(table_s, 2)}}
 
-    def weighted(self, v: str, idf: np.ndarray, rows: Any = None) -> sp.csr_matrix:
-        """View v's features (TF-IDF with this idf, or the dense view's values)."""
+    def weighted(self, v: str, idf: np.ndarray, rows: Any = None, weight: float = 1.0) -> sp.csr_matrix:
+        """View v's features (TF-IDF with this idf, or the dense view's values), times `weight`."""
         counts = self.counts[v].matrix if rows is None else self.counts[v].matrix[rows]
-        return autofeatures.weighted(self.view_defs[v], counts, idf)
+        x = autofeatures.weighted(self.view_defs[v], counts, idf)
+        return x if weight == 1.0 else sp.csr_matrix(x * weight)
 
-    def _fold_split(self, views: tuple[str, ...], fold: int) -> tuple[sp.csr_matrix, sp.csr_matrix]:
-        """(train rows, test rows) of the fold's matrix; the last view set's are kept."""
-        key = (views, fold)
+    def _fold_split(self, views: tuple[str, ...], fold: int, weight: float = 1.0
+                    ) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+        """(train rows, test rows) of the fold's matrix, the pretrained view's
+        columns times `weight`; the last view set's are kept."""
+        key = ((views, weight), fold)
         if key not in self._split_cache:
-            if self._split_cache and next(iter(self._split_cache))[0] != views:
+            if self._split_cache and next(iter(self._split_cache))[0] != (views, weight):
                 self._split_cache.clear()
-            x = self._fold_matrix(views, fold)
+            x = self._fold_matrix(views, fold, weight)
             train, test = self.folds[fold]
             self._split_cache[key] = (x[train], x[test])
         return self._split_cache[key]
 
-    def _fold_matrix(self, views: tuple[str, ...], fold: int) -> sp.csr_matrix:
+    def _fold_matrix(self, views: tuple[str, ...], fold: int, weight: float = 1.0) -> sp.csr_matrix:
         """All rows weighted with IDF from this fold's training rows only (the
         pretrained view: with the table this fold's training rows would build)."""
         parts = []
@@ -253,12 +276,12 @@ class Search:
                     # the pretrained view: the table of this fold's training side
                     # (its texts' words and the frequent words), not every text's
                     seen = np.asarray(self._word_counts[train].sum(axis=0)).ravel() > 0
-                    in_frequent = view.table.in_frequent  # type: ignore[attr-defined]
-                    known = seen if in_frequent is None else seen | in_frequent
+                    known = view.table.known_rows(seen)  # type: ignore[attr-defined]
                     self._weighted[key] = sp.csr_matrix(view.features_of(self._word_counts, known))  # type: ignore[attr-defined]
                 else:
                     self._weighted[key] = autofeatures.weighted(view, counts, autofeatures.idf_weights(counts[train]))
-            parts.append(self._weighted[key])
+            parts.append(self._weighted[key] if v != "pretrained" or weight == 1.0
+                         else sp.csr_matrix(self._weighted[key] * weight))
         return parts[0] if len(parts) == 1 else sp.hstack(parts, format="csr")
 
     # -- budget --------------------------------------------------------------
@@ -302,7 +325,7 @@ class Search:
                 if cand.learner in ("bow", "cnn"):
                     oof[test] = self.network_cv(cand.learner, train, test, self.deadline - self.reserve())  # type: ignore[misc]  # networks only with network_cv
                 else:
-                    x_train, x_test = self._fold_split(cand.views, f)
+                    x_train, x_test = self._fold_split(cand.views, f, cand.weight)
                     if self.multi:
                         model = learners.fit_ovr(cand.learner, cand.c, x_train, self.y[train], self.seed)  # type: ignore[arg-type]  # a linear candidate has its C
                     else:
@@ -396,7 +419,9 @@ class Search:
         # view sets that go on to the learners: at most two of the screened
         # singles (one character view of the two) and the union
         view_sets = min(2, len(screen) - int(len(char_views) == 2) + union)
-        total = len(screen) + len(pre) + union + with_pretrained + view_sets * len(_LEARNERS) + int(balanced) + len(networks)
+        weights = _PRETRAINED_WEIGHTS_FEW if len(self.y) <= _FEW_LABELS else _PRETRAINED_WEIGHTS
+        total = (len(screen) + len(pre) + union + with_pretrained * len(weights) + view_sets * len(_LEARNERS)
+                 + int(balanced) + len(networks))
         index = 0
         for cand in screen:
             index += 1
@@ -416,29 +441,35 @@ class Search:
             index += 1
             self.run(cand, index, total)
         if with_pretrained:  # beside the n-grams: the union, else the one n-gram view left
-            index += 1
             base = ("word", chars) if union else (chars or ngram_views[0],)
-            self.run(Candidate((*base, "pretrained"), *_SCREEN, balanced), index, total)
-        screened = {s.candidate.views: s.score for s in self.scored if dropped not in s.candidate.views}
+            for w in weights:  # the view's weight, by CV (the budget cuts the last)
+                index += 1
+                self.run(Candidate((*base, "pretrained"), *_SCREEN, balanced, w), index, total)
+        # each view set with its best screened weight (1 without the pretrained view)
+        screened: dict[tuple[str, ...], tuple[float, float]] = {}
+        for s in self.scored:
+            if dropped not in s.candidate.views and (s.candidate.views not in screened
+                                                     or s.score > screened[s.candidate.views][0]):
+                screened[s.candidate.views] = (s.score, s.candidate.weight)
         # the pretrained view goes on beside n-grams only when it beats the same
         # n-grams without it by _PRETRAINED_MARGIN: its dense fits cost budget
         # (on wordnet_en's 15.9k texts a +0.00x gap crowded out the learners)
         for views in [v for v in screened if "pretrained" in v and len(v) > 1]:
             twin = tuple(x for x in views if x != "pretrained")
-            if twin in screened and screened[views] <= screened[twin] + _PRETRAINED_MARGIN:
+            if twin in screened and screened[views][0] <= screened[twin][0] + _PRETRAINED_MARGIN:
                 del screened[views]
-        ranked = sorted(screened.items(), key=lambda kv: -kv[1])
-        top = [views for views, _ in ranked[:2]]
+        ranked = sorted(screened.items(), key=lambda kv: -kv[1][0])
+        top = [(views, w) for views, (_, w) in ranked[:2]]
         # learner by learner across both view sets: cheap learners first, so
         # that a binding budget cuts the costly ones (lr) rather than a view
         for learner, c in _LEARNERS:
-            for views in top:
+            for views, w in top:
                 index += 1
-                self.run(Candidate(views, learner, c, balanced), index, total)
+                self.run(Candidate(views, learner, c, balanced, w), index, total)
         if balanced:
             index += 1
             best = self.best().candidate
-            self.run(Candidate(best.views, best.learner, best.c, False), index, total)
+            self.run(Candidate(best.views, best.learner, best.c, False, best.weight), index, total)
         if not include_networks:
             self.skipped += [{"name": n, "reason": "include_networks is false"} for n in ("bow", "cnn")]
         for cand in networks:
@@ -660,7 +691,7 @@ def learning_curve(search: Search, members: list[Scored], temps: list[float]
     for m in members:
         oof = np.zeros((len(y), search.n_labels))
         for f, (train, test) in enumerate(search.folds):
-            x_train, x_test = search._fold_split(m.candidate.views, f)
+            x_train, x_test = search._fold_split(m.candidate.views, f, m.candidate.weight)
             keep = np.sort(rng.permutation(len(train))[:int(len(train) * _CURVE_SHARE)])
             if len(np.unique(y[train][keep])) < search.n_labels:
                 keep = np.arange(len(train))  # a label would vanish: the whole fold
@@ -732,12 +763,12 @@ class AutoResult:
 def _refit_linear(search: Search, cand: Candidate, temperature: float,
                   idf: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Fit on every row; returns per-view kernel blocks and bias, divided by T."""
-    x = sp.hstack([search.weighted(v, idf[v]) for v in cand.views], format="csr")
+    x = sp.hstack([search.weighted(v, idf[v], weight=cand.view_weight(v)) for v in cand.views], format="csr")
     model = learners.fit(cand.learner, cand.c, x, search.y, search.n_labels, search.seed, cand.balanced)  # type: ignore[arg-type]  # a linear candidate has its C
     blocks, offset = {}, 0
-    for v in cand.views:
+    for v in cand.views:  # a view's weight goes into its kernel block: the graph computes the view unweighted
         size = len(search.counts[v].vocabulary)
-        blocks[v] = model.kernel[offset:offset + size] / temperature
+        blocks[v] = model.kernel[offset:offset + size] * cand.view_weight(v) / temperature
         offset += size
     return blocks, model.bias / temperature
 
@@ -1025,12 +1056,12 @@ def final_multilabel_model(search: Search, cand: Candidate, a: np.ndarray, b: np
     """Refit one-vs-rest on every row, fold the Platt scaling into kernel and
     bias, build the sigmoid graph and check it against scikit-learn's side."""
     idf = {v: autofeatures.idf_weights(search.counts[v].matrix) for v in cand.views}
-    x = sp.hstack([search.weighted(v, idf[v]) for v in cand.views], format="csr")
+    x = sp.hstack([search.weighted(v, idf[v], weight=cand.view_weight(v)) for v in cand.views], format="csr")
     model = learners.fit_ovr(cand.learner, cand.c, x, search.y, search.seed)  # type: ignore[arg-type]  # a linear candidate has its C
     blocks, offset = {}, 0
-    for v in cand.views:
+    for v in cand.views:  # the view's weight folded into its block, as in _refit_linear
         size = len(search.counts[v].vocabulary)
-        blocks[v] = model.kernel[offset:offset + size] * a
+        blocks[v] = model.kernel[offset:offset + size] * a * cand.view_weight(v)
         offset += size
     bias = model.bias * a + b
     used = [v for v in search.view_defs if v in blocks]
@@ -1038,7 +1069,8 @@ def final_multilabel_model(search: Search, cand: Candidate, a: np.ndarray, b: np
         [(search.view_defs[v], search.counts[v].vocabulary, idf[v]) for v in used], [(blocks, bias)],
         activation="sigmoid")
     rows = np.arange(min(64, len(search.texts)))
-    expected = _sigmoid(np.asarray(x[rows] @ np.vstack([blocks[v] for v in cand.views])) + bias)
+    plain = sp.hstack([search.weighted(v, idf[v], rows) for v in cand.views], format="csr")
+    expected = _sigmoid(np.asarray(plain @ np.vstack([blocks[v] for v in cand.views])) + bias)
     got = serving.make_predict_fn(graph)([search.texts[i] for i in rows])
     if not np.allclose(got, expected, atol=1e-4):
         raise RuntimeError(f"Keras graph differs from the fitted model by {np.abs(got - expected).max():.2e}")

@@ -162,7 +162,7 @@ class Explainer:
         if lay.standardize:
             texts = layers._STANDARDIZERS[lay.standardize](texts)
         words = tf.strings.split(texts)
-        ids = lay.lookup(words.flat_values).numpy().astype(np.int64)
+        ids = lay.word_ids(words.flat_values).numpy().astype(np.int64)
         rows = words.value_rowids().numpy().astype(np.int64)
         sums, counts = lay.table_rows(ids)   # the rows of the text's words, in order
         known = np.bincount(rows, weights=counts, minlength=n)

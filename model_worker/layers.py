@@ -104,8 +104,29 @@ def standardize_word_punct(text: tf.Tensor) -> tf.Tensor:
     return tf.strings.regex_replace(text, _PUNCT_CHAR, r" \1 ")
 
 
+@keras.saving.register_keras_serializable(package="textswap")
+def standardize_cased(text: tf.Tensor) -> tf.Tensor:
+    """Nothing changed: the words are split at whitespace as written, case and
+    punctuation kept. The pretrained view's split: LLaMA's pieces are
+    case-sensitive and never span a space, so a word as written, punctuation
+    attached, has the pieces the package's tokenizer gives it inside a whole
+    text (model_worker/pretrained.py)."""
+    return tf.identity(text)
+
+
+@keras.saving.register_keras_serializable(package="textswap")
+def standardize_cased_punct(text: tf.Tensor) -> tf.Tensor:
+    """standardize_word_punct with case kept: every punctuation mark or symbol
+    becomes a token of its own, words stay whole as written. The zero-shot
+    view's split: with no training texts, the table cannot hold every word
+    with a mark attached ("kernel," "Linux."), so marks are split off and
+    each gets its own vector."""
+    return tf.strings.regex_replace(text, _PUNCT_CHAR, r" \1 ")
+
+
 _STANDARDIZERS = {"char": standardize_char, "word": standardize_word, "lower": standardize_lower,
-                  "word_punct": standardize_word_punct}
+                  "word_punct": standardize_word_punct, "cased": standardize_cased,
+                  "cased_punct": standardize_cased_punct}
 # The n-gram widths (and whether unigrams come too) of each char split, for
 # CharNgramCounts, which computes the same counts by number.
 CHAR_SPLIT_WIDTHS = {split_char_2_5: ((2, 3, 4, 5), False), split_char_1_3: ((2, 3), True)}
@@ -426,14 +447,24 @@ class PretrainedEmbedding(keras.layers.Layer):
     texts, pretrained.fit_view), with no per-text norm, which is what lets
     PretrainedLogits fold the linear map into the table; true (the first
     versions, and zero-shot's cosine): scaled to L2 norm `scale`.
+
+    `fallback` true (the case-kept tables, splits "cased" and "cased_punct"): a word the table
+    lacks as written is looked up again lowercased (the table maps a
+    lowercase form it lacks to its capitalized form's row, so this is the
+    lowercase-then-capitalized fallback); false (versions before): one lookup.
+    `strip` true (auto's case-kept tables): a word still unknown is looked up
+    once more without the punctuation at its ends, as written and then
+    lowercased ("(runtime" -> "runtime"): words met with a mark attached in
+    serving that training met bare.
     """
 
     def __init__(self, vocabulary_size: int = 0, dim: int = 256, standardize: str | None = "word",
-                 scale: float = 0.5, packed: bool = False, l2: bool = True, **kwargs: Any) -> None:
+                 scale: float = 0.5, packed: bool = False, l2: bool = True, fallback: bool = False,
+                 strip: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size, self.dim = int(vocabulary_size), int(dim)
         self.standardize, self.scale, self.packed = standardize, float(scale), bool(packed)
-        self.l2 = bool(l2)
+        self.l2, self.fallback, self.strip = bool(l2), bool(fallback), bool(strip)
         self.lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="words")
         if self.packed:
             self.vectors = keras.layers.Embedding(self.vocabulary_size + 1, self.dim + 1, dtype="float16",
@@ -477,8 +508,12 @@ class PretrainedEmbedding(keras.layers.Layer):
         return (np.asarray(tf.gather(self.vector_sums.embeddings, ids).numpy(), dtype=np.float64),
                 np.asarray(tf.gather(self.subword_counts.embeddings, ids).numpy(), dtype=np.float64)[:, 0])
 
+    def word_ids(self, words: Any) -> Any:
+        """Table ids (0: unknown) of a flat tensor of words."""
+        return _lookup(words, self.lookup, self.fallback, self.strip)
+
     def call(self, texts: Any) -> Any:
-        ids, rows, n = _word_rows(texts, self.standardize, self.lookup)
+        ids, rows, n = _word_rows(texts, self.standardize, self.lookup, self.fallback, self.strip)
 
         def per_text(x: Any) -> Any:
             # rows are sorted; texts after the last one with a word get zeros
@@ -503,16 +538,47 @@ class PretrainedEmbedding(keras.layers.Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "dim": self.dim,
-                "standardize": self.standardize, "scale": self.scale, "packed": self.packed, "l2": self.l2}
+                "standardize": self.standardize, "scale": self.scale, "packed": self.packed, "l2": self.l2,
+                "fallback": self.fallback, "strip": self.strip}
 
 
-def _word_rows(texts: Any, standardize: str | None, lookup: Any) -> tuple[Any, Any, Any]:
+# Punctuation and symbols at a word's ends (anything but letters, marks, digits)
+EDGE_MARKS = r"^[^\p{L}\p{M}\p{N}]+|[^\p{L}\p{M}\p{N}]+$"
+
+
+def strip_marks(words: Any) -> Any:
+    """Each word without the punctuation and symbols at its ends."""
+    return tf.strings.regex_replace(words, EDGE_MARKS, "")
+
+
+def _lookup(words: Any, lookup: Any, fallback: bool, strip: bool = False) -> Any:
+    """Table ids of `words`; with `fallback`, a word unknown as written takes
+    its lowercase form's id; with `strip` too, a word still unknown takes
+    its form without the marks at its ends, as written, else lowercased (0
+    when every form is unknown)."""
+    ids = lookup(words)
+    if not fallback:
+        return ids
+    # only the words unknown as written go through the fallback (a tenth of
+    # a batch's words or fewer): their other forms, then back in place
+    miss = tf.where(tf.equal(ids, 0))
+    unknown = tf.gather_nd(words, miss)
+    found = lookup(tf.strings.lower(unknown, encoding="utf-8"))
+    if strip:
+        bare = strip_marks(unknown)
+        found = tf.where(found > 0, found, lookup(bare))
+        found = tf.where(found > 0, found, lookup(tf.strings.lower(bare, encoding="utf-8")))
+    return tf.tensor_scatter_nd_update(ids, miss, found)
+
+
+def _word_rows(texts: Any, standardize: str | None, lookup: Any, fallback: bool = False, strip: bool = False
+               ) -> tuple[Any, Any, Any]:
     """(table ids of the texts' words, their text of origin (sorted), the batch size)."""
     texts = tf.convert_to_tensor(texts, tf.string)
     if standardize:
         texts = _STANDARDIZERS[standardize](texts)
     words = tf.strings.split(texts)
-    return lookup(words.flat_values), words.value_rowids(), tf.shape(texts, out_type=tf.int64)[0]
+    return _lookup(words.flat_values, lookup, fallback, strip), words.value_rowids(), tf.shape(texts, out_type=tf.int64)[0]
 
 
 @keras.saving.register_keras_serializable(package="textswap")
@@ -532,10 +598,12 @@ class PretrainedLogits(keras.layers.Layer):
     """
 
     def __init__(self, vocabulary_size: int = 0, units: int = 1, standardize: str | None = "word",
-                 scale: float = 1.0, use_bias: bool = False, **kwargs: Any) -> None:
+                 scale: float = 1.0, use_bias: bool = False, fallback: bool = False, strip: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size, self.units = int(vocabulary_size), int(units)
         self.standardize, self.scale, self.use_bias = standardize, float(scale), bool(use_bias)
+        self.fallback, self.strip = bool(fallback), bool(strip)  # as PretrainedEmbedding's
         self.lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="words")
         self.projected = keras.layers.Embedding(self.vocabulary_size + 1, self.units + 1, dtype="float32",
                                                 trainable=False, name="projected")
@@ -567,8 +635,12 @@ class PretrainedLogits(keras.layers.Layer):
         rows = np.asarray(tf.gather(self.projected.embeddings, ids).numpy(), dtype=np.float64)
         return rows[:, :self.units], rows[:, self.units]
 
+    def word_ids(self, words: Any) -> Any:
+        """Table ids (0: unknown) of a flat tensor of words."""
+        return _lookup(words, self.lookup, self.fallback, self.strip)
+
     def call(self, texts: Any) -> Any:
-        ids, rows, n = _word_rows(texts, self.standardize, self.lookup)
+        ids, rows, n = _word_rows(texts, self.standardize, self.lookup, self.fallback, self.strip)
         # the sorted sum (rows come text by text) measured ~4x faster than the
         # unsorted one; texts after the last one with a word get zeros
         summed = tf.math.segment_sum(self.projected(ids), rows)
@@ -583,4 +655,5 @@ class PretrainedLogits(keras.layers.Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "units": self.units,
-                "standardize": self.standardize, "scale": self.scale, "use_bias": self.use_bias}
+                "standardize": self.standardize, "scale": self.scale, "use_bias": self.use_bias,
+                "fallback": self.fallback, "strip": self.strip}

@@ -9,19 +9,30 @@ real tokenizer, into a word table:
 
     word -> (sum of its subword vectors, its subword count)
 
-It covers every word of the training texts plus the most frequent English
-words (wordfreq's list, FREQUENT_WORDS of them). In the graph a
-`keras.layers.StringLookup` maps each word of a text to its row, and two
-`keras.layers.Embedding`s hold the sums (float16, as the package ships them)
-and the counts. Their sums over a text, divided, are exactly the mean subword
-vector the package computes for the same words (the package tokenizes the
-whole text; LLaMA's pieces never span a word boundary, so the only
-differences are what the word standardizer drops: punctuation, case).
+Words are kept as written (the split "cased": whitespace only, case and
+punctuation kept). LLaMA's pieces are case-sensitive ("Oil", "oil" and
+"OIL" are different pieces with different vectors) and the tokenizer has no
+pre-tokenizer: it prepends "▁", turns each space into "▁" and runs BPE over
+the whole text, and no piece spans a "▁" inside it, so a word as written,
+punctuation attached ("Output," "(the"), gets the same pieces alone as inside
+the text. The graph's mean over a text's words is then the package's
+`embed()` of the raw text, to float16 precision (tests/test_pretrained.py
+checks it on mixed-case sentences), except where whitespace other than
+single spaces separates words (tabs, newlines, runs of spaces: the package
+sees pieces for them; the split does not).
 
-Unknown words (not in the table: words first met in serving that are not
-frequent English words) get nothing: sum 0, count 0, so the mean is over the
-known words, and a text with none gets the zero vector (the linear part and
-the bias decide alone). bench/accuracy.py --curve reports how many test words
+The table covers every word of the training texts plus the most frequent
+English words (wordfreq's list, FREQUENT_WORDS of them, each as listed,
+lowercase, and capitalized). A served word the table lacks as written is
+looked up lowercased, then capitalized (one more lookup in the graph: the
+table holds, for each lowercase form it lacks whose capitalized form it
+has, an alias row with that form's vector) before it counts as unknown.
+Tables built before case was kept (the split "word": lowercase, punctuation
+dropped) have no fallback; their versions load and serve as they did.
+
+Unknown words get nothing: sum 0, count 0, so the mean is over the known
+words, and a text with none gets the zero vector (the linear part and the
+bias decide alone). bench/accuracy.py --curve reports how many test words
 are unknown.
 
 The mean is scaled to L2 norm SCALE (the n-gram views' bags are unit-norm
@@ -104,7 +115,7 @@ def tokenizer() -> Any:
     return Tokenizer.from_file(os.path.join(where, TOKENIZER_FILE))
 
 
-def words_of(texts: list[str], standardize: str = "word") -> list[str]:
+def words_of(texts: list[str], standardize: str = "cased") -> list[str]:
     """The words of `texts` as the graph splits them (the standardizer, whitespace)."""
     out: set[str] = set()
     std = layers._STANDARDIZERS[standardize]
@@ -121,13 +132,20 @@ PUNCTUATION = tuple(sorted({chr(c) for c in range(33, 127) if not chr(c).isalnum
 
 
 @functools.lru_cache(maxsize=4)
-def frequent_words(n: int = FREQUENT_WORDS, standardize: str = "word") -> tuple[str, ...]:
+def frequent_words(n: int = FREQUENT_WORDS, standardize: str = "cased", capitalized: int | None = None
+                   ) -> tuple[str, ...]:
     """The n most frequent English words (wordfreq), split as the graph splits
-    (with "word_punct", the punctuation marks too)."""
+    (with "word_punct", the punctuation marks too). With the case-kept split
+    ("cased") each word comes as written (wordfreq lists them lowercase) and
+    capitalized, as it starts a sentence or a title: the first `capitalized`
+    of them (None: all n)."""
     from wordfreq import top_n_list
 
-    extra = list(PUNCTUATION) if standardize == "word_punct" else []
-    return tuple(words_of(top_n_list("en", n) + extra, standardize))
+    top = top_n_list("en", n)
+    extra = list(PUNCTUATION) if standardize in ("word_punct", "cased_punct") else []
+    if standardize in ("cased", "cased_punct"):
+        extra += [w.capitalize() for w in top[:n if capitalized is None else capitalized]]
+    return tuple(words_of(top + extra, standardize))
 
 
 def subword_sums(words: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -156,25 +174,99 @@ class WordTable:
     from_training: int = 0
     frequent: int = 0
     in_frequent: np.ndarray | None = None  # (n,) bool: among the frequent English words
+    # (n,) int: the row whose vector an alias row copies (-1: a word of its
+    # own). Case-kept tables only: a lowercase form the table lacks whose
+    # capitalized form it has ("apple" -> "Apple"), so that one lowercase
+    # lookup in serving is the lowercase-then-capitalized fallback.
+    alias_of: np.ndarray | None = None
+    cased: bool = False
+    # (n, 2) int: the rows of a word's lowercase and capitalized forms (-1:
+    # none, or the word itself): where serving's fallback goes when a table
+    # lacks the word as written (case-kept tables only)
+    fallback_rows: np.ndarray | None = None
 
     def describe(self) -> dict[str, Any]:
+        aliases = 0 if self.alias_of is None else int((self.alias_of >= 0).sum())
         return {"words": len(self.words), "from_training": self.from_training,
                 "frequent_words": self.frequent, "dim": int(self.sums.shape[1]),
+                "case": "kept (lookup as written, then lowercase, then capitalized)" if self.cased
+                        else "folded (lowercase)",
+                "lowercase_aliases": aliases,
                 "bytes": int(self.sums.nbytes + self.counts.astype(np.float16).nbytes),
                 "origin": ORIGIN}
 
+    def known_rows(self, seen: np.ndarray) -> np.ndarray:
+        """Rows known to a table built from the texts whose words are `seen`
+        (bool, by row) and the frequent words: an alias is known with its target."""
+        known = seen if self.in_frequent is None else seen | self.in_frequent
+        if self.alias_of is not None:
+            alias = np.flatnonzero(self.alias_of >= 0)
+            known = known.copy()
+            known[alias] = known[self.alias_of[alias]]
+        return known
+
+
+def _capitalized(word: str) -> str:
+    return word[:1].upper() + word[1:].lower()
+
 
 def build_table(texts: list[str], n_frequent: int = FREQUENT_WORDS,
-                standardize: str = "word") -> WordTable:
+                standardize: str = "cased", capitalized: int | None = None) -> WordTable:
     """Every word of `texts` plus the n_frequent most frequent English words,
-    split by the `standardize` the view's layer will use."""
+    split by the `standardize` the view's layer will use.
+
+    "cased" (the view since case is kept): words as written, punctuation
+    attached, each with the pieces the package's tokenizer gives it inside
+    a text; the frequent words as written and capitalized (the first
+    `capitalized` of them; None: all); and one alias row for each lowercase
+    form the table lacks whose capitalized form it has (WordTable.alias_of)."""
     own = words_of(texts, standardize)
-    frequent = frequent_words(n_frequent, standardize) if n_frequent else ()
+    frequent = frequent_words(n_frequent, standardize, capitalized) if n_frequent else ()
     words = sorted(set(own) | set(frequent))
+    alias_of = None
+    if standardize in ("cased", "cased_punct"):
+        have = set(words)
+        index = {w: i for i, w in enumerate(words)}
+        targets: dict[str, int] = {}
+        for w in words:
+            k = w.lower()
+            if k not in have and k not in targets and _capitalized(k) in index:
+                targets[k] = index[_capitalized(k)]
+        if targets:
+            words = sorted(have | set(targets))
+            index = {w: i for i, w in enumerate(words)}
+            alias_of = np.full(len(words), -1, dtype=np.int64)
+            for k in targets:
+                alias_of[index[k]] = index[_capitalized(k)]
+        else:
+            alias_of = np.full(len(words), -1, dtype=np.int64)
     sums, counts = subword_sums(words)
+    if alias_of is not None:
+        alias = np.flatnonzero(alias_of >= 0)
+        sums[alias], counts[alias] = sums[alias_of[alias]], counts[alias_of[alias]]
     common = set(frequent)
+    in_frequent = np.array([w in common for w in words], dtype=bool)
+    if alias_of is not None:
+        alias = np.flatnonzero(alias_of >= 0)
+        in_frequent[alias] = in_frequent[alias_of[alias]]
+    fallback_rows = None
+    if alias_of is not None:
+        index = {w: i for i, w in enumerate(words)}
+        # serving's order: lowercase, capitalized (an alias row), and for
+        # "cased" the word without its edge marks as written, lowercase, capitalized
+        bare = [b.decode("utf-8") for b in layers.strip_marks(tf.constant(words, tf.string)).numpy()] \
+            if standardize == "cased" and words else list(words)
+        fallback_rows = np.full((len(words), 5), -1, dtype=np.int64)
+        for i, (w, b) in enumerate(zip(words, bare)):
+            forms = [w.lower(), _capitalized(w)]
+            if b != w:
+                forms += [b, b.lower(), _capitalized(b)]
+            for j, f in enumerate(forms):
+                if f != w:
+                    fallback_rows[i, j] = index.get(f, -1)
     return WordTable(words, sums.astype(np.float16), counts, from_training=len(own), frequent=len(frequent),
-                     in_frequent=np.array([w in common for w in words], dtype=bool))
+                     in_frequent=in_frequent, alias_of=alias_of, cased=standardize in ("cased", "cased_punct"),
+                     fallback_rows=fallback_rows)
 
 
 # --------------------------------------------------------------------------
@@ -194,10 +286,21 @@ class PretrainedView:
 
     table: WordTable
     name: str = "pretrained"
-    standardize: str = "word"
+    standardize: str = "cased"
     dense: bool = field(default=True)
     scale: float = SCALE
     l2: bool = True  # false: the mean times `scale`, no per-text norm (fit_view)
+
+    @property
+    def strip(self) -> bool:
+        """Whether serving looks a word still unknown up without its edge marks
+        (auto's split "cased", which keeps marks attached to words)."""
+        return self.standardize == "cased"
+
+    @property
+    def fallback(self) -> bool:
+        """Whether serving looks an unknown word up again lowercased (the case-kept split)."""
+        return self.standardize in ("cased", "cased_punct")
 
     def vocabulary(self) -> list[str]:
         return [f"pretrained[{i}]" for i in range(self.table.sums.shape[1])]
@@ -205,7 +308,8 @@ class PretrainedView:
     def layer(self, standardized: bool = False) -> PretrainedEmbedding:
         lay = PretrainedEmbedding(len(self.table.words), self.table.sums.shape[1],
                                   None if standardized else self.standardize, self.scale,
-                                  packed=True, l2=self.l2, name=f"vectorizer_{self.name}")
+                                  packed=True, l2=self.l2, fallback=self.fallback, strip=self.strip,
+                                  name=f"vectorizer_{self.name}")
         lay.set_table(self.table)
         return lay
 
@@ -219,7 +323,8 @@ class PretrainedView:
         projected = self.table.sums.astype(np.float64) @ np.asarray(kernel, dtype=np.float64)
         lay = layers.PretrainedLogits(len(self.table.words), kernel.shape[1],
                                       None if standardized else self.standardize, self.scale,
-                                      use_bias=bias is not None, name=name or f"logits_{self.name}")
+                                      use_bias=bias is not None, fallback=self.fallback, strip=self.strip,
+                                      name=name or f"logits_{self.name}")
         lay.set_table(self.table.words, projected.astype(np.float32), self.table.counts, bias)
         return lay
 
@@ -239,7 +344,7 @@ class PretrainedView:
             words = tf.strings.split(layers._STANDARDIZERS[self.standardize](
                 tf.constant(texts[i:i + batch], tf.string)))
             rows.append(words.value_rowids().numpy() + i)
-            cols.append(lay.lookup(words.flat_values).numpy())
+            cols.append(lay.word_ids(words.flat_values).numpy())
         r = np.concatenate(rows) if rows else np.zeros(0, np.int64)
         c = np.concatenate(cols) if cols else np.zeros(0, np.int64)
         known = c > 0  # id 0: not in the table
@@ -256,25 +361,43 @@ class PretrainedView:
         is unknown there, as a word first met in serving is, instead of
         having a vector because the table was built from every training text."""
         if known is not None:
-            counts = sp.csr_matrix(counts @ sp.diags(known.astype(np.float64)))
+            counts = sp.csr_matrix(counts @ self._remap(known))
         total = np.asarray(counts @ self.table.sums.astype(np.float64))
         subwords = np.asarray(counts @ self.table.counts.astype(np.float64)).ravel()
         return total * (self.scale / np.maximum(subwords, 1.0))[:, None]
 
+    def _remap(self, known: np.ndarray) -> sp.csr_matrix:
+        """(n, n) 0/1: each row's occurrences go to the row a table with only
+        the `known` rows would serve: itself when known, else (case-kept
+        tables) its lowercase form's row, else its capitalized form's, when
+        known; else nowhere (unknown)."""
+        n = len(known)
+        target = np.where(known, np.arange(n), -1)
+        fb = self.table.fallback_rows
+        if fb is not None:
+            for j in range(fb.shape[1]):
+                take = (target < 0) & (fb[:, j] >= 0)
+                take[take] &= known[fb[take, j]]
+                target[take] = fb[take, j]
+        keep = np.flatnonzero(target >= 0)
+        return sp.csr_matrix((np.ones(len(keep)), (keep, target[keep])), shape=(n, n))
+
     def unknown_share(self, texts: list[str]) -> float:
-        """Share of the words of `texts` (running words) that the table lacks."""
-        known = set(self.table.words)
+        """Share of the words of `texts` (running words) that the table lacks
+        (after the lowercase fallback, where the view has it)."""
+        lay = self.layer()
         total = unknown = 0
         for i in range(0, len(texts), 2048):
             split = tf.strings.split(layers._STANDARDIZERS[self.standardize](
                 tf.constant(texts[i:i + 2048], tf.string)))
-            for w in split.flat_values.numpy():
-                total += 1
-                unknown += w.decode("utf-8") not in known
+            ids = lay.word_ids(split.flat_values).numpy()
+            total += len(ids)
+            unknown += int((ids == 0).sum())
         return unknown / max(1, total)
 
 
-def fit_view(texts: list[str], n_frequent: int = FREQUENT_WORDS) -> tuple[PretrainedView, np.ndarray]:
+def fit_view(texts: list[str], n_frequent: int = FREQUENT_WORDS, standardize: str = "cased"
+             ) -> tuple[PretrainedView, np.ndarray]:
     """`auto`'s view for these training texts, and its features for them.
 
     The view's vector is the mean times one constant, SCALE / the median norm
@@ -283,8 +406,11 @@ def fit_view(texts: list[str], n_frequent: int = FREQUENT_WORDS) -> tuple[Pretra
     graph fold the linear map into the table (layers.PretrainedLogits). On
     the development sets (LinearSVC on word + character TF-IDF plus the
     vector, 300 and all labels) the constant measured within +-0.7 points of
-    the per-text norm, on average level (docs/models.md)."""
-    view = PretrainedView(build_table(texts, n_frequent), scale=0.0, l2=False)
+    the per-text norm, on average level (docs/models.md).
+
+    `standardize` "word" builds the folded view of the versions before case
+    was kept (lowercase, punctuation dropped), for the benches' comparisons."""
+    view = PretrainedView(build_table(texts, n_frequent, standardize), standardize=standardize, scale=0.0, l2=False)
     raw = view.features(texts)
     norms = np.linalg.norm(raw, axis=1)
     known = norms[norms > 0]

@@ -107,12 +107,96 @@ def test_table_matches_the_package():
     assert _cos(got, want).min() > 0.9999
 
 
-def test_raw_texts_close_to_the_package():
-    """Case and punctuation are what the word standardizer drops: close, not
-    equal (a word in capitals is far: LLaMA splits it into many pieces)."""
-    table = pretrained.build_table(RAW, n_frequent=2000)
-    got = pretrained.PretrainedView(table, scale=0.0).features(RAW)
-    assert _cos(got, _package_means(RAW)).min() > 0.95
+MIXED = [
+    "Oil Prices Rise as OPEC Cuts Output, Analysts Say",
+    "Apple's new iPhone (the 15 Pro) sells OUT in Tokyo!",
+    "The U.S. Senate passed the Bill; NASA's budget grows.",
+    "why? -- because: Mixed-Case words, punctuation & symbols ... stay",
+    "McDonald's CEO met eBay's CFO in São Paulo",
+]
+
+
+def test_served_vector_is_the_packages_embed_of_raw_text():
+    """The view keeps case and punctuation: a word as written (split at
+    whitespace, marks attached) has the pieces the tokenizer gives it inside
+    the whole text, so the served vector is the package's embed() of the raw
+    text, to float16 precision (the table's sums are float16)."""
+    table = pretrained.build_table(MIXED, n_frequent=2000)
+    assert table.cased and "OPEC" in table.words and "Output," in table.words and "Apple's" in table.words
+    got = pretrained.PretrainedView(table, scale=0.0, l2=False).features(MIXED)
+    want = _package_means(MIXED)
+    assert np.allclose(got, want, rtol=2e-3, atol=2e-3), np.abs(got - want).max()
+    assert _cos(got, want).min() > 0.99999
+    # the folded (lowercase, punctuation dropped) split of the versions before is further off
+    old = pretrained.build_table(MIXED, n_frequent=2000, standardize="word")
+    folded = pretrained.PretrainedView(old, standardize="word", scale=0.0, l2=False).features(MIXED)
+    assert np.abs(folded - want).max() > 10 * np.abs(got - want).max()
+
+
+def test_unknown_case_falls_back_to_lowercase_then_capitalized():
+    """A word the table lacks as written takes its lowercase form's vector,
+    else its capitalized form's, before it counts as unknown."""
+    table = pretrained.build_table(["Oil prices in Texas"], n_frequent=0)
+    assert "oil" in table.words and table.alias_of[table.words.index("oil")] == table.words.index("Oil")
+    view = pretrained.PretrainedView(table, scale=0.0, l2=False)
+    want = dict(zip(["Oil", "prices", "Texas"], view.features(["Oil", "prices", "Texas"])))
+    got = view.features(["OIL", "oil", "PRICES", "Prices", "TEXAS", "texas", "Gas"])
+    for g, w in zip(got, ["Oil", "Oil", "prices", "prices", "Texas", "Texas"]):
+        assert np.allclose(g, want[w], atol=1e-6), w
+    assert not got[-1].any()                      # no form of it: unknown
+    assert view.unknown_share(["OIL gas Texas"]) == 1 / 3
+    # still unknown: the form without the marks at its ends, as written, lowercased, capitalized
+    got = view.features(["(Oil,", "prices.", "\"TEXAS\"", "texas!", "--", "gas."])
+    for g, w in zip(got, ["Oil", "prices", "Texas", "Texas"]):
+        assert np.allclose(g, want[w], atol=1e-6), w
+    assert not got[4:].any()
+    # the frequent words come as written and capitalized
+    freq = pretrained.build_table([], n_frequent=500)
+    assert {"the", "The", "people", "People"} <= set(freq.words)
+    assert freq.in_frequent.all()
+
+
+def test_zero_shot_split_keeps_case_and_splits_marks():
+    """The zero-shot view (no training texts: marks are split off so that
+    "kernel." finds "kernel") keeps case: on texts without marks whose words
+    the frequent list holds, the package's embed() of the text as written;
+    each mark is a token of its own, with the pieces it has alone."""
+    from model_worker import zeroshot
+
+    assert zeroshot.STANDARDIZE == "cased_punct"
+    texts = ["The Linux kernel", "Games puzzles and music", "Paris is in France"]
+    table = pretrained.build_table([], n_frequent=30_000, standardize="cased_punct", capitalized=30_000)
+    assert {"Linux", "linux", "Paris", ".", ","} <= set(table.words)
+    view = pretrained.PretrainedView(table, standardize="cased_punct", scale=0.0, l2=False)
+    got, want = view.features(texts), _package_means(texts)
+    assert np.allclose(got, want, rtol=2e-3, atol=2e-3), np.abs(got - want).max()
+    assert not np.allclose(got, view.features([t.lower() for t in texts]), atol=1e-2)  # case matters
+    # "Paris, France!" = the mean over the pieces of Paris, ",", France, "!"
+    ids = [pretrained.tokenizer().encode(t, add_special_tokens=False).ids for t in ("Paris", ",", "France", "!")]
+    mean = np.concatenate([pretrained.codebook()[i].astype(np.float32) for i in ids]).mean(0)
+    assert np.allclose(view.features(["Paris, France!"])[0], mean, atol=2e-3)
+    # an upper-case word the list lacks falls back to its lowercase form
+    assert np.allclose(view.features(["GAMES"]), view.features(["games"]), atol=1e-6)
+
+
+def test_versions_before_keep_the_folded_lookup():
+    """A layer saved before case was kept has no `fallback` in its config: it
+    loads with one lookup and its lowercase split, computing what it did."""
+    import tensorflow as tf
+
+    table = pretrained.build_table(ENGLISH, n_frequent=500, standardize="word")
+    assert not table.cased
+    lay = pretrained.PretrainedView(table, standardize="word", scale=0.5, l2=False).layer()
+    config = lay.get_config()
+    assert config["fallback"] is False and config["standardize"] == "word"
+    del config["fallback"]
+    again = pretrained.PretrainedEmbedding.from_config(config)
+    again.set_table(table)
+    texts = ["The STRIKER scored twice!", "Grilled salmon, LEMON."]
+    a, b = lay(tf.constant(texts)).numpy(), again(tf.constant(texts)).numpy()
+    assert not again.fallback and np.allclose(a, b)
+    # lowercased and punctuation dropped, as before
+    assert np.allclose(a, lay(tf.constant(["the striker scored twice", "grilled salmon lemon"])).numpy(), atol=1e-6)
 
 
 def test_punctuation_split_gives_each_mark_its_vector():
@@ -121,13 +205,13 @@ def test_punctuation_split_gives_each_mark_its_vector():
     of the mean is the word split's; a text of marks alone has a vector (the
     word split gives it none)."""
     texts = [t.lower() for t in RAW] + ["why? -- because!"]
-    words = pretrained.build_table(texts, n_frequent=2000)
+    words = pretrained.build_table(texts, n_frequent=2000, standardize="word")
     marks = pretrained.build_table(texts, n_frequent=2000, standardize="word_punct")
     assert {"?", "!", ",", ":", "-"} <= set(marks.words) and "?" not in words.words
     assert set(pretrained.PUNCTUATION) <= set(marks.words)   # the table holds every mark
     assert set(words.words) <= set(marks.words)
     split = pretrained.PretrainedView(marks, standardize="word_punct", scale=0.0)
-    plain = pretrained.PretrainedView(words, scale=0.0)
+    plain = pretrained.PretrainedView(words, standardize="word", scale=0.0)
     # "why? -- because!" = the mean over the pieces of why, ?, -, -, because, !
     ids = [pretrained.tokenizer().encode(t, add_special_tokens=False).ids
            for t in ("why", "?", "-", "-", "because", "!")]
@@ -156,8 +240,8 @@ def test_packed_table_computes_what_the_first_layout_did():
     known word anywhere in the batch (first, middle, last) too."""
     import tensorflow as tf
 
-    table = pretrained.build_table(ENGLISH, n_frequent=500)
-    packed = pretrained.PretrainedView(table).layer()
+    table = pretrained.build_table(ENGLISH, n_frequent=500, standardize="word")
+    packed = pretrained.PretrainedView(table, standardize="word").layer()
     first = pretrained.PretrainedEmbedding(len(table.words), pretrained.DIM, "word", 0.5, packed=False)
     first.set_table(table)
     assert packed.packed and not first.packed
@@ -181,18 +265,20 @@ def test_saved_model_reloads_in_a_serving_process(tmp_path):
 
     from model_worker import textmodel
 
-    table = pretrained.build_table(ENGLISH, n_frequent=500)
+    table = pretrained.build_table(ENGLISH + RAW, n_frequent=500)
     view = pretrained.PretrainedView(table)
-    # beside the view's layer, one in the first layout (two Embeddings), as
-    # versions saved before the packed table hold it: both load and serve
-    first = pretrained.PretrainedEmbedding(len(table.words), pretrained.DIM, "word", 0.5, packed=False,
+    # beside the view's (case kept) layer, one in the first layout (two
+    # Embeddings, lowercase words), as versions saved before the packed table
+    # hold it: both load and serve
+    folded = pretrained.build_table(ENGLISH, n_frequent=500, standardize="word")
+    first = pretrained.PretrainedEmbedding(len(folded.words), pretrained.DIM, "word", 0.5, packed=False,
                                            name="first_layout")
-    first.set_table(table)
+    first.set_table(folded)
     text = keras.Input(shape=(), dtype="string", name="text")
     both = keras.layers.Concatenate()([view.layer()(text), first(text)])
     out = keras.layers.Dense(3, activation="softmax", name="probs")(both)
     model = keras.Model(text, out)
-    probe = ENGLISH + RAW + ["", "zqxjv"]
+    probe = ENGLISH + RAW + ["", "zqxjv", "THE STRIKER Scored"]
     expected = model(tf.constant(probe)).numpy()
     model.save(tmp_path / "model.keras")
     textmodel.export_saved_model(model, str(tmp_path / "saved_model"), probe, expected)
@@ -270,10 +356,11 @@ def test_view_in_the_served_graph(tmp_path, monkeypatch):
     norms = np.linalg.norm(search.counts["pretrained"].matrix.toarray(), axis=1)
     assert np.isclose(np.median(norms[norms > 0]), pretrained.SCALE, rtol=1e-3)
     probe = ["a tennis final", "spicy noodle soup", "zqxjv"]
-    for views, fused in ((("pretrained",), True), (("word", "pretrained"), True), (("word", "pretrained"), False)):
+    for views, fused, weight in ((("pretrained",), True, 1.0), (("word", "pretrained"), True, 2.0),
+                                 (("word", "pretrained"), False, 1.0)):
         if not fused:
             monkeypatch.setattr(type(view), "fusable", lambda self, units: False)
-        cand = autoselect.Candidate(views, "svm", 1.0)
+        cand = autoselect.Candidate(views, "svm", 1.0, False, weight)
         model = autoselect.final_model(search, [cand], [1.0])
         kinds = {type(lay) for lay in model.layers}
         assert (layers.PretrainedLogits in kinds) == fused and (pretrained.PretrainedEmbedding in kinds) != fused
@@ -290,6 +377,45 @@ def test_view_in_the_served_graph(tmp_path, monkeypatch):
         again = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
         assert np.allclose(textmodel.make_predict_fn(again)(probe), textmodel.make_predict_fn(model)(probe),
                            atol=1e-5)
+
+
+def test_the_views_weight_is_chosen_by_cv():
+    """Beside the n-grams the view is screened at several weights (the larger
+    first at 300 texts or fewer); the learners go on with the best one, and
+    the served graph computes the weighted model (final_model checks it)."""
+    import time
+
+    from model_worker import autoselect
+    from model_worker.params import validate_params
+
+    texts, labels = _topics()
+    assert len(texts) <= autoselect._FEW_LABELS
+    names = sorted(set(labels))
+    y = np.array([names.index(x) for x in labels])
+    search = autoselect.Search(texts, y, len(names), validate_params({"time_budget_s": 60, "folds": 2}),
+                               "word", time.monotonic(), None, None)
+    search.search(include_networks=False)
+    done = [s.candidate for s in search.scored] + [autoselect.Candidate(tuple(p["views"]), p["learner"], p["C"],
+                                                                        p["balanced"], p.get("pretrained_weight", 1.0))
+                                                   for p in search.pruned]
+    beside = [c.weight for c in done if "pretrained" in c.views and len(c.views) > 1 and c.learner == "svm"
+              and c.c == autoselect._SCREEN[1]]
+    assert beside[:3] == list(autoselect._PRETRAINED_WEIGHTS_FEW), beside
+    screened = {s.candidate.weight: s.score for s in search.scored
+                if "pretrained" in s.candidate.views and len(s.candidate.views) > 1
+                and (s.candidate.learner, s.candidate.c) == autoselect._SCREEN}
+    later = [s.candidate for s in search.scored if "pretrained" in s.candidate.views
+             and len(s.candidate.views) > 1 and (s.candidate.learner, s.candidate.c) != autoselect._SCREEN]
+    if later:  # the learners take the screen's best weight
+        assert {c.weight for c in later} == {max(screened, key=lambda w: screened[w])}
+    # two weights give two different served models, each the fitted one
+    probe = ["a tennis final", "spicy noodle soup"]
+    from model_worker import textmodel
+
+    got = [textmodel.make_predict_fn(autoselect.final_model(
+        search, [autoselect.Candidate(("word", "pretrained"), "svm", 1.0, False, w)], [1.0]))(probe)
+        for w in (0.5, 2.0)]
+    assert np.abs(got[0] - got[1]).max() > 1e-3
 
 
 def test_cjk_text_never_gets_the_view():
@@ -397,6 +523,12 @@ def test_fused_table_computes_what_the_vector_table_did(tmp_path):
     assert any(isinstance(lay, pretrained.PretrainedEmbedding) for lay in wide.layers)
 
 
+def _forms(w: str) -> list[str]:
+    cap = lambda x: x[:1].upper() + x[1:].lower()  # noqa: E731
+    bare = w.strip("()[]{}.,;:!?\"'-")
+    return [w, w.lower(), cap(w), bare, bare.lower(), cap(bare)]
+
+
 def test_folds_see_held_out_only_words_as_unknown():
     """The table holds every training text's words, but in the search's folds
     a word that only held-out texts use counts as unknown (as a word first
@@ -412,8 +544,9 @@ def test_folds_see_held_out_only_words_as_unknown():
     from model_worker.params import validate_params
 
     texts, labels = _topics()
-    texts = texts + ["zorbulex quintaphrax tennis zorbulex", "glimmerwab snorfix soup"]
-    labels = labels + [labels[0], labels[-1]]
+    texts = texts + ["zorbulex quintaphrax tennis zorbulex", "glimmerwab snorfix soup", "Snorfix SOUP tonight",
+                     "(Glimmerwab) soup, again.", "zorbulex: tennis!"]
+    labels = labels + [labels[0], labels[-1], labels[-1], labels[-1], labels[0]]
     names = sorted(set(labels))
     y = np.array([names.index(x) for x in labels])
     search = autoselect.Search(texts, y, len(names), validate_params({"time_budget_s": 30, "folds": 2}),
@@ -425,10 +558,12 @@ def test_folds_see_held_out_only_words_as_unknown():
     for fold, (train, test) in enumerate(search.folds):
         x = search._fold_matrix(("pretrained",), fold).toarray()
         assert np.allclose(x[train], full[train], atol=1e-6)
-        seen = set(pretrained.words_of([texts[i] for i in train]))
+        have = set(pretrained.words_of([texts[i] for i in train])) | frequent
         for i in test:
-            tokens = layers.standardize_word(tf.constant([texts[i]])).numpy()[0].decode().split()
-            kept = [w for w in tokens if w in seen or w in frequent]
+            tokens = texts[i].split()   # as written: case and punctuation kept
+            # as written, else lowercase, else capitalized, else the same
+            # without edge marks (serving's fallback)
+            kept = [next(f for f in _forms(w) if f in have) for w in tokens if set(_forms(w)) & have]
             assert np.allclose(x[i], view.features([" ".join(kept)])[0], atol=1e-5), texts[i]
             changed += len(kept) < len(tokens)
     assert changed >= 2  # the invented words' texts, held out, lost those words
