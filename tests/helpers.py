@@ -257,7 +257,9 @@ def small_disk(path: str, size: str) -> Iterator[str]:
     import pytest
 
     os.makedirs(path, exist_ok=True)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path],
+    # mode: a tmpfs is 1777 by default, and the service refuses a key folder
+    # directly in a world-writable folder
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", path],
                          capture_output=True)
     if res.returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root)")

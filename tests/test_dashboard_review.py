@@ -123,9 +123,10 @@ def test_review_panel_labels_by_click_and_keys(own_svc, pw):
     code, body = svc.predict({"texts": BATCH, "model": "lin"})
     assert code == 200
     batch_id = body["request_id"]
-    # the inference port's /feedback takes only the feedback key: not the admin's
+    # the inference port's /feedback takes only the feedback key: not the
+    # admin's, which it answers as an unknown key (no oracle)
     assert request(svc.port, "POST", "/feedback", {"request_id": batch_id, "index": 0,
-                                                   "label": "food"}, headers=AUTH)[0] == 403
+                                                   "label": "food"}, headers=AUTH)[0] == 401
     queue = _queue(svc)
     assert len(queue) == len(SINGLE) + len(BATCH)
     assert _fed_back(svc) == 0

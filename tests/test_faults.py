@@ -196,7 +196,7 @@ def test_kill_9_service_mid_publish_and_mid_apply(store_copy):
 def test_full_disk_fails_the_job_and_serving_is_untouched(tiny_store, tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)],
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m,mode=0755", "tmpfs", str(mnt)],
                          capture_output=True, text=True)
     if res.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here to fill: {res.stderr.strip()}")
