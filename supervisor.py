@@ -22,11 +22,13 @@ call or post to the parts. This process never imports TensorFlow.
 """
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -217,6 +219,27 @@ class Supervisor:
 
 
 # -- entry point ---------------------------------------------------------------------
+EXIT_GRACE_S = 10.0  # from the end of the shutdown to the process's exit, at most
+
+
+def bound_exit(code: int, after: float = EXIT_GRACE_S) -> None:
+    """The exit after a shutdown is bounded: a thread that never ends (a call
+    blocked in an executor thread, which the interpreter joins at exit) must
+    not keep a stopped service alive past its grace period (Kubernetes'
+    terminationGracePeriodSeconds, a test's stop). After `after` seconds the
+    threads' stacks go to stderr, as an error to fix, and the process exits
+    with `code`. The timer is a daemon thread: a normal exit ends it."""
+    def fire() -> None:
+        threading.Event().wait(after)
+        log.error("the process had not exited %.0f s after its shutdown: every "
+                  "thread's stack follows; exiting now", after)
+        faulthandler.dump_traceback(all_threads=True)
+        logging.shutdown()
+        os._exit(code)
+
+    threading.Thread(target=fire, name="exit-bound", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if os.environ.pop("TEXTSWAP_PRELOAD_SUPERVISOR_ONLY", None):
@@ -302,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             signum, lambda: loop.spawn_callback(stop))
     loop.add_callback(boot)
     loop.start()
+    bound_exit(exit_code)
     return exit_code
 
 

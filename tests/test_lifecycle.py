@@ -71,3 +71,16 @@ def test_bad_config_is_reported(tmp_path):
     res = subprocess.run([sys.executable, "supervisor.py", "--config", str(cfg)], cwd=ROOT,
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 2 and "worker.max_bacth" in res.stderr
+
+
+def test_the_exit_after_a_shutdown_is_bounded_and_names_the_stuck_thread():
+    """supervisor.bound_exit: a thread that never ends (the interpreter joins
+    non-daemon threads at exit) cannot keep a stopped service alive; the
+    stacks go to stderr and the process exits with the shutdown's code."""
+    code = ("import threading, supervisor\n"
+            "threading.Thread(target=threading.Event().wait, name='stuck').start()\n"
+            "supervisor.bound_exit(3, after=1.0)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 3, p.stderr[-2000:]
+    assert "had not exited" in p.stderr and "_shutdown" in p.stderr, p.stderr[-2000:]
