@@ -31,10 +31,12 @@ venv: $(DEVSTAMP)
 
 # requirements*.in -> requirements*.txt (every package pinned, with hashes),
 # with pip-tools in a venv of its own
+# (pip-tools' venv lives outside the checkout: the checkout holds only the project's code)
+LOCK_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/textswap/lock-venv
 lock:
-	test -x .lock-venv/bin/pip-compile || ($(PYTHON) -m venv .lock-venv && .lock-venv/bin/pip install --quiet $(PIP_TOOLS))
-	.lock-venv/bin/pip-compile $(COMPILE) -o requirements.txt requirements.in
-	.lock-venv/bin/pip-compile $(COMPILE) -o requirements-dev.txt requirements-dev.in
+	test -x $(LOCK_VENV)/bin/pip-compile || ($(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/pip install --quiet $(PIP_TOOLS))
+	$(LOCK_VENV)/bin/pip-compile $(COMPILE) -o requirements.txt requirements.in
+	$(LOCK_VENV)/bin/pip-compile $(COMPILE) -o requirements-dev.txt requirements-dev.in
 
 serve: $(STAMP)
 	$(PY) supervisor.py --config config.yaml
@@ -99,4 +101,4 @@ bench-accuracy: $(DEVSTAMP)
 	$(PY) bench/accuracy.py
 
 clean:
-	rm -rf $(VENV) .lock-venv .pytest_cache .coverage-data
+	rm -rf $(VENV) $(LOCK_VENV) .pytest_cache .coverage-data
