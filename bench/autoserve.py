@@ -60,7 +60,7 @@ def apply(svc: Any, name: str) -> None:
 
 
 def graph_speeds(rounds: int = 5) -> dict[str, Any]:
-    """auto's serving-cost rule times the final graphs (autoselect.serving_speed):
+    """auto's serving-cost rule times the final graphs (autoselect.serving_speeds, side by side):
     a word-only graph against a two-member word+char one, on the small English
     set of tests/test_autoselect.py, best of `rounds`. The word-only graph
     should serve faster (tests/test_costaware.py checks the rule with given
@@ -82,9 +82,9 @@ def graph_speeds(rounds: int = 5) -> dict[str, Any]:
                                time.monotonic(), None, None)
     out = {"word": 0.0, "word+char x2": 0.0}
     for _ in range(rounds):
-        out["word"] = max(out["word"], autoselect.serving_speed(search, ("word",)))
-        out["word+char x2"] = max(out["word+char x2"],
-                                  autoselect.serving_speed(search, ("word", "char"), 2))
+        speeds = autoselect.serving_speeds(search, [(("word",), 1), (("char", "word"), 2)])
+        out["word"] = max(out["word"], speeds[(("word",), 1)])
+        out["word+char x2"] = max(out["word+char x2"], speeds[(("char", "word"), 2)])
     out["word_faster"] = out["word"] > out["word+char x2"]
     return out
 

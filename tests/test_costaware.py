@@ -22,13 +22,20 @@ from test_autoselect import REPRODUCIBLE as _REPRODUCIBLE, english
 REPRODUCIBLE = {**_REPRODUCIBLE, "pretrained": False}
 
 
+def _given(speed):
+    """autoselect.serving_speeds answering from speed(views, n_members)."""
+    def speeds(s, graphs):
+        return {(tuple(sorted(views)), n): speed(views, n) for views, n in graphs}
+    return speeds
+
+
 def _faster(kind: str):
     """Given serving speeds: graphs whose views are word only ("word") or that
     read characters ("char") serve 10x faster than the rest."""
-    def speed(s, views, n_members=1, cache=None):
+    def speed(views, n_members=1):
         fast = tuple(views) == ("word",) if kind == "word" else "char" in views
         return 10_000.0 if fast else 1_000.0 / n_members
-    return speed
+    return _given(speed)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +59,7 @@ def test_one_standard_error_rule_with_given_speeds(search, monkeypatch):
     best_views = {v for m in members for v in m.candidate.views}
     assert best_views == {"word"}  # on this set and seed a word-only model is the most accurate
 
-    monkeypatch.setattr(autoselect, "serving_speed", _faster("word"))
+    monkeypatch.setattr(autoselect, "serving_speeds", _faster("word"))
     picked, picked_t, note = autoselect.cost_aware(search, members, temps)
     best = note["most_accurate"]["cv_macro_f1"]
     folds = members[0].fold_scores if len(members) == 1 else autoselect.fold_f1(
@@ -74,14 +81,14 @@ def test_one_standard_error_rule_with_given_speeds(search, monkeypatch):
     # those serves instead
     char_within = [s for s in within if "char" in s.candidate.views]
     assert char_within  # on this set and seed: word+char is tied with the best
-    monkeypatch.setattr(autoselect, "serving_speed", _faster("char"))
+    monkeypatch.setattr(autoselect, "serving_speeds", _faster("char"))
     picked, picked_t, note = autoselect.cost_aware(search, members, temps)
     assert note["applied"] and len(picked) == 1
     assert "char" in picked[0].candidate.views
     assert picked[0].score == max(s.score for s in char_within)
     assert picked_t[0] > 0 and note["chosen"]["name"] == picked[0].candidate.name
     # all speeds alike: nothing changes (the margin keeps the most accurate)
-    monkeypatch.setattr(autoselect, "serving_speed", lambda *a, **k: 5_000.0)
+    monkeypatch.setattr(autoselect, "serving_speeds", _given(lambda views, n: 5_000.0))
     again, _, note = autoselect.cost_aware(search, members, temps)
     assert again == members and note["applied"] is False
 
@@ -91,16 +98,18 @@ def test_real_graph_speeds_are_measured(search):
     a timing on a shared machine: bench/autoserve.py --graph-speeds."""
     from model_worker import autoselect
 
-    for views, members in ((("word",), 1), (("word", "char"), 2)):
-        speed = autoselect.serving_speed(search, views, members)
-        assert isinstance(speed, float) and speed > 0, (views, speed)
+    graphs = [(("word",), 1), (("word", "char"), 2), (("char", "word"), 2)]
+    speeds = autoselect.serving_speeds(search, graphs)
+    assert set(speeds) == {(("word",), 1), (("char", "word"), 2)}  # one graph timed once
+    assert all(isinstance(v, float) and v > 0 for v in speeds.values()), speeds
+    assert autoselect.serving_speed(search, ("word",)) > 0
 
 
 def test_report_names_the_most_accurate_and_the_chosen(monkeypatch):
     from model_worker import autoselect, textmodel
 
     texts, labels = english()
-    monkeypatch.setattr(autoselect, "serving_speed", _faster("char"))
+    monkeypatch.setattr(autoselect, "serving_speeds", _faster("char"))
     result = textmodel.train_model(texts, labels, REPRODUCIBLE)
     cost = result.report["serving_cost"]
     assert "most_accurate" in cost and "chosen" in cost and cost["rule"] == "one standard error"
@@ -131,10 +140,10 @@ def test_finalists_read_ngrams_when_the_most_accurate_does(search, monkeypatch):
     alone = replace(best, candidate=autoselect.Candidate(("pretrained",), "svm", 1.0))
     other = replace(best, candidate=autoselect.Candidate(("punct",), "svm", 1.0))
 
-    def speed(s, views, n_members=1, cache=None):
+    def speed(views, n_members=1):
         return {("pretrained",): 50_000.0, ("punct",): 10_000.0}.get(tuple(views), 1_000.0)
 
-    monkeypatch.setattr(autoselect, "serving_speed", speed)
+    monkeypatch.setattr(autoselect, "serving_speeds", _given(speed))
     monkeypatch.setattr(search, "scored", [*search.scored, alone])
     picked, _, note = autoselect.cost_aware(search, members, temps)
     assert note["finalists_read_ngrams_when_it_does"] is True

@@ -657,7 +657,9 @@ def test_forget_key_ends_the_dashboard_session(locked, pw):
         page.locator("#forget").click()
         wait_for(lambda: locked.mget("/status", headers=session)[0] == 401, 15,
                  "the session ended")
-        assert page.evaluate("sessionStorage.getItem('textswap.token')") is None
+        # the tab drops its copy once the logout's answer is in (after the
+        # service ended the session, which the poll above may see first)
+        page.wait_for_function("sessionStorage.getItem('textswap.token') === null", timeout=15_000)
         assert not b.js_errors, b.js_errors
     finally:
         b.close()
