@@ -266,9 +266,200 @@ def _merge(base: dict[str, Any], override: dict[str, Any], path: str = "") -> di
     return out
 
 
-@dataclass
+# -- typed sections: one frozen dataclass per section, built once by
+# load_config from the checked mapping, so that mypy checks every
+# cfg.<section>.<setting> read; tests/test_config.py keeps their fields equal
+# to DEFAULTS' keys.
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    host: str
+    port: int
+    manage_host: str
+    manage_port: int
+    fast_predict: bool
+    allowed_hosts: list[str]
+    body_timeout_s: float
+    event_loop: str
+
+
+@dataclass(frozen=True, slots=True)
+class ManagementSettings:
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuthSettings:
+    enabled: bool
+    keys_file: str
+    admin_key: str
+    review_key: str
+    feedback_key: str
+    predict_key: str
+    session_hours: float
+    code_minutes: float
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsSettings:
+    max_body_bytes: int
+    max_texts: int
+    max_text_chars: int
+    max_top_k: int
+    default_top_k: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    max_batch: int
+    batch_wait_ms: float
+    max_inflight: int
+    load_timeout: float
+    boot_timeout: float
+    drain_timeout: float
+    stop_timeout: float
+    request_timeout: float
+    hang_timeout: float
+    standby: bool
+    standby_pool: int
+    preload: bool
+    zygote: bool
+    intra_op_threads: int
+    inter_op_threads: int
+    max_restarts: int
+    max_workers: int
+    max_requests: int
+    max_rss_mb: int
+    restart_window: float
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSettings:
+    probation_s: float
+    max_error_rate: float
+    max_latency_ratio: float
+    latency_slack_ms: float
+    min_requests: int
+    gate_tolerance: float
+
+
+@dataclass(frozen=True, slots=True)
+class ServingSettings:
+    replicas: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatcherSettings:
+    enabled: bool
+    interval: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSettings:
+    redis_url: str
+    redis_url_file: str
+    node_id: str
+    key_prefix: str
+    poll_interval: float
+    heartbeat_ttl: float
+    job_lease: float
+    prepare_timeout: float
+    sentinels: list[str]
+    sentinel_service: str
+    min_replicas_acked: int | None
+    replica_ack_timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    enabled: bool
+    port: int
+    host: str
+
+
+@dataclass(frozen=True, slots=True)
+class DriftSettings:
+    window: int
+    min_texts: int
+    max_unknown_excess: float
+    max_label_js: float
+    max_top_score_js: float
+    refresh_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSettings:
+    pretrained: bool
+    max_concurrent: int
+    nice: int
+    idle_priority: bool
+    threads: int
+    demo_on_empty_store: bool
+    data_roots: list[str]
+    keep_jobs: int
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionsSettings:
+    log: bool
+    sample: float
+    max_rows: int
+    max_age_days: float
+    max_age_days_by_model: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class FeedbackSettings:
+    token: str
+    max_items: int
+    rate_per_s: float
+    burst: float
+    labels_per_s: float
+    label_burst: float
+    bytes_per_s: float
+    byte_burst: float
+    max_examples: int
+    max_rows: int
+    max_example_rows: int
+
+
+SECTIONS: dict[str, type] = {name: cls for name, cls in (
+    ("server", ServerSettings), ("management", ManagementSettings), ("auth", AuthSettings),
+    ("limits", LimitsSettings), ("worker", WorkerSettings), ("rollout", RolloutSettings),
+    ("serving", ServingSettings), ("watcher", WatcherSettings), ("cluster", ClusterSettings),
+    ("metrics", MetricsSettings), ("drift", DriftSettings), ("training", TrainingSettings),
+    ("predictions", PredictionsSettings), ("feedback", FeedbackSettings))}
+
+
 class Config:
-    raw: dict[str, Any]
+    """The service's settings, checked: a typed section per mapping of
+    DEFAULTS (cfg.worker.drain_timeout), `policies` (the user's model names:
+    checked by control/policies.py), and the top-level settings. `raw` is the
+    merged mapping it was built from (what a child process is handed)."""
+
+    __slots__ = ("raw", "server", "management", "auth", "limits", "worker", "rollout", "serving",
+                 "watcher", "cluster", "metrics", "drift", "training", "predictions", "feedback",
+                 "policies", "log_level", "log_format")
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+        self.server = ServerSettings(**raw["server"])
+        self.management = ManagementSettings(**raw["management"])
+        self.auth = AuthSettings(**raw["auth"])
+        self.limits = LimitsSettings(**raw["limits"])
+        self.worker = WorkerSettings(**raw["worker"])
+        self.rollout = RolloutSettings(**raw["rollout"])
+        self.serving = ServingSettings(**raw["serving"])
+        self.watcher = WatcherSettings(**raw["watcher"])
+        self.cluster = ClusterSettings(**raw["cluster"])
+        self.metrics = MetricsSettings(**raw["metrics"])
+        self.drift = DriftSettings(**raw["drift"])
+        self.training = TrainingSettings(**raw["training"])
+        self.predictions = PredictionsSettings(**raw["predictions"])
+        self.feedback = FeedbackSettings(**raw["feedback"])
+        self.policies: dict[str, Any] = raw["policies"]
+        self.log_level: str = raw["log_level"]
+        self.log_format: str = raw["log_format"]
 
     def __getitem__(self, key: str) -> Any:
         return self.raw[key]

@@ -68,8 +68,8 @@ def default_keys_file(models_dir: str) -> str:
     return os.path.join(parent, ".textswap", "keys.json")
 
 
-def keys_file_of(config: Any) -> str:
-    path = config["auth"]["keys_file"]
+def keys_file_of(config: Config) -> str:
+    path = config.auth.keys_file
     return os.path.abspath(path) if path else default_keys_file(config.models_dir)
 
 
@@ -96,14 +96,14 @@ def check_keys(keys: dict[str, Any], where: str) -> dict[str, str]:
     return out
 
 
-def configured_keys(config: Any) -> dict[str, str]:
+def configured_keys(config: Config) -> dict[str, str]:
     """The keys the config and the environment set (read into the config at
     start, see state/config.py), checked."""
-    a = config["auth"]
-    keys = {"admin": config["management"]["token"], "feedback": config["feedback"]["token"]}
+    keys = {"admin": config.management.token, "feedback": config.feedback.token}
     for name in SCOPES:  # auth.<name>_key (or its environment variable) wins
-        if a[f"{name}_key"]:
-            keys[name] = a[f"{name}_key"]
+        value = getattr(config.auth, f"{name}_key")
+        if value:
+            keys[name] = value
     return check_keys(keys, "auth keys (config or environment)")
 
 
@@ -208,14 +208,14 @@ class KeyRing:
         self._sessions: dict[str, float] = {}  # session token -> expiry
 
     @classmethod
-    def open(cls, config: Any) -> "KeyRing":
+    def open(cls, config: Config) -> "KeyRing":
         """At start: the configured keys; with none, the key file, generated
         when it does not exist yet. KeyError_ (a config error) when a key or
         the file cannot be used."""
         configured = configured_keys(config)
         path = keys_file_of(config)
-        session_s = config["auth"]["session_hours"] * 3600.0
-        code_s = config["auth"]["code_minutes"] * 60.0
+        session_s = config.auth.session_hours * 3600.0
+        code_s = config.auth.code_minutes * 60.0
         missing = [name for name in GENERATED if name not in configured]
         if missing or os.path.exists(path):
             try:
@@ -381,8 +381,8 @@ def open_keys(config: Config, insecure_no_auth: bool) -> KeyRing | None:
     """The API keys (state/keys.py), generated on a first start; None with auth
     off, which a management bind beyond loopback refuses unless the
     --insecure-no-auth flag says otherwise (then it warns, every start)."""
-    manage_host = config["server"]["manage_host"]
-    if config["auth"]["enabled"]:
+    manage_host = config.server.manage_host
+    if config.auth.enabled:
         return KeyRing.open(config)
     configured_keys(config)  # a key too short is an error even while auth is off
     if manage_host not in LOOPBACK:
