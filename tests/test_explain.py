@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import ROOT, Service
+from tests.helpers import ROOT, Service
 
 TEXTS = ["news about the football match", "spicy noodle soup today", "laptop battery software update",
          "zzz", "完全 unseen 文本"]

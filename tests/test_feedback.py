@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from helpers import Service, request, wait_for
+from tests.helpers import Service, request, wait_for
 from state.config import load_config
 from state.predlog import FILENAME as PREDLOG, PredictionLog
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import os
 
-from helpers import ROOT
+from tests.helpers import ROOT
 
 # lower number = lower layer; a module may import its own layer and the ones below
 LAYERS = {

@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import ROOT, Service, wait_for
+from tests.helpers import ROOT, Service, wait_for
 from state import dataset
 
 TOPICS = {
@@ -353,7 +353,7 @@ def test_oip_labels_output_is_for_multilabel_models_only():
 
 
 def _post(svc, path, body):
-    from helpers import request
+    from tests.helpers import request
 
     return request(svc.port, "POST", path, body)
 

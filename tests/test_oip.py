@@ -15,7 +15,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from helpers import Service, request
+from tests.helpers import Service, request
 
 CONFIG = """\
 limits:
