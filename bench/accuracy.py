@@ -213,9 +213,9 @@ def risk_coverage_check(cv_rows: list[dict], probs, y) -> list[dict]:
     test split. holds: test accuracy >= accuracy_low; else noise: whether the
     shortfall is within the test split's own one-sided 95 % sampling error."""
     import math
-    from model_worker import serving
+    from model_worker import scoring
 
-    test = {r["threshold"]: r for r in serving.risk_coverage(probs, y)}
+    test = {r["threshold"]: r for r in scoring.risk_coverage(probs, y)}
     out = []
     for r in cv_rows:
         t = test[r["threshold"]]

@@ -160,7 +160,7 @@ def zero_shot(ds, descriptions: dict[str, str]) -> tuple[dict, "object"]:
     import numpy as np
 
     from bench import metrics
-    from model_worker import serving, zeroshot
+    from model_worker import scoring, zeroshot
     from model_worker.params import validate_params
 
     names = sorted(descriptions)
@@ -168,7 +168,7 @@ def zero_shot(ds, descriptions: dict[str, str]) -> tuple[dict, "object"]:
     res = zeroshot.train([descriptions[n] for n in names], names,
                          validate_params({"architecture": "zero_shot"}))
     train_s = time.monotonic() - started
-    probs = serving.predict_proba(serving.make_predict_fn(res.model), ds.test_texts)
+    probs = scoring.predict_proba(scoring.make_predict_fn(res.model), ds.test_texts)
     order = [res.labels.index(n) for n in ds.labels]
     probs = probs[:, order]
     y = np.array([ds.labels.index(label) for label in ds.test_labels])

@@ -2,11 +2,13 @@
 name, never by editing the module search path (the service's packages are
 installed in editable mode, pyproject.toml; tests/, bench/ and deploy/ are
 packages of the checkout, found from its root: pytest's rootdir for the
-tests, `python -m bench.NAME` for the benchmarks). Read from the source, no imports."""
+tests, `python -m bench.NAME` for the benchmarks), and no two modules of the
+service's packages share a file name. Read from the source, no imports."""
 from __future__ import annotations
 
 import os
 import re
+import tomllib
 
 from tests.helpers import ROOT
 
@@ -42,3 +44,31 @@ def test_no_module_search_path_edits_in_tests_bench_or_deploy():
     assert not found, "import by package name instead (tests.X, bench.X, deploy.X):\n" + \
         "\n".join(found)
 
+
+
+def _service_modules() -> list[str]:
+    """Every module file of the packages pyproject.toml installs, and its py-modules."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as fh:
+        setup = tomllib.load(fh)["tool"]["setuptools"]
+    files = [os.path.join(ROOT, f"{m}.py") for m in setup.get("py-modules", [])]
+    for pkg in setup["packages"]:
+        files += _py_files(pkg.replace(".", os.sep))
+    return files
+
+
+def _shared_names(files: list[str]) -> dict[str, list[str]]:
+    by_name: dict[str, list[str]] = {}
+    for path in files:
+        name = os.path.basename(path)
+        if name != "__init__.py":
+            by_name.setdefault(name, []).append(os.path.relpath(path, ROOT))
+    return {name: paths for name, paths in by_name.items() if len(paths) > 1}
+
+
+def test_no_two_service_modules_share_a_name():
+    files = _service_modules()
+    assert any(f.endswith(os.path.join("control", "slots.py")) for f in files)  # the walk finds them
+    assert _shared_names(files) == {}
+    # the check can fail
+    assert _shared_names(["/r/a/x.py", "/r/b/x.py", "/r/a/__init__.py", "/r/b/__init__.py"]) \
+        == {"x.py": [os.path.relpath("/r/a/x.py", ROOT), os.path.relpath("/r/b/x.py", ROOT)]}

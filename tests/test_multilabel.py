@@ -193,10 +193,10 @@ def test_sigmoid_graph_equals_scikit_learn_on_unseen_texts():
     blocks = {"word": fitted.kernel[:split], "char": fitted.kernel[split:]}
     graph = autofeatures.linear_graph([(views[v], counts[v].vocabulary, idf[v]) for v in counts],
                                       [(blocks, fitted.bias)], activation="sigmoid")
-    from model_worker import serving
+    from model_worker import scoring
 
     unseen = [r["text"] for r in topic_rows(30, seed=99)] + ["nothing known here", "rain"]
-    got = serving.make_predict_fn(graph)(unseen)
+    got = scoring.make_predict_fn(graph)(unseen)
     # scikit-learn's side on the same texts: the training vocabulary and IDF
     bags = []
     for v in counts:
@@ -227,7 +227,7 @@ RELOAD = """
 import json, sys
 import keras, numpy as np
 import model_worker.layers  # registers the project's layers
-from model_worker.serving import make_predict_fn
+from model_worker.scoring import make_predict_fn
 model = keras.saving.load_model(sys.argv[2], safe_mode=True)
 print(json.dumps(make_predict_fn(model)(json.loads(sys.argv[3])).tolist()))
 """
