@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import urllib.parse
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tornado import httputil
 from tornado.web import HTTPError, RequestHandler, stream_request_body
@@ -18,10 +18,16 @@ from tornado.web import HTTPError, RequestHandler, stream_request_body
 from frontend import jsonwire
 from state.errors import InvalidName, NotFound, ServiceError, StoreError
 
-if TYPE_CHECKING:
-    from frontend.service import HistoryLog
-
 log = logging.getLogger("textswap.http")
+
+
+class HistoryLog(Protocol):
+    """Where JsonHandler.audit writes a state change an API call made (the
+    state DB's history: the handlers are given it, they never import it)."""
+
+    def add_history(self, name: str | None, kind: str, *, source: str | None = None,
+                    details: dict[str, Any] | None = None) -> Any: ...
+
 
 _REASONS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
             405: "method_not_allowed", 409: "conflict", 411: "length_required",
