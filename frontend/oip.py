@@ -41,6 +41,7 @@ from frontend import jsonwire, predictions, request_ids
 from frontend.base import ApiError, JsonHandler, loads
 from frontend.pipeline import (Call, PipelineHandler, PredictPipeline, PredictRequest,
                                Rendered, Routed, Lookup)
+from state.texts import text_problem
 
 if TYPE_CHECKING:
     from frontend.service import ServingView
@@ -230,17 +231,9 @@ def _texts(inp: Any, binary: memoryview, limits: dict[str, Any]) -> list[str]:
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise OipError(400, f"input '{INPUT}' element {i} must be a string")
-        if not t or t.isspace():
-            raise OipError(400, f"input '{INPUT}' element {i} is empty")
-        if len(t) > cap:
-            raise OipError(400, f"input '{INPUT}' element {i} has {len(t)} characters; "
-                                f"the limit is {cap}")
-        if not t.isascii():
-            try:
-                t.encode("utf-8")
-            except UnicodeEncodeError:
-                raise OipError(400, f"input '{INPUT}' element {i} is not valid "
-                                    "Unicode") from None
+        problem = text_problem(t, f"input '{INPUT}' element {i}", cap)
+        if problem is not None:  # /predict's rule and statuses; OIP's error body
+            raise OipError(problem[0], problem[2])
     return texts
 
 

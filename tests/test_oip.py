@@ -221,14 +221,16 @@ def test_binary_output_framing(svc):
     (_binary_request(_bytes(b"ok"), 1)[0], {"Inference-Header-Content-Length": "9999"}, 400,
      "outside the body"),
     (json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
-                             "data": ["x" * 51]}]}).encode(), {}, 400, "limit is 50"),
+                             "data": ["x" * 51]}]}).encode(), {}, 422, "limit is 50"),
+    (json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                             "data": ["\ud800"]}]}).encode(), {}, 400, "not valid Unicode"),
     (json.dumps({"inputs": [{"name": "txt", "datatype": "BYTES", "shape": [1],
                              "data": ["x"]}]}).encode(), {}, 400, "unknown input"),
     (b"x" * 5000, {}, 413, "exceeds the limit"),
     (b"garbage", {"Content-Encoding": "gzip"}, 400, "not valid gzip"),
     (gzip.compress(b" " * 10000), {"Content-Encoding": "gzip"}, 413, "decompressed"),
 ], ids=["json", "array", "no-input", "ok", "count", "truncated", "utf8", "size", "header-len",
-        "long", "input-name", "body", "gzip", "gzip-bomb"])
+        "long", "surrogate", "input-name", "body", "gzip", "gzip-bomb"])
 def test_infer_errors_have_the_protocol_shape(svc, body, headers, status, words):
     code, hdrs, raw = _raw(svc.port, INFER, body, headers)
     answer = json.loads(raw)
