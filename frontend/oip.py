@@ -485,6 +485,9 @@ class InferHandler(PipelineHandler, OipHandler):
 
 _MODEL = r"/v2/models/([^/]+)"
 _VERSION = r"/versions/([^/]+)"
+# infer's routes, (name) and (name, version): the RequestHandlers' and the lean
+# path's (frontend/fastpath.py), which Tornado's routing does not see
+INFER_PATHS = (_MODEL + r"/infer", _MODEL + _VERSION + r"/infer")
 
 
 def routes(kw: dict[str, Any], pipeline: PredictPipeline, serving: ServingView
@@ -499,6 +502,5 @@ def routes(kw: dict[str, Any], pipeline: PredictPipeline, serving: ServingView
         (_MODEL + _VERSION, ModelMetadataHandler, pkw),
         (_MODEL + r"/ready", ModelReadyHandler, skw),
         (_MODEL + _VERSION + r"/ready", ModelReadyHandler, skw),
-        (_MODEL + r"/infer", InferHandler, pkw),
-        (_MODEL + _VERSION + r"/infer", InferHandler, pkw),
+        *((path, InferHandler, pkw) for path in INFER_PATHS),
     ]

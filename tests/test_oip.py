@@ -7,6 +7,7 @@ import gzip
 import http.client
 import json
 import shutil
+import socket
 import struct
 from typing import Any
 
@@ -320,8 +321,27 @@ def test_lean_path_and_handler_answer_alike(svc, tiny_store, tmp_path):
         after = _predict_counts(slow)
         assert sum(after.values()) - sum(before.values()) == len(predicts)  # each once
         assert after.get(("sent", "200"), 0) - before.get(("sent", "200"), 0) == 2
+        # a Content-Length that is not a number: the same JSON 400 on both paths
+        # (Tornado reads no such body; the lean path had left it to Tornado's bare 400)
+        for path in ("/predict", INFER):
+            fast = _bad_length(svc.port, path)
+            handler = _bad_length(slow.port, path)
+            assert fast == handler, (path, fast, handler)
+            assert fast[0] == 400 and b"invalid Content-Length" in fast[2], (path, fast)
     finally:
         slow.stop()
+
+
+def _bad_length(port: int, path: str) -> tuple[int, str | None, bytes]:
+    """(status, Content-Type, body) of a POST declaring `Content-Length: ten`
+    (http.client writes a right one itself, hence the socket)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: ten\r\n\r\n"
+                     '{"text": "x"}'.encode())
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        return resp.status, resp.getheader("Content-Type"), resp.read()
 
 
 def _predict_counts(svc: Service) -> dict[tuple[str, str], float]:
