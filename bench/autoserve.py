@@ -1,8 +1,8 @@
 """What architecture "auto" costs the serving path, measured on the real service.
 
-    .venv/bin/python bench/autoserve.py            # about 4-6 minutes
-    .venv/bin/python bench/autoserve.py --quick    # shorter load runs
-    .venv/bin/python bench/autoserve.py --graph-speeds  # only the graphs' speeds (1 min)
+    .venv/bin/python -m bench.autoserve            # about 4-6 minutes
+    .venv/bin/python -m bench.autoserve --quick    # shorter load runs
+    .venv/bin/python -m bench.autoserve --graph-speeds  # only the graphs' speeds (1 min)
 
 One service (real supervisor, worker and trainer processes, 127.0.0.1 only),
 in one run:
@@ -31,8 +31,7 @@ import sys
 import tempfile
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import serving  # noqa: E402  (the load generator and service helpers)
+from bench import serving  # noqa: E402  (the load generator and service helpers)
 
 BATCH = serving.BATCH_TEXTS
 DATA_REL = serving.DATA_REL
@@ -69,11 +68,9 @@ def graph_speeds(rounds: int = 5) -> dict[str, Any]:
 
     import numpy as np
 
-    sys.path.insert(0, os.path.join(serving.ROOT, "tests"))
-    sys.path.insert(0, serving.ROOT)
     from model_worker import autoselect
     from model_worker.params import validate_params
-    from test_autoselect import REPRODUCIBLE, english
+    from tests.test_autoselect import REPRODUCIBLE, english
 
     texts, labels = english()
     names = sorted(set(labels))

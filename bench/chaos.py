@@ -1,7 +1,7 @@
 """Chaos check: minutes of steady predict load while the service is swapped
 back and forth and its workers are killed. Prints every figure it measures.
 
-    .venv/bin/python bench/chaos.py [--applies 20] [--kills 3] [--threads 4]
+    .venv/bin/python -m bench.chaos [--applies 20] [--kills 3] [--threads 4]
 
 Targets only 127.0.0.1; every loop is bounded in count and time.
 Passes (exit 0) when: 0 failed requests, every response's score matches the
@@ -25,9 +25,8 @@ import psutil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from helpers import Service, pid_gone, wait_for  # noqa: E402
+from tests.helpers import Service, pid_gone, wait_for  # noqa: E402
 
 PROBE = "还不错吧 ok"
 

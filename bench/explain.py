@@ -1,6 +1,6 @@
 """What an explanation costs: explain (k n-grams) against the plain predict.
 
-    python bench/explain.py [--rows 3000] [--budget 40] [--k 5]
+    python -m bench.explain [--rows 3000] [--budget 40] [--k 5]
 
 Trains an `auto` model exactly as a /train job does (the bundled Chinese
 reviews, data/demo/, plus the English half of --english if given) and times,
@@ -17,8 +17,6 @@ import random
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "bench"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
@@ -28,7 +26,7 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=40.0, help="auto's time_budget_s")
     ap.add_argument("--k", type=int, default=5)
     args = ap.parse_args()
-    from accuracy import explain_latency, train_like_trainer  # bench/accuracy.py
+    from bench.accuracy import explain_latency, train_like_trainer  # bench/accuracy.py
 
     with open(os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl"), encoding="utf-8") as fh:
         rows = [json.loads(line) for line in fh]

@@ -1,6 +1,6 @@
 """Serving under a slow disk: does a 200 ms fsync reach the request path?
 
-    python bench/faults.py [--fsync-ms 200] [--seconds 20]
+    python -m bench.faults [--fsync-ms 200] [--seconds 20]
 
 A tiny LD_PRELOAD shim (compiled here with the system C compiler) makes
 every fsync/fdatasync of the supervisor process sleep `--fsync-ms` while a
@@ -32,9 +32,8 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from helpers import Service  # noqa: E402
+from tests.helpers import Service  # noqa: E402
 
 SHIM = r"""
 #define _GNU_SOURCE

@@ -1,6 +1,6 @@
 """Fuzz both live APIs with schemathesis, 1,000+ generated cases each.
 
-    .venv/bin/python bench/fuzz.py [--cases 1000] [--seed random|N]
+    .venv/bin/python -m bench.fuzz [--cases 1000] [--seed random|N]
 
 The same setup and checks as tests/test_openapi.py (which runs fewer cases so
 `make test` stays short): a real service on free ports with the fuzzing
@@ -19,9 +19,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
-from test_openapi import (AUTH, restore_default, run_schemathesis,  # noqa: E402
+from tests.test_openapi import (AUTH, restore_default, run_schemathesis,  # noqa: E402
                           server_errors, start_service, summarize)
 
 # schemathesis's --max-examples counts per operation; the management API has

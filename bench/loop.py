@@ -1,8 +1,8 @@
 """The learning loop's bench (docs/loop.md): what logging costs, and a loop on a real set.
 
-    .venv/bin/python bench/loop.py            # both parts
-    .venv/bin/python bench/loop.py --cost     # only the logging cost
-    .venv/bin/python bench/loop.py --loop     # only the loop
+    .venv/bin/python -m bench.loop            # both parts
+    .venv/bin/python -m bench.loop --cost     # only the logging cost
+    .venv/bin/python -m bench.loop --loop     # only the loop
     make bench
 
 1. Logging cost. Two services side by side with the same model, one with
@@ -37,12 +37,9 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
 
-from helpers import Service, request, wait_for  # noqa: E402
-import serving  # noqa: E402  (its load generator and helpers)
+from tests.helpers import Service, request, wait_for  # noqa: E402
+from bench import serving  # noqa: E402  (its load generator and helpers)
 
 DATA = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
 RESULTS = os.path.join(ROOT, "bench", "results", "loop.json")

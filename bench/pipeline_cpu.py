@@ -1,6 +1,6 @@
 """The supervisor's CPU per single-text request, of two trees of the code side by side.
 
-    .venv/bin/python bench/pipeline_cpu.py BEFORE_ROOT [AFTER_ROOT]
+    .venv/bin/python -m bench.pipeline_cpu BEFORE_ROOT [AFTER_ROOT]
         [--requests 4000] [--rounds 10] [--concurrency 16] [--rate R] [--path /predict]
 
 Each root is a checkout of this repository (e.g. `git worktree add /tmp/before
@@ -158,9 +158,9 @@ def client(port: int, path: str, conc: int, n: int, rate: float = 0.0) -> None:
 def run_load(side: Side, path: str, conc: int, n: int, rate: float = 0.0
              ) -> dict[str, float]:
     c0 = side.cpu_s()
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--client",
+    out = subprocess.run([sys.executable, "-m", "bench.pipeline_cpu", "--client",
                           json.dumps([side.port, path, conc, n, rate])],
-                         capture_output=True, text=True, timeout=600, check=True).stdout
+                         capture_output=True, text=True, timeout=600, check=True, cwd=HERE).stdout
     c1 = side.cpu_s()
     res = json.loads(out.strip().splitlines()[-1])
     if res["bad"]:
@@ -193,10 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         store = os.path.join(tmp, "store")
         log("building a tiny model (TensorFlow, in its own process)")
+        # `python -c` imports from its working folder: this checkout's tests package
         subprocess.run([sys.executable, "-c",
-                        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tests']; "
-                        "import tinymodels; tinymodels.build(sys.argv[2], 'sent', ['neg', 'pos'])",
-                        HERE, store], check=True, cwd=HERE)
+                        "import sys; from tests import tinymodels; "
+                        "tinymodels.build(sys.argv[1], 'sent', ['neg', 'pos'])",
+                        store], check=True, cwd=HERE)
         for label, root in (("before", os.path.abspath(args.before)),
                             ("after", os.path.abspath(args.after))):
             shutil.copytree(store, os.path.join(tmp, f"models-{label}"))

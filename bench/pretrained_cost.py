@@ -1,6 +1,6 @@
 """Serving cost of auto's pretrained view: worker memory (PSS, USS) and throughput.
 
-    .venv/bin/python bench/pretrained_cost.py [--set debian_en] [--n 1000] [--rounds 3] [--vector-table] [--first-layout]
+    .venv/bin/python -m bench.pretrained_cost [--set debian_en] [--n 1000] [--rounds 3] [--vector-table] [--first-layout]
                                               [--folded]
 
 Builds `auto`'s served graph from the set's first --n training texts for the
@@ -37,8 +37,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 CHILD = r"""
 import json, os, sys, time
@@ -117,7 +115,7 @@ def main() -> None:
     ap.add_argument("--first-layout", action="store_true",
                     help="also the view in its first layout (two Embeddings), as the first versions hold it")
     args = ap.parse_args()
-    import datasets
+    from bench import datasets
 
     ds = datasets.load(args.set)
     texts, labels = ds.train_texts[:args.n], ds.train_labels[:args.n]

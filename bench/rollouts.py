@@ -2,8 +2,8 @@
 probation, shadow and canary traffic, automatic rollback and the quality
 gate, with the real service, real worker processes and real HTTP load.
 
-    .venv/bin/python bench/rollouts.py            # full run, about 7 minutes
-    .venv/bin/python bench/rollouts.py --quick    # short smoke run
+    .venv/bin/python -m bench.rollouts            # full run, about 7 minutes
+    .venv/bin/python -m bench.rollouts --quick    # short smoke run
     make bench-rollouts
 
 Runs the real service (python supervisor.py) on free ports, 127.0.0.1 only,
@@ -56,7 +56,6 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from bench.serving import LoadGen, log, read_texts, write_bodies  # noqa: E402
 from bench.slots import Recorder, bench_args, outcome, print_table, tiny_store  # noqa: E402

@@ -1,8 +1,8 @@
 """Serving benchmark: throughput, latency, applies and memory of the real service.
 
-    .venv/bin/python bench/serving.py            # full run, about 5 minutes
-    .venv/bin/python bench/serving.py --quick    # short smoke run
-    .venv/bin/python bench/serving.py --loops    # event loop and JSON only, ~6 minutes
+    .venv/bin/python -m bench.serving            # full run, about 5 minutes
+    .venv/bin/python -m bench.serving --quick    # short smoke run
+    .venv/bin/python -m bench.serving --loops    # event loop and JSON only, ~6 minutes
     make bench
 
 Everything runs on this machine, against 127.0.0.1 only. The bench trains two
@@ -54,7 +54,6 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 DATA = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
 # the bench's data, read by /train from a data root the bench configures
@@ -256,9 +255,10 @@ class LoadGen:
         else:
             spec = {"port": port, "bodies": bodies, "conc": conc, "seconds": seconds,
                     "timeline": timeline, "path": path}
-            cmd = [sys.executable, os.path.abspath(__file__), "--loadgen-client",
+            cmd = [sys.executable, "-m", "bench.serving", "--loadgen-client",
                    json.dumps(spec)]
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                cwd=ROOT)
 
     @staticmethod
     def result(proc: subprocess.Popen, seconds: float, texts_per_request: int) -> dict[str, Any]:
@@ -675,8 +675,8 @@ def run(args: argparse.Namespace) -> int:
         # -- 1. bare Tornado baseline ----------------------------------------------------
         from tests.helpers import free_port, wait_for
         eport = free_port()
-        echo = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--echo-server",
-                                 str(eport)])
+        echo = subprocess.Popen([sys.executable, "-m", "bench.serving", "--echo-server",
+                                 str(eport)], cwd=ROOT)
         try:
             wait_for(lambda: _port_open(eport), 20, "echo server")
             for conc in (CONC_THROUGHPUT, CONC_LATENCY):
@@ -699,7 +699,7 @@ def run(args: argparse.Namespace) -> int:
         # -- 2. batched: in-process model vs. service ---------------------------------------
         serving = svc.status()["serving"]
         mdir = os.path.join(models_dir, MODEL, str(serving["version"]))
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--model-speed", mdir,
+        out = subprocess.run([sys.executable, "-m", "bench.serving", "--model-speed", mdir,
                               "--seconds", str(dur)], capture_output=True, text=True,
                              timeout=dur + 180, cwd=ROOT)
         line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
@@ -1072,8 +1072,8 @@ def run_loops(args: argparse.Namespace) -> int:
             svc.stop()
     svcs: dict[str, Any] = {}
     eport = free_port()
-    echo = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--echo-server",
-                             str(eport)])
+    echo = subprocess.Popen([sys.executable, "-m", "bench.serving", "--echo-server",
+                             str(eport)], cwd=ROOT)
     res: dict[str, Any] = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "loadgen": kind,
                            "machine": {"cpus": os.cpu_count()},
                            "durations_s": {"measure": dur, "rounds": rounds}}

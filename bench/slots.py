@@ -1,8 +1,8 @@
 """Model slots benchmark: two models at once, swaps beside load, replica
 crashes, recovery with no standby, and worker recycling.
 
-    .venv/bin/python bench/slots.py            # full run, under 10 minutes
-    .venv/bin/python bench/slots.py --quick    # short smoke run
+    .venv/bin/python -m bench.slots            # full run, under 10 minutes
+    .venv/bin/python -m bench.slots --quick    # short smoke run
     make bench-slots
 
 Runs the real service (python supervisor.py) on free ports with the tiny
@@ -53,7 +53,6 @@ from typing import Any
 import psutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from bench.serving import CONC_THROUGHPUT, LoadGen, log, read_texts, write_bodies  # noqa: E402
 from tests.helpers import Service, pid_gone, request, wait_for  # noqa: E402

@@ -1,6 +1,6 @@
 """A serving worker's memory: PSS, USS and where its private pages go.
 
-    .venv/bin/python bench/worker_memory.py [--rounds 2] [--variants today,arena2]
+    .venv/bin/python -m bench.worker_memory [--rounds 2] [--variants today,arena2]
 
 Trains three versions through the service's own /train (a real service on
 free ports): `bow` on the bundled Chinese reviews (the demo's architecture),
@@ -36,7 +36,6 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 RESULTS = os.path.join(ROOT, "bench", "results")
 CACHE = os.path.join(ROOT, "bench", ".cache", "memory-models")

@@ -1,8 +1,8 @@
 """Zero-shot versions from label descriptions on the English development sets (issue 28).
 
-    .venv/bin/python bench/zeroshot.py                   # all four sets, the 100-text point too
-    .venv/bin/python bench/zeroshot.py --sets debian_en  # one set
-    .venv/bin/python bench/zeroshot.py --no-curve-point  # zero-shot figures only
+    .venv/bin/python -m bench.zeroshot                   # all four sets, the 100-text point too
+    .venv/bin/python -m bench.zeroshot --sets debian_en  # one set
+    .venv/bin/python -m bench.zeroshot --no-curve-point  # zero-shot figures only
 
 On each set's fixed test split (bench/datasets.py: debian_en, manpages_en,
 fortunes_en, wordnet_en), with the one-line descriptions below:
@@ -36,8 +36,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 # One line a label, written for this bench from the label names (debian_en:
 # the archive sections; manpages_en: the manual's sections; wordnet_en: the
@@ -161,8 +159,8 @@ def cosine_rule(texts: list[str], descriptions: list[str]):
 def zero_shot(ds, descriptions: dict[str, str]) -> tuple[dict, "object"]:
     import numpy as np
 
-    import metrics
-    from model_worker import serving, zeroshot
+    from bench import metrics
+    from model_worker import scoring, zeroshot
     from model_worker.params import validate_params
 
     names = sorted(descriptions)
@@ -170,7 +168,7 @@ def zero_shot(ds, descriptions: dict[str, str]) -> tuple[dict, "object"]:
     res = zeroshot.train([descriptions[n] for n in names], names,
                          validate_params({"architecture": "zero_shot"}))
     train_s = time.monotonic() - started
-    probs = serving.predict_proba(serving.make_predict_fn(res.model), ds.test_texts)
+    probs = scoring.predict_proba(scoring.make_predict_fn(res.model), ds.test_texts)
     order = [res.labels.index(n) for n in ds.labels]
     probs = probs[:, order]
     y = np.array([ds.labels.index(label) for label in ds.test_labels])
@@ -197,8 +195,8 @@ def _softmax(z):
 def run_set(name: str, curve_point: bool) -> dict:
     import numpy as np
 
-    import datasets
-    import metrics
+    from bench import datasets
+    from bench import metrics
 
     ds = datasets.load(name)
     descriptions = DESCRIPTIONS[name]
@@ -213,7 +211,7 @@ def run_set(name: str, curve_point: bool) -> dict:
                           "agreement_with_zero_shot": round(float(np.mean(rule == pred)), 4)}
     out["names_only"], _ = zero_shot(ds, {n: n for n in ds.labels})
     if curve_point:
-        import accuracy
+        from bench import accuracy
 
         small = accuracy.subsample(ds, 100)
         out["auto@100"] = accuracy._auto_cell(small, {"pretrained": True}, False)

@@ -36,6 +36,7 @@ from state.dataset import encode_label_set, is_label_set
 from state.errors import InvalidName, NotFound, ServiceError, StoreError
 from state.statedb import as_oserror
 from state.storage import storage_error
+from state.texts import text_problem
 
 if TYPE_CHECKING:
     from state.predlog_api import PredictionLogBackend
@@ -169,15 +170,11 @@ class FeedbackService:
                                     "single-label (one label per text)")
                                  if isinstance(ex, dict) and other in ex else ""))
             text = ex.get("text")
-            if not isinstance(text, str) or not text.strip():
-                raise refused(400, "invalid_field", f"{where}.text must be a non-empty string")
-            if len(text) > self.max_text_chars:
-                raise refused(422, "text_too_long", f"{where}.text has {len(text)} characters;"
-                                                    f" the limit is {self.max_text_chars}")
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise refused(400, "bad_text", f"{where}.text is not valid Unicode") from None
+            if not isinstance(text, str):
+                raise refused(400, "invalid_field", f"{where}.text must be a string")
+            problem = text_problem(text, f"{where}.text", self.max_text_chars)
+            if problem is not None:
+                raise refused(*problem)
             pairs.append((text, label_set(ex["labels"], f"{where[:-1]}.labels'") if multi
                           else label(ex.get("label"), f"{where}.label")))
 

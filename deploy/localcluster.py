@@ -1,6 +1,6 @@
 """Run a local cluster: Redis, nginx and three textswap nodes on one machine.
 
-    python deploy/localcluster.py [--dir DIR] [--nodes 3] [--port 8000] [--sentinel]
+    python -m deploy.localcluster [--dir DIR] [--nodes 3] [--port 8000] [--sentinel]
 
 (`make cluster`; `make cluster SENTINEL=1` for --sentinel: a Redis primary,
 one replica and three Sentinels in place of the one Redis, the nodes

@@ -8,9 +8,10 @@ over-large one is refused with 413 from its Content-Length, before it is read.
 from __future__ import annotations
 
 import json
+import re
 import urllib.parse
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tornado import httputil
 from tornado.web import HTTPError, RequestHandler, stream_request_body
@@ -18,10 +19,16 @@ from tornado.web import HTTPError, RequestHandler, stream_request_body
 from frontend import jsonwire
 from state.errors import InvalidName, NotFound, ServiceError, StoreError
 
-if TYPE_CHECKING:
-    from frontend.service import HistoryLog
-
 log = logging.getLogger("textswap.http")
+
+
+class HistoryLog(Protocol):
+    """Where JsonHandler.audit writes a state change an API call made (the
+    state DB's history: the handlers are given it, they never import it)."""
+
+    def add_history(self, name: str | None, kind: str, *, source: str | None = None,
+                    details: dict[str, Any] | None = None) -> Any: ...
+
 
 _REASONS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
             405: "method_not_allowed", 409: "conflict", 411: "length_required",
@@ -47,6 +54,33 @@ class ApiError(HTTPError):
         self.message = message
         self.details = details or {}
         self.headers = headers or {}  # sent with the error (e.g. Retry-After)
+
+
+# what Tornado's HTTP/1 reader takes as a Content-Length (it refuses anything else)
+_LENGTH = re.compile(r"[0-9]+")
+
+
+def declared_too_large(length: str | None, cap: int) -> str | None:
+    """The body cap checked on a request's Content-Length, before its body is
+    read: the one check of the RequestHandlers and the lean path
+    (frontend/fastpath.py). None when no length is declared or it is within
+    `cap`; the 413's message when it is over (the caller reads and drops the
+    body, then answers 413: refusing at once makes most clients see a reset
+    instead of the answer). A length that is not a plain number is ApiError
+    400: Tornado refuses such a request too, but with a bare 400 and no body,
+    and only after this answer has gone out."""
+    if length is None:
+        return None
+    if _LENGTH.fullmatch(length) is None:
+        raise ApiError(400, "bad_request", "invalid Content-Length")
+    n = int(length)
+    return f"request body of {n} bytes exceeds the limit of {cap}" if n > cap else None
+
+
+def read_too_large(size: int, cap: int) -> str | None:
+    """The body cap on the bytes read so far (a chunked body declares no
+    length): the 413's message once `size` is over `cap`, else None."""
+    return f"request body exceeds the limit of {cap} bytes" if size > cap else None
 
 
 @stream_request_body
@@ -98,25 +132,15 @@ class JsonHandler(RequestHandler):
                                             self.review_may_post)
             self.authorized = self.key_name is not None
         if self.request.method in ("POST", "PUT", "PATCH", "DELETE"):
-            length = self.request.headers.get("Content-Length")
-            cap = self.limits["max_body_bytes"]
-            if length is not None:
-                try:
-                    n = int(length)
-                except ValueError:
-                    raise ApiError(400, "bad_request", "invalid Content-Length") from None
-                if n > cap:
-                    # read and drop the body, then answer 413: refusing at once
-                    # makes most clients see a reset instead of our answer
-                    self._too_large = f"request body of {n} bytes exceeds the limit of {cap}"
+            self._too_large = declared_too_large(self.request.headers.get("Content-Length"),
+                                                 self.limits["max_body_bytes"])
 
     def data_received(self, chunk: bytes) -> None:
         self._size += len(chunk)
         if self._too_large:
             return
-        if self._size > self.limits["max_body_bytes"]:  # chunked: no Content-Length
-            self._too_large = (f"request body exceeds the limit of "
-                               f"{self.limits['max_body_bytes']} bytes")
+        self._too_large = read_too_large(self._size, self.limits["max_body_bytes"])
+        if self._too_large:
             self._chunks = []
             return
         self._chunks.append(chunk)

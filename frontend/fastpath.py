@@ -6,9 +6,11 @@ headers, the Date header, flush/finish bookkeeping), not in predicting. This
 module answers POST /predict straight from Tornado's HTTP/1 connection
 (`HTTPMessageDelegate`) through the same predict pipeline as the
 RequestHandlers (frontend/pipeline.py: the same checks, routing, log,
-metrics, answers and errors), with a fraction of that overhead. The Open
+metrics, answers and errors; the same body cap, frontend/base.py
+`declared_too_large`), with a fraction of that overhead. The Open
 Inference Protocol's infer (POST /v2/models/<name>[/versions/<v>]/infer) is
-answered here too, with its own wire (`oip.INFER`). Every other request
+answered here too, with its own wire (`oip.INFER`), on the routes
+frontend/oip.py gives Tornado (`oip.INFER_PATHS`). Every other request
 (other paths, other methods) goes to the inference Application untouched:
 /healthz, /readyz, /openapi.json, 404s and 405s are Tornado's.
 """
@@ -26,13 +28,14 @@ from tornado.iostream import StreamClosedError
 from tornado.web import Application
 
 from frontend import oip, predictions, request_ids
-from frontend.base import ApiError, log_level
+from frontend.base import ApiError, declared_too_large, log_level, read_too_large
 from frontend.pipeline import Call, PredictPipeline, Wire
 
 log = logging.getLogger("textswap.http")
 
-# the Open Inference Protocol's infer, as routed in frontend/oip.py
-_OIP_INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+# the Open Inference Protocol's infer: its routes in frontend/oip.py, anchored
+# as Tornado's routing anchors them
+_OIP_INFER = tuple(re.compile(path + "$") for path in oip.INFER_PATHS)
 
 
 class PredictRouter(httputil.HTTPServerConnectionDelegate):
@@ -63,25 +66,31 @@ class _Predict(httputil.HTTPMessageDelegate):
         self.chunks: list[bytes] = []
         self.size = 0
         self.too_large: str | None = None
+        self.bad_length: ApiError | None = None  # a Content-Length that is not a number
         self.closed = False
         self.oip: tuple[str, str | None] | None = None  # (name, version) of an OIP infer
 
     def headers_received(self, start_line: Any, headers: httputil.HTTPHeaders) -> Any:
         path = start_line.path.split("?", 1)[0]
         if start_line.method == "POST" and path != "/predict" and path.startswith("/v2/"):
-            m = _OIP_INFER.match(path)
-            self.oip = (m.group(1), m.group(2)) if m else None
+            for route in _OIP_INFER:
+                m = route.match(path)
+                if m:
+                    self.oip = (m.group(1), m.group(2) if route.groups > 1 else None)
+                    break
         if start_line.method != "POST" or (path != "/predict" and self.oip is None):
             self.inner = self.router.app.start_request(self.server_conn, self.conn)
             return self.inner.headers_received(start_line, headers)
         self.start_line, self.headers = start_line, headers
         self.started = time.monotonic()
-        cap = self.router.limits["max_body_bytes"]
-        length = headers.get("Content-Length")
-        if length is not None and length.isdigit() and int(length) > cap:
-            # read and drop it, then answer 413 (refusing at once makes most
-            # clients see a reset instead of the answer)
-            self.too_large = f"request body of {int(length)} bytes exceeds the limit of {cap}"
+        try:
+            self.too_large = declared_too_large(headers.get("Content-Length"),
+                                                self.router.limits["max_body_bytes"])
+        except ApiError as exc:
+            # answered now, as the RequestHandlers answer it: Tornado will not
+            # read such a body (it sends a bare 400 after this answer and closes)
+            self.bad_length = exc
+            return self._answer()
         return None
 
     def data_received(self, chunk: bytes) -> Any:
@@ -89,12 +98,11 @@ class _Predict(httputil.HTTPMessageDelegate):
             return self.inner.data_received(chunk)
         self.size += len(chunk)
         if self.too_large is None:
-            cap = self.router.limits["max_body_bytes"]
-            if self.size > cap:
-                self.too_large = f"request body exceeds the limit of {cap} bytes"
-                self.chunks = []
-            else:
+            self.too_large = read_too_large(self.size, self.router.limits["max_body_bytes"])
+            if self.too_large is None:
                 self.chunks.append(chunk)
+            else:
+                self.chunks = []
         return None
 
     def finish(self) -> None:
@@ -123,7 +131,9 @@ class _Predict(httputil.HTTPMessageDelegate):
                     namespace = request_ids.key_namespace(self.headers)
             except ApiError as exc:
                 denied = exc
-        if self.too_large:
+        if self.bad_length is not None:
+            refused = self.bad_length
+        elif self.too_large:
             refused = ApiError(413, "body_too_large", self.too_large)
         elif self.oip is not None:
             try:  # as Tornado decodes path arguments

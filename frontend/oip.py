@@ -41,6 +41,7 @@ from frontend import jsonwire, predictions, request_ids
 from frontend.base import ApiError, JsonHandler, loads
 from frontend.pipeline import (Call, PipelineHandler, PredictPipeline, PredictRequest,
                                Rendered, Routed, Lookup)
+from state.texts import text_problem
 
 if TYPE_CHECKING:
     from frontend.service import ServingView
@@ -230,17 +231,9 @@ def _texts(inp: Any, binary: memoryview, limits: dict[str, Any]) -> list[str]:
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise OipError(400, f"input '{INPUT}' element {i} must be a string")
-        if not t or t.isspace():
-            raise OipError(400, f"input '{INPUT}' element {i} is empty")
-        if len(t) > cap:
-            raise OipError(400, f"input '{INPUT}' element {i} has {len(t)} characters; "
-                                f"the limit is {cap}")
-        if not t.isascii():
-            try:
-                t.encode("utf-8")
-            except UnicodeEncodeError:
-                raise OipError(400, f"input '{INPUT}' element {i} is not valid "
-                                    "Unicode") from None
+        problem = text_problem(t, f"input '{INPUT}' element {i}", cap)
+        if problem is not None:  # /predict's rule and statuses; OIP's error body
+            raise OipError(problem[0], problem[2])
     return texts
 
 
@@ -492,6 +485,9 @@ class InferHandler(PipelineHandler, OipHandler):
 
 _MODEL = r"/v2/models/([^/]+)"
 _VERSION = r"/versions/([^/]+)"
+# infer's routes, (name) and (name, version): the RequestHandlers' and the lean
+# path's (frontend/fastpath.py), which Tornado's routing does not see
+INFER_PATHS = (_MODEL + r"/infer", _MODEL + _VERSION + r"/infer")
 
 
 def routes(kw: dict[str, Any], pipeline: PredictPipeline, serving: ServingView
@@ -506,6 +502,5 @@ def routes(kw: dict[str, Any], pipeline: PredictPipeline, serving: ServingView
         (_MODEL + _VERSION, ModelMetadataHandler, pkw),
         (_MODEL + r"/ready", ModelReadyHandler, skw),
         (_MODEL + _VERSION + r"/ready", ModelReadyHandler, skw),
-        (_MODEL + r"/infer", InferHandler, pkw),
-        (_MODEL + _VERSION + r"/infer", InferHandler, pkw),
+        *((path, InferHandler, pkw) for path in INFER_PATHS),
     ]

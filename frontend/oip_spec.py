@@ -116,10 +116,12 @@ def oip_paths(lim: dict[str, Any], text: S, name: S) -> tuple[S, S]:
                                 "application/octet-stream": {
                                     "schema": {"type": "string", "format": "binary"}}}},
             "400": _err("malformed request: JSON, tensor names, datatype, shape, element "
-                        "count, binary framing, blank or over-long texts, more than "
-                        f"{lim['max_texts']} texts"),
+                        "count, binary framing, blank texts or texts that are not valid "
+                        f"Unicode, more than {lim['max_texts']} texts"),
             "404": not_serving,
             "413": _err(f"body (or its decompressed form) over {lim['max_body_bytes']} bytes"),
+            "422": _err(f"a text over limits.max_text_chars ({lim['max_text_chars']} "
+                        "characters), as on POST /predict"),
             "415": _err("a Content-Encoding other than gzip or deflate"),
             "500": _err("the model failed on this request"),
             "503": _err("no model serving, or overloaded"),

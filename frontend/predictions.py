@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from frontend import jsonwire, request_ids
 from frontend.base import ApiError, check_object, int_field, parse_json
 from frontend.pipeline import Call, PredictRequest, Rendered, Routed
+from state.texts import text_problem
 
 if TYPE_CHECKING:
     from frontend.pipeline import PredictPipeline
@@ -61,18 +62,9 @@ def predict_request(data: dict[str, Any], lim: dict[str, Any]
         where = what if len(texts) == 1 and "text" in data else f"{what}[{i}]"
         if not isinstance(t, str):
             raise ApiError(400, "invalid_field", f"{where} must be a string")
-        if not t or t.isspace():
-            raise ApiError(400, "empty_text", f"{where} is empty")
-        if len(t) > cap:
-            # a validation error, not 413: that status is about the body's size
-            raise ApiError(422, "text_too_long",
-                           f"{where} has {len(t)} characters; the limit is {cap}")
-        if not t.isascii():
-            try:
-                t.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ApiError(400, "bad_text", f"{where} contains an unpaired surrogate "
-                                                "escape, which is not valid Unicode") from None
+        problem = text_problem(t, where, cap)
+        if problem is not None:
+            raise ApiError(*problem)
     top_k = int_field(data, "top_k", minimum=1, maximum=lim["max_top_k"],
                       default=lim["default_top_k"])
     model = data.get("model")

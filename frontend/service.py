@@ -45,13 +45,6 @@ class ServingView(Lookup, Protocol):
     def ready(self) -> bool: ...
 
 
-class HistoryLog(Protocol):
-    """Where JsonHandler.audit writes a state change an API call made."""
-
-    def add_history(self, name: str | None, kind: str, *, source: str | None = None,
-                    details: dict[str, Any] | None = None) -> Any: ...
-
-
 class Service(Serving, Protocol):
     """The running service, as frontend/app.py composes the routes from it
     (predict, serving_model and serving_names: the pipeline's Serving)."""

@@ -48,7 +48,7 @@ from sklearn.metrics import f1_score
 from sklearn.model_selection import KFold, StratifiedKFold
 from threadpoolctl import threadpool_limits
 
-from model_worker import autofeatures, calibration, learners, serving
+from model_worker import autofeatures, calibration, learners, scoring
 from model_worker.params import default_folds, pretrained_allowed
 
 log = logging.getLogger(__name__)
@@ -557,7 +557,7 @@ def _graph_predict(search: Search, views: tuple[str, ...], n_members: int
                 np.zeros(search.n_labels)) for _ in range(n_members)]
     model = autofeatures.linear_graph(
         [(search.view_defs[v], search.counts[v].vocabulary, idf[v]) for v in used], members)
-    return serving.make_predict_fn(model)
+    return scoring.make_predict_fn(model)
 
 
 def serving_speeds(search: Search, graphs: list[Graph]) -> dict[Graph, float]:
@@ -754,13 +754,13 @@ def risk_at_full_size(search: Search, members: list[Scored], temps: list[float],
     95 % lower bound (the promise), `cv_coverage`/`cv_accuracy` as the fold
     models measured them. `cal`: the tested rows' calibrated scores (search.tested)."""
     y = search.y[search.tested]
-    rows = serving.risk_coverage(cal, y)
+    rows = scoring.risk_coverage(cal, y)
     for r in rows:
         r["cv_coverage"], r["cv_accuracy"] = r["coverage"], r["accuracy"]
     if small is not None:
         g = note["factor"]
         cal_small = np.mean([calibration.softmax(o[search.tested] / t) for o, t in zip(small, temps)], axis=0)
-        for r, r0 in zip(rows, serving.risk_coverage(cal_small, y)):
+        for r, r0 in zip(rows, scoring.risk_coverage(cal_small, y)):
             c1, c0 = r["cv_coverage"], r0["coverage"]
             r["coverage"] = round(float(np.clip(c1 + g * (c1 - c0), 0, 1)), 4)
             if r["cv_accuracy"] is not None and r0["accuracy"] is not None:
@@ -819,7 +819,7 @@ def final_model(search: Search, members: list[Candidate], temps: list[float],
     # the graph must compute what scikit-learn fitted: check on training rows
     rows = np.arange(min(64, len(search.texts)))
     expected = _sklearn_probs(search, fitted, idf, rows)
-    got = serving.make_predict_fn(model)([search.texts[i] for i in rows])
+    got = scoring.make_predict_fn(model)([search.texts[i] for i in rows])
     if not np.allclose(got, expected, atol=1e-4):
         raise RuntimeError(f"Keras graph differs from the fitted model by {np.abs(got - expected).max():.2e}")
     return model
@@ -870,7 +870,7 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         model = final_model(search, [m.candidate for m in members], served_temps, network_fit)
     final_s = time.monotonic() - t0
 
-    metrics = serving.classification_metrics(y_ev, pred, label_names)
+    metrics = scoring.classification_metrics(y_ev, pred, label_names)
     conf = confusion(y_ev, pred, len(label_names))
     metrics.update(measured_on="cross_validation", n_train=len(texts), n_val=0, tokenize=tokenize,
                    folds=len(search.folds), confusion_matrix=conf,
@@ -1093,7 +1093,7 @@ def final_multilabel_model(search: Search, cand: Candidate, a: np.ndarray, b: np
     rows = np.arange(min(64, len(search.texts)))
     plain = sp.hstack([search.weighted(v, idf[v], rows) for v in cand.views], format="csr")
     expected = _sigmoid(np.asarray(plain @ np.vstack([blocks[v] for v in cand.views])) + bias)
-    got = serving.make_predict_fn(graph)([search.texts[i] for i in rows])
+    got = scoring.make_predict_fn(graph)([search.texts[i] for i in rows])
     if not np.allclose(got, expected, atol=1e-4):
         raise RuntimeError(f"Keras graph differs from the fitted model by {np.abs(got - expected).max():.2e}")
     return graph

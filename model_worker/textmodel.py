@@ -49,7 +49,7 @@ from model_worker.layers import (  # noqa: F401  (re-exported: registered layers
     standardize_word,
 )
 from model_worker.params import resolve_tokenize, validate_params
-from model_worker.serving import (  # noqa: F401
+from model_worker.scoring import (  # noqa: F401
     classification_metrics,
     evaluate,
     make_predict_fn,

@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from helpers import KEYS_BY_PORT, ROOT, free_port, keys_file, request, wait_for
+from tests.helpers import KEYS_BY_PORT, ROOT, free_port, keys_file, request, wait_for
 
 
 def read_keys_file(models_dir: str) -> dict[str, str]:
@@ -29,8 +29,7 @@ def read_keys_file(models_dir: str) -> dict[str, str]:
     except FileNotFoundError:
         return {}
 
-sys.path.insert(0, os.path.join(ROOT, "deploy"))
-from localcluster import Nginx, RedisServer, have_redis_and_nginx  # noqa: E402,F401
+from deploy.localcluster import Nginx, RedisServer, have_redis_and_nginx  # noqa: E402,F401
 
 
 class Node:

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT
+from tests.helpers import ROOT
 
 
 # CI (.ci/run) sets TEXTSWAP_REQUIRE_ALL=1: a test skipped for a missing
@@ -42,7 +42,7 @@ def tiny_store(tmp_path_factory) -> str:
     Built once per session in a child process (it imports TensorFlow; the test
     process must not, see test_no_tensorflow.py)."""
     root = str(tmp_path_factory.mktemp("store") / "models")
-    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "tinymodels.py"), root],
+    subprocess.run([sys.executable, "-m", "tests.tinymodels", root],
                    check=True, cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     return root
 
@@ -62,7 +62,7 @@ def feature_models(tmp_path_factory) -> str:
     TensorFlow). Read-only: a module that serves them takes a copy
     (feature_store in test_explain.py and test_dashboard_review.py)."""
     root = str(tmp_path_factory.mktemp("features") / "models")
-    subprocess.run([sys.executable, os.path.join(ROOT, "tests", "featuremodels.py"), root],
+    subprocess.run([sys.executable, "-m", "tests.featuremodels", root],
                    check=True, cwd=ROOT, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     return root
 

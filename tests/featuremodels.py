@@ -1,7 +1,7 @@
 """Builds real trained models for the abstain / explain / multi-label tests.
 
 Run as a script in its own process (it imports TensorFlow, which the test
-process must not):  python tests/featuremodels.py MODELS_DIR
+process must not):  python -m tests.featuremodels MODELS_DIR
 
 - "lin": architecture auto on a small English topic set (a linear model,
   explainable);
@@ -30,7 +30,7 @@ def publish(models_dir: str, name: str, result, params: dict, extra: dict | None
 def main(models_dir: str) -> None:
     from model_worker import textmodel
     from model_worker.params import validate_params
-    from test_autoselect import english
+    from tests.test_autoselect import english
 
     texts, labels = english()
     # n-gram views only: the explanation and highlight tests read word n-grams

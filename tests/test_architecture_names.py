@@ -49,7 +49,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from helpers import ROOT
+from tests.helpers import ROOT
 
 DOC = os.path.join(ROOT, "ARCHITECTURE.md")
 SKIP_DIRS = {".venv", "tests", ".git", "node_modules", "__pycache__", "models", ".ci"}

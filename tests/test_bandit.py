@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from helpers import ROOT
+from tests.helpers import ROOT
 
 SERVICE_CODE = ["supervisor.py", "control", "state", "cluster", "frontend", "model_worker",
                 "textswap_cli"]

@@ -20,7 +20,7 @@ import types
 
 import pytest
 
-from helpers import ROOT, Service, free_port, request, wait_for
+from tests.helpers import ROOT, Service, free_port, request, wait_for
 
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
 TOKEN = "cli-token-of-at-least-32-characters"
@@ -457,7 +457,7 @@ def test_ctrl_c_during_wait_offers_to_cancel(svc, tmp_path):
     import signal
     import threading
 
-    from helpers import wait_for
+    from tests.helpers import wait_for
 
     rows = [json.loads(line) for _, line in zip(range(2000), open(DEMO, encoding="utf-8"))]
     data = tmp_path / "long.jsonl"

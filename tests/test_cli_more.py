@@ -15,8 +15,8 @@ import uuid
 
 import pytest
 
-from helpers import Service, free_port, keys_file, request, wait_for
-from test_cli import DEMO, TOKEN, run, textswap_cmd
+from tests.helpers import Service, free_port, keys_file, request, wait_for
+from tests.test_cli import DEMO, TOKEN, run, textswap_cmd
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from clusterkit import Load, Nginx, Node, RedisServer, have_redis_and_nginx
-from helpers import ROOT, free_port, request, wait_for
+from tests.clusterkit import Load, Nginx, Node, RedisServer, have_redis_and_nginx
+from tests.helpers import ROOT, free_port, request, wait_for
 
 # above the waits of one test: nodes up (3 x 90 s), a 300 s job
 pytestmark = pytest.mark.timeout(900)

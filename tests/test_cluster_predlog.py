@@ -23,8 +23,8 @@ import time
 
 import pytest
 
-from clusterkit import Node, RedisServer
-from helpers import request, wait_for
+from tests.clusterkit import Node, RedisServer
+from tests.helpers import request, wait_for
 
 # a deadline that tells "answers" from "hangs" where Redis is down (a refused
 # connection fails in milliseconds); generous on a loaded machine, not a speed claim

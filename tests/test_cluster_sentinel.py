@@ -32,9 +32,9 @@ import time
 import pytest
 import redis
 
-from clusterkit import Load, Nginx, Node, have_redis_and_nginx
-from helpers import request, wait_for
-from localcluster import SentinelSetup
+from tests.clusterkit import Load, Nginx, Node, have_redis_and_nginx
+from tests.helpers import request, wait_for
+from deploy.localcluster import SentinelSetup
 
 pytestmark = [pytest.mark.timeout(900),
               pytest.mark.skipif(not have_redis_and_nginx(),

@@ -23,8 +23,8 @@ import time
 
 import pytest
 
-from clusterkit import FirstAnswer, Load, Nginx, Node, RedisServer, have_redis_and_nginx
-from helpers import wait_for
+from tests.clusterkit import FirstAnswer, Load, Nginx, Node, RedisServer, have_redis_and_nginx
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.skipif(not have_redis_and_nginx(),
                                 reason="redis-server and nginx are not installed "

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from test_autoselect import REPRODUCIBLE as _REPRODUCIBLE, english
+from tests.test_autoselect import REPRODUCIBLE as _REPRODUCIBLE, english
 
 # n-gram views only: the rule is checked between word-only and word+char
 # graphs; the pretrained view (which wins on this English set) has its own

@@ -30,7 +30,7 @@ import time
 
 import pytest
 
-from helpers import ROOT, Service, wait_for
+from tests.helpers import ROOT, Service, wait_for
 
 ARTIFACTS = os.path.join(ROOT, "tests", "artifacts")
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
@@ -428,7 +428,7 @@ def rollout_states(tiny_store, tmp_path_factory):
     follows. (A crashing or erroring version cannot come from a real model:
     TEXTSWAP_TEST_FAULT makes those workers misbehave, as in test_rollouts.py.)
     Returns (status while the canary runs, history at the end)."""
-    from tinymodels import EXAMPLES
+    from tests.tinymodels import EXAMPLES
 
     base = tmp_path_factory.mktemp("dashstates")
     models = str(base / "models")

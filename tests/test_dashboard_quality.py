@@ -18,8 +18,8 @@ import shutil
 
 import pytest
 
-from helpers import ROOT, Service, request, wait_for
-from test_dashboard import ARTIFACTS, Browser, browser, sync_api  # noqa: F401  (the set-up)
+from tests.helpers import ROOT, Service, request, wait_for
+from tests.test_dashboard import ARTIFACTS, Browser, browser, sync_api  # noqa: F401  (the set-up)
 
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
 

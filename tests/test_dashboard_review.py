@@ -31,8 +31,8 @@ import shutil
 
 import pytest
 
-from helpers import Service, request, wait_for
-from test_dashboard import ARTIFACTS, Browser, browser, pw  # noqa: F401 (pw: the fixture)
+from tests.helpers import Service, request, wait_for
+from tests.test_dashboard import ARTIFACTS, Browser, browser, pw  # noqa: F401 (pw: the fixture)
 
 TOKEN = "review-board-token-of-32-characters-or-more"
 FEEDBACK_TOKEN = "only-for-clients-a-key-of-32-characters"

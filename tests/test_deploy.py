@@ -29,7 +29,7 @@ import sys
 import pytest
 import yaml
 
-from helpers import ROOT
+from tests.helpers import ROOT
 from state.config import load_config
 from state.keys import KeyError_, _check_mode, read_keys_file
 

@@ -18,7 +18,7 @@ import re
 import pytest
 import yaml
 
-from helpers import ROOT
+from tests.helpers import ROOT
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 # [text](target) and ![alt](target); text may hold one level of [brackets]

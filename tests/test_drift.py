@@ -21,7 +21,7 @@ import shutil
 
 import pytest
 
-from helpers import ROOT, Service, predict_in_batches, quality_once_logged, request, wait_for
+from tests.helpers import ROOT, Service, predict_in_batches, quality_once_logged, request, wait_for
 from bench import drift as traffic
 from state.config import DEFAULTS
 

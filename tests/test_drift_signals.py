@@ -16,11 +16,11 @@ import shutil
 
 import pytest
 
-from helpers import Service, predict_in_batches, quality_once_logged, wait_for
+from tests.helpers import Service, predict_in_batches, quality_once_logged, wait_for
 from model_worker import profile as prof
 from state.config import DEFAULTS
-from test_rollouts import _copy_version
-from tinymodels import EXAMPLES
+from tests.test_rollouts import _copy_version
+from tests.tinymodels import EXAMPLES
 
 LIMITS = DEFAULTS["drift"]
 LABELS = ["neg", "pos"]

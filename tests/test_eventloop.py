@@ -13,7 +13,7 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.ioloop import IOLoop
 from tornado.web import Application, RequestHandler
 
-from helpers import ROOT
+from tests.helpers import ROOT
 from control import eventloop
 from state.config import ConfigError, load_config
 

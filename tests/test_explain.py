@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import ROOT, Service
+from tests.helpers import ROOT, Service
 
 TEXTS = ["news about the football match", "spicy noodle soup today", "laptop battery software update",
          "zzz", "完全 unseen 文本"]
@@ -190,7 +190,7 @@ def test_bad_explain_is_400(svc, bad):
 
 # -- the arithmetic, on an ensemble ----------------------------------------------------------
 def test_ensemble_contributions_sum_to_the_averaged_logit():
-    from model_worker import autofeatures, explain, serving
+    from model_worker import autofeatures, explain, scoring
 
     texts = ["the quick brown fox", "a lazy dog sleeps", "quick quick dog", "brown bread"] * 3
     views = autofeatures.views_for("word")
@@ -204,7 +204,7 @@ def test_ensemble_contributions_sum_to_the_averaged_logit():
     model = autofeatures.linear_graph(parts, members)
     probe = ["quick fox", "lazy bread dog", "unseen"]
     probs, explained = explain.Explainer(model)(probe, 10_000)
-    np.testing.assert_allclose(probs, serving.make_predict_fn(model)(probe), atol=1e-6)
+    np.testing.assert_allclose(probs, scoring.make_predict_fn(model)(probe), atol=1e-6)
     for p, e in zip(probs, explained):
         assert e["label_index"] == int(p.argmax()) and e["others"] == 0
         assert e["bias"] == pytest.approx(np.mean([b[e["label_index"]] for _, b in members]), abs=1e-5)

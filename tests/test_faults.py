@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from helpers import ClientLoad, Service, pid_gone, wait_for
+from tests.helpers import ClientLoad, Service, pid_gone, wait_for
 
 
 HANG_TIMEOUT = 20.0

@@ -21,8 +21,8 @@ import subprocess
 
 import pytest
 
-from helpers import Service, fill_disk, request, small_disk, wait_for
-from test_dashboard import ARTIFACTS, Browser, browser
+from tests.helpers import Service, fill_disk, request, small_disk, wait_for
+from tests.test_dashboard import ARTIFACTS, Browser, browser
 
 FIU_RUN = shutil.which("fiu-run")
 FIU_CTRL = shutil.which("fiu-ctrl")

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from helpers import Service, request, wait_for
+from tests.helpers import Service, request, wait_for
 from state.config import load_config
 from state.predlog import FILENAME as PREDLOG, PredictionLog
 
@@ -159,7 +159,7 @@ def test_feedback_single_index_and_whole_batch(svc):
     ({"request_id": "x", "label": "pos", "extra": 1}, 400, "unknown_field"),
     ({"model": "sent"}, 400, "bad_request"),
     ({"model": "nosuch", "examples": [{"text": "a", "label": "b"}]}, 404, "not_found"),
-    ({"model": "sent", "examples": [{"text": "", "label": "b"}]}, 400, "invalid_field"),
+    ({"model": "sent", "examples": [{"text": "", "label": "b"}]}, 400, "empty_text"),
     ({"model": "sent", "examples": [{"text": "a"}]}, 400, "invalid_field"),
     ({"model": "sent", "examples": [{"text": "a", "label": "b", "x": 1}]}, 400, "invalid_field"),
     ({"model": "sent", "examples": [{"text": "a", "label": "b"}] * 65}, 413, "too_many_items"),

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from clusterkit import RedisServer
+from tests.clusterkit import RedisServer
 from control.feedback import FeedbackService
 from state.errors import ServiceError
 from state.store import ModelStore
-from tinymodels import copy_model
+from tests.tinymodels import copy_model
 
 _prefixes = itertools.count()
 

@@ -33,7 +33,7 @@ import time
 import psutil
 import pytest
 
-from helpers import ROOT, free_port, request, wait_for
+from tests.helpers import ROOT, free_port, request, wait_for
 
 UID = 10001
 

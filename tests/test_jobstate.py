@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from helpers import ROOT, Service, wait_for
+from tests.helpers import ROOT, Service, wait_for
 
 # above a 240 s wait for a slow job's first epoch, and the service's start
 pytestmark = pytest.mark.timeout(600)

@@ -8,7 +8,7 @@ import sys
 
 import psutil
 
-from helpers import ROOT, Service, pid_gone, wait_for
+from tests.helpers import ROOT, Service, pid_gone, wait_for
 
 
 def test_supervisor_and_frontend_never_import_tensorflow():

@@ -18,7 +18,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from helpers import ROOT
+from tests.helpers import ROOT
 
 # every CPython 3.11 patch release (3.11.0 to 3.11.14 have shipped)
 PYTHONS = [f"3.11.{n}" for n in range(0, 15)]

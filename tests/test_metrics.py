@@ -11,7 +11,7 @@ import signal
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import Service, free_port, request, wait_for
+from tests.helpers import Service, free_port, request, wait_for
 
 TOKEN = "metrics-token-a-key-of-32-characters-or-more"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import ROOT, Service, wait_for
+from tests.helpers import ROOT, Service, wait_for
 from state import dataset
 
 TOPICS = {
@@ -193,10 +193,10 @@ def test_sigmoid_graph_equals_scikit_learn_on_unseen_texts():
     blocks = {"word": fitted.kernel[:split], "char": fitted.kernel[split:]}
     graph = autofeatures.linear_graph([(views[v], counts[v].vocabulary, idf[v]) for v in counts],
                                       [(blocks, fitted.bias)], activation="sigmoid")
-    from model_worker import serving
+    from model_worker import scoring
 
     unseen = [r["text"] for r in topic_rows(30, seed=99)] + ["nothing known here", "rain"]
-    got = serving.make_predict_fn(graph)(unseen)
+    got = scoring.make_predict_fn(graph)(unseen)
     # scikit-learn's side on the same texts: the training vocabulary and IDF
     bags = []
     for v in counts:
@@ -227,7 +227,7 @@ RELOAD = """
 import json, sys
 import keras, numpy as np
 import model_worker.layers  # registers the project's layers
-from model_worker.serving import make_predict_fn
+from model_worker.scoring import make_predict_fn
 model = keras.saving.load_model(sys.argv[2], safe_mode=True)
 print(json.dumps(make_predict_fn(model)(json.loads(sys.argv[3])).tolist()))
 """
@@ -353,7 +353,7 @@ def test_oip_labels_output_is_for_multilabel_models_only():
 
 
 def _post(svc, path, body):
-    from helpers import request
+    from tests.helpers import request
 
     return request(svc.port, "POST", path, body)
 

@@ -20,11 +20,11 @@ from sklearn.metrics import f1_score
 from sklearn.preprocessing import MultiLabelBinarizer
 
 from control import quality
-from helpers import Service, request, wait_for
+from tests.helpers import Service, request, wait_for
 from state import dataset
-from test_dashboard import ARTIFACTS, Browser, browser, pw  # noqa: F401 (pw: the fixture)
-from test_feedback import TOKEN, _cli, feedback, log_of
-from test_multilabel import PROBE, TOPICS, _train, topic_rows
+from tests.test_dashboard import ARTIFACTS, Browser, browser, pw  # noqa: F401 (pw: the fixture)
+from tests.test_feedback import TOKEN, _cli, feedback, log_of
+from tests.test_multilabel import PROBE, TOPICS, _train, topic_rows
 
 ROWS = topic_rows(90)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import Service
-from test_explain import _check_sum
-from test_multilabel import PROBE, _train, topic_rows
+from tests.helpers import Service
+from tests.test_explain import _check_sum
+from tests.test_multilabel import PROBE, _train, topic_rows
 
 
 @pytest.fixture(scope="module")

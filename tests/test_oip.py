@@ -7,6 +7,7 @@ import gzip
 import http.client
 import json
 import shutil
+import socket
 import struct
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from helpers import Service, request
+from tests.helpers import Service, request
 
 CONFIG = """\
 limits:
@@ -221,14 +222,16 @@ def test_binary_output_framing(svc):
     (_binary_request(_bytes(b"ok"), 1)[0], {"Inference-Header-Content-Length": "9999"}, 400,
      "outside the body"),
     (json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
-                             "data": ["x" * 51]}]}).encode(), {}, 400, "limit is 50"),
+                             "data": ["x" * 51]}]}).encode(), {}, 422, "limit is 50"),
+    (json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                             "data": ["\ud800"]}]}).encode(), {}, 400, "not valid Unicode"),
     (json.dumps({"inputs": [{"name": "txt", "datatype": "BYTES", "shape": [1],
                              "data": ["x"]}]}).encode(), {}, 400, "unknown input"),
     (b"x" * 5000, {}, 413, "exceeds the limit"),
     (b"garbage", {"Content-Encoding": "gzip"}, 400, "not valid gzip"),
     (gzip.compress(b" " * 10000), {"Content-Encoding": "gzip"}, 413, "decompressed"),
 ], ids=["json", "array", "no-input", "ok", "count", "truncated", "utf8", "size", "header-len",
-        "long", "input-name", "body", "gzip", "gzip-bomb"])
+        "long", "surrogate", "input-name", "body", "gzip", "gzip-bomb"])
 def test_infer_errors_have_the_protocol_shape(svc, body, headers, status, words):
     code, hdrs, raw = _raw(svc.port, INFER, body, headers)
     answer = json.loads(raw)
@@ -318,8 +321,27 @@ def test_lean_path_and_handler_answer_alike(svc, tiny_store, tmp_path):
         after = _predict_counts(slow)
         assert sum(after.values()) - sum(before.values()) == len(predicts)  # each once
         assert after.get(("sent", "200"), 0) - before.get(("sent", "200"), 0) == 2
+        # a Content-Length that is not a number: the same JSON 400 on both paths
+        # (Tornado reads no such body; the lean path had left it to Tornado's bare 400)
+        for path in ("/predict", INFER):
+            fast = _bad_length(svc.port, path)
+            handler = _bad_length(slow.port, path)
+            assert fast == handler, (path, fast, handler)
+            assert fast[0] == 400 and b"invalid Content-Length" in fast[2], (path, fast)
     finally:
         slow.stop()
+
+
+def _bad_length(port: int, path: str) -> tuple[int, str | None, bytes]:
+    """(status, Content-Type, body) of a POST declaring `Content-Length: ten`
+    (http.client writes a right one itself, hence the socket)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: ten\r\n\r\n"
+                     '{"text": "x"}'.encode())
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        return resp.status, resp.getheader("Content-Type"), resp.read()
 
 
 def _predict_counts(svc: Service) -> dict[tuple[str, str], float]:

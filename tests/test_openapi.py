@@ -54,7 +54,7 @@ from typing import Any
 
 import pytest
 
-from helpers import Service, request, wait_for
+from tests.helpers import Service, request, wait_for
 
 TOKEN = "fuzz-token-a-key-of-32-characters-or-more"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

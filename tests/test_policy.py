@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from control.policies import PolicyError, held_out, validate
-from helpers import ROOT, Service, request, wait_for
+from tests.helpers import ROOT, Service, request, wait_for
 
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
 PARAMS = {"architecture": "bow", "epochs": 3}

@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from helpers import ROOT, Service, request, wait_for
+from tests.helpers import ROOT, Service, request, wait_for
 
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import wait_for
+from tests.helpers import wait_for
 from state.dataset import DataError, Dataset, merge_feedback
 from state.predlog import PredictionLog
 

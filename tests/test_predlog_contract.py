@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from clusterkit import RedisServer
-from helpers import wait_for
+from tests.clusterkit import RedisServer
+from tests.helpers import wait_for
 
 _prefixes = itertools.count()
 PREDS = [{"label": "pos", "score": 0.8,

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from helpers import Service, fill_disk, request, small_disk, wait_for
+from tests.helpers import Service, fill_disk, request, small_disk, wait_for
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import uuid
 import psutil
 import pytest
 
-from helpers import Service, pid_gone, request, wait_for
+from tests.helpers import Service, pid_gone, request, wait_for
 from state.predlog import FILENAME as PREDLOG, MAX_QUEUED
 
 BIG = 10_000  # texts in one request for the queue-bound test (limits.max_texts)

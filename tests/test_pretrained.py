@@ -309,7 +309,7 @@ print(json.dumps({{"keras": float(a), "saved_model": float(b), "imported": bad}}
 
 
 def _topics() -> tuple[list[str], list[str]]:
-    from test_autoselect import english
+    from tests.test_autoselect import english
 
     return english()
 
@@ -420,7 +420,7 @@ def test_the_views_weight_is_chosen_by_cv():
 
 def test_cjk_text_never_gets_the_view():
     from model_worker import textmodel
-    from test_autoselect import chinese
+    from tests.test_autoselect import chinese
 
     texts, labels = chinese(60)
     res = textmodel.train_model(texts, labels, {"time_budget_s": 20, "folds": 2})

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from helpers import Service, wait_for
+from tests.helpers import Service, wait_for
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -18,7 +18,7 @@ import time
 import pytest
 from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_score, recall_score
 
-from helpers import ROOT
+from tests.helpers import ROOT
 from control import quality
 from model_worker import profile as prof
 from state.errors import NotFound
@@ -230,7 +230,7 @@ def test_live_figures_through_the_service(store_copy):
     and /metrics give the figures computed here from the answers."""
     import re
 
-    from helpers import Service, request, wait_for
+    from tests.helpers import Service, request, wait_for
 
     s = Service(store_copy)
     try:

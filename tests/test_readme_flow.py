@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from helpers import ROOT, Service, keys_file, request, wait_for
+from tests.helpers import ROOT, Service, keys_file, request, wait_for
 
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
 PARAMS = {"architecture": "bow", "epochs": 2}

@@ -13,8 +13,8 @@ import shutil
 
 import pytest
 
-from helpers import Service, wait_for
-from test_rollouts import _copy_version
+from tests.helpers import Service, wait_for
+from tests.test_rollouts import _copy_version
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from helpers import ClientLoad, Service, pid_gone, wait_for
-from tinymodels import EXAMPLES
+from tests.helpers import ClientLoad, Service, pid_gone, wait_for
+from tests.tinymodels import EXAMPLES
 
 
 class Load(ClientLoad):

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from helpers import ROOT, Service, keys_file, request, wait_for
+from tests.helpers import ROOT, Service, keys_file, request, wait_for
 
 TOKEN = "s3cret-token-value-of-32-characters-or-more"
 
@@ -53,7 +53,7 @@ def test_token_guards_every_management_request(tmp_path):
 def test_open_management_beyond_loopback_refuses_to_start(tmp_path):
     """auth.enabled: false with the management API bound beyond loopback: the
     service refuses to start, unless --insecure-no-auth, and then it says so."""
-    from helpers import free_port
+    from tests.helpers import free_port
 
     cfg = _config(tmp_path, "auth:\n  enabled: false\n")
     cmd = [sys.executable, os.path.join(ROOT, "supervisor.py"), "--config", cfg,
@@ -771,7 +771,7 @@ def test_the_public_port_is_no_key_oracle(tmp_path):
 
 def _start(tmp_path, models: str, cfg: str, env: dict[str, str] | None = None):
     """supervisor.py run to its refusal (or its start): the finished process."""
-    from helpers import free_port
+    from tests.helpers import free_port
 
     cmd = [sys.executable, os.path.join(ROOT, "supervisor.py"), "--config", cfg,
            "--models-dir", models, "--host", "127.0.0.1", "--port", str(free_port()),
@@ -818,8 +818,7 @@ def test_redis_url_file_must_be_private_and_its_password_never_shown(tmp_path):
     it as ***."""
     if not os.path.exists("/usr/bin/redis-server") and not shutil.which("redis-server"):
         pytest.skip("redis-server is not installed (.ci/run installs it)")
-    sys.path.insert(0, os.path.join(ROOT, "deploy"))
-    from localcluster import RedisServer
+    from deploy.localcluster import RedisServer
 
     redis = RedisServer(str(tmp_path / "redis"))
     try:

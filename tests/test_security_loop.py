@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from helpers import Service, request, wait_for
+from tests.helpers import Service, request, wait_for
 from state.predlog import FILENAME as PREDLOG, PredictionLog
 
 pytestmark = pytest.mark.timeout(600)
@@ -225,7 +225,7 @@ def capped(request, tmp_path):
         p = PredictionLog(str(tmp_path / "p.db"), feedback_rows=20, example_rows=20)
         yield p
     else:
-        from clusterkit import RedisServer
+        from tests.clusterkit import RedisServer
         from cluster.redis_predlog import RedisPredictionLog
         if not shutil.which("redis-server"):
             pytest.skip("redis-server is not installed (.ci/run installs it)")
@@ -392,7 +392,7 @@ def test_the_age_limit_reaches_the_holdout_and_the_inline_data_copy(tmp_path):
 
 
 def test_a_redis_erasure_takes_a_new_rdb_snapshot(tmp_path):
-    from clusterkit import RedisServer
+    from tests.clusterkit import RedisServer
     from cluster.redis_predlog import RedisPredictionLog
     import redis as redis_client
     if not shutil.which("redis-server"):

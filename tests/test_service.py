@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import Service, pid_gone, wait_for
+from tests.helpers import Service, pid_gone, wait_for
 
 
 @pytest.fixture(scope="module", params=["uvloop", "asyncio"])

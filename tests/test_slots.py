@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from helpers import ClientLoad, Service, pid_gone, wait_for
+from tests.helpers import ClientLoad, Service, pid_gone, wait_for
 
 
 # a request this slow hangs: an idle machine answers in milliseconds, and a

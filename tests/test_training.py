@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from helpers import ROOT, Service, pid_gone, wait_for
+from tests.helpers import ROOT, Service, pid_gone, wait_for
 
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
 

@@ -14,7 +14,7 @@ import tarfile
 
 import pytest
 
-from helpers import ROOT, Service, wait_for
+from tests.helpers import ROOT, Service, wait_for
 
 # above the fixture's 240 s training wait and a 300 s reload
 pytestmark = pytest.mark.timeout(600)

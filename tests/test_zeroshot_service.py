@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from helpers import ROOT, Service, request, wait_for
-from test_dashboard import ARTIFACTS, Browser, browser, pw  # noqa: F401 (pw: the fixture)
+from tests.helpers import ROOT, Service, request, wait_for
+from tests.test_dashboard import ARTIFACTS, Browser, browser, pw  # noqa: F401 (pw: the fixture)
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable
 import psutil
 import pytest
 
-from helpers import Service, pid_gone, wait_for
+from tests.helpers import Service, pid_gone, wait_for
 
 from control import zygote_client as zmod
 from control.workerhandle import State, WorkerHandle

@@ -1,7 +1,7 @@
 """Builds tiny real Keras models into a model store, for tests.
 
 Run as a script in its own process (it imports TensorFlow, which the test
-process itself must not):  python tests/tinymodels.py MODELS_DIR
+process itself must not):  python -m tests.tinymodels MODELS_DIR
 
 Each model is a genuine end-to-end classifier in the store's format: raw
 strings in (character multi-hot vectorization inside the model), softmax out,
