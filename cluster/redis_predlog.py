@@ -4,7 +4,9 @@
 state/predlog.py's `PredictionLog` (the supervisor creates one or the other
 as ``sup.predlog``), so that feedback sent to any node finds the prediction
 whichever node answered it, and every node's /quality and /review see the
-whole cluster's traffic. Keys (``<p>`` is ``cluster.key_prefix``, ``<m>`` a
+whole cluster's traffic. What the log answers is decided once for both
+in state/predlog_core.py (`PredictionLogCore`, the base class); this module
+only stores and reads, with Redis commands. Keys (``<p>`` is ``cluster.key_prefix``, ``<m>`` a
 model name, which holds no ``:``):
 
     <p>:plog:<m>          a stream, one entry per answer (a /predict request,

@@ -25,6 +25,10 @@ drift code reads it through these methods only):
                                    "random"
     flush(timeout) / close()
 
+The logic (review order, counts, fed-back rows, erasure and retention
+bookkeeping) is state/predlog_core.py's `PredictionLogCore`, shared with the
+Redis log; this module stores and reads, with SQLite.
+
 Threading and processes: predictions (add, add_answer) are packed with
 msgpack at once (~4 us) and the bytes put on a queue; a sender thread
 writes what gathered every ~0.5 s to the writer process
