@@ -546,7 +546,8 @@ _SPEED_SECONDS = 0.05  # per graph and round
 Graph = tuple[tuple[str, ...], int]  # (sorted views, members)
 
 
-def _graph_predict(search: Search, views: tuple[str, ...], n_members: int):
+def _graph_predict(search: Search, views: tuple[str, ...], n_members: int
+                   ) -> Callable[[list[str]], np.ndarray]:
     """The final graph's predict function for these views and members. The
     weights do not change the work, so the graph is built with zero kernels:
     no refit is needed to time it."""
