@@ -4,7 +4,9 @@
 state/predlog.py's `PredictionLog` (the supervisor creates one or the other
 as ``sup.predlog``), so that feedback sent to any node finds the prediction
 whichever node answered it, and every node's /quality and /review see the
-whole cluster's traffic. Keys (``<p>`` is ``cluster.key_prefix``, ``<m>`` a
+whole cluster's traffic. What the log answers is decided once for both
+in state/predlog_core.py (`PredictionLogCore`, the base class); this module
+only stores and reads, with Redis commands. Keys (``<p>`` is ``cluster.key_prefix``, ``<m>`` a
 model name, which holds no ``:``):
 
     <p>:plog:<m>          a stream, one entry per answer (a /predict request,
@@ -75,10 +77,9 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import queue
-import random
 import threading
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import msgpack
 import redis
@@ -86,9 +87,10 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from cluster.connect import NotReplicated, RedisTarget
+from cluster.connect import RedisTarget
 from state.errors import ServiceError
-from state.predlog import drain, top_of
+from state.predlog_core import (WHAT, Erasure, PredictionLogCore, closed_future, drain,
+                                prediction, scores_margin, top_of)
 
 log = logging.getLogger("textswap.predlog")
 
@@ -102,7 +104,6 @@ MAX_TTL_S = 7 * 86400
 RETRY_S = 1.0          # Redis down: one write attempt (or ping) a second at most
 PEER_LAG_S = 0.2       # a flush lasts this long at least: another node's sender
                        # writes what it answered within ~50 ms plus a round trip
-WHAT = "the prediction log"
 
 # KEYS: stream, stats, then the id key of each answer. ARGV: max_rows, model,
 # min ttl, max ttl, then (blob, version, texts) per answer.
@@ -173,16 +174,6 @@ class PredlogUnreachable(ServiceError, OSError):
     status, code = 503, "store_unavailable"
 
 
-def _margin(scores: dict[str, float]) -> float:
-    """Top score minus the second (state/predlog_writer.py's rule)."""
-    vals = sorted(scores.values(), reverse=True)
-    if not vals:
-        return 1.0
-    if len(vals) == 1:
-        return 2.0 * vals[0] - 1.0
-    return vals[0] - vals[1]
-
-
 def _ver_str(version: Any) -> str:
     return "" if version is None else str(version)
 
@@ -202,16 +193,15 @@ def _same_version(a: Any, b: Any) -> bool:
 
 
 def _rows_of(model: str, blob: bytes) -> list[dict[str, Any]]:
-    """The log's rows (PredictionLog's shape) of one stream entry, by index."""
+    """The log's rows of one stream entry, by index."""
     _fmt, at, rid, version, texts, tops, labels, idx = msgpack.unpackb(blob, raw=False)
     out = []
     for i, text in enumerate(texts):
         top = tops[i] or []
         scores = {t["label"]: t["score"] for t in top}
         label = labels[i] if labels is not None else (top[0]["label"] if top else None)
-        out.append({"at": at, "request_id": rid, "index": idx[i] if idx is not None else i,
-                    "model": model, "version": version, "text": text, "label": label,
-                    "scores": scores, "margin": _margin(scores)})
+        out.append(prediction(at, rid, idx[i] if idx is not None else i, model, version, text,
+                              label, scores, scores_margin(scores)))
     return out
 
 
@@ -223,21 +213,246 @@ def _scores_top(scores: Any) -> list[dict[str, Any]]:
     return []
 
 
+def _entries(items: list[Any]) -> tuple[dict[str, list[tuple[Any, ...]]], int]:
+    """Queued answers as stream entries: model -> [(request_id, version, texts,
+    blob)]; and the texts that could not be packed."""
+    by_model: dict[str, list[tuple[Any, ...]]] = {}
+    bad = 0
+    packb = msgpack.packb
+    for it in items:
+        try:
+            if it[0] in ("a", "s"):
+                if it[0] == "a":
+                    _, at, rid, model, version, texts, preds = it
+                else:  # score rows: the predictions /predict answered
+                    _, at, rid, model, version, texts, labels, rows, k = it
+                    preds = [top_of(row, labels, k) for row in rows]
+                tops = [p.get("top") for p in preds]
+                labels = None if all(tops) else [p.get("label") for p in preds]
+                blob = packb([1, at, rid, version, texts, tops, labels, None],
+                             use_bin_type=True)
+                by_model.setdefault(model, []).append((rid, version, len(texts), blob))
+            elif it[0] == "r":
+                groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+                for r in it[1]:
+                    groups.setdefault((r["request_id"], r["model"], r.get("version")),
+                                      []).append(r)
+                for (rid, model, version), rows in groups.items():
+                    blob = packb([1, rows[0].get("at") or time.time(), rid, version,
+                                  [r["text"] for r in rows],
+                                  [_scores_top(r.get("scores")) for r in rows],
+                                  [r.get("label") for r in rows],
+                                  [r.get("index", 0) for r in rows]], use_bin_type=True)
+                    by_model.setdefault(model, []).append((rid, version, len(rows), blob))
+        except Exception as exc:  # e.g. a value msgpack cannot pack: skipped, counted
+            n = len(it[5]) if it[0] in ("a", "s") else len(it[1])
+            bad += n
+            log.error("prediction log: %d texts not packable, skipped: %r", n, exc)
+    return by_model, bad
+
+
+def _write_acked(client: redis.Redis, t: RedisTarget, per_key: dict[str, dict[Any, bytes]]
+                 ) -> None:
+    """MULTI, the HSETs, EXEC, then WAIT on that one connection (WAIT
+    counts the replicas holding what this connection wrote): fewer than
+    min_replicas_acked within replica_ack_timeout raise NotReplicated."""
+    if not per_key:
+        return
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        cmds: list[tuple[Any, ...]] = [("MULTI",)]
+        for key, mapping in per_key.items():
+            cmds.append(("HSET", key, *(x for kv in mapping.items() for x in kv)))
+        cmds += [("EXEC",), ("WAIT", t.min_acked, int(t.ack_timeout * 1000))]
+        conn.send_packed_command(conn.pack_commands(cmds))
+        got = [conn.read_response() for _ in cmds][-1]
+    except BaseException:
+        conn.disconnect()  # a half-read answer must not go back to the pool
+        raise
+    finally:
+        pool.release(conn)
+    if int(got) < t.min_acked:
+        raise t.not_replicated(int(got), "the feedback")
+
+
+def _rewrite_aof(client: redis.Redis) -> None:
+    """After an erasure: the append-only file rewritten when AOF is on, and
+    a new RDB snapshot (BGSAVE) when RDB persistence is on (`save` set),
+    so that no file of Redis keeps the erased texts past the next write."""
+    def setting(name: str) -> str:
+        got = client.config_get(name)  # str keys, whatever the client decodes
+        return {str(k): (v.decode() if isinstance(v, bytes) else str(v))
+                for k, v in got.items()}.get(name, "")
+    try:
+        if setting("appendonly") == "yes":
+            client.bgrewriteaof()
+    except redis.ResponseError as exc:  # CONFIG refused (an ACL user), or one running
+        log.warning("prediction log: no append-only file rewrite after an erasure: %s", exc)
+    try:
+        if setting("save").strip():
+            _bgsave(client)
+    except redis.ResponseError as exc:  # CONFIG or BGSAVE refused (an ACL user)
+        log.warning("prediction log: no RDB snapshot after an erasure: %s", exc)
+
+
+def _bgsave(client: redis.Redis, wait_s: float = 10.0) -> None:
+    """BGSAVE SCHEDULE (while an AOF rewrite runs, Redis starts it when that
+    ends). A save already running began before the erasure: wait for it
+    (up to wait_s), then start the one that leaves the erased texts out."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            client.bgsave(schedule=True)
+            return
+        except redis.ResponseError as exc:
+            if "in progress" not in str(exc).lower() or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
+
+
+class _Sender:
+    """The predictions' way to Redis: the queue, the sender thread (a Lua call
+    per model and up to MAX_PER_CALL answers), and Redis's health as the
+    sender sees it (a ping a second while it fails)."""
+
+    def __init__(self, owner: RedisPredictionLog) -> None:
+        self.owner = owner  # its client, keys, max_rows and health
+        self.q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.logged = 0
+        self.lost = 0
+        self.failing = False
+        self.last_try = 0.0
+        self.last_ok_report = 0.0
+        self.thread = threading.Thread(target=self._send_loop, name="predlog-sender",
+                                       daemon=True)
+        self.thread.start()
+
+    def went_wrong(self, exc: PredlogUnreachable) -> None:
+        if not self.failing:
+            log.error("prediction log: %s; predictions are dropped until it answers", exc)
+        self.failing = True
+        if self.owner.health is not None:
+            self.owner.health.failed(WHAT, self.owner.path, exc)
+
+    def went_right(self) -> None:
+        now = time.monotonic()
+        if self.failing:
+            log.warning("prediction log: Redis at %s answers again (%d texts dropped so far)",
+                        self.owner.url, self.lost)
+        if self.failing or now - self.last_ok_report >= 1.0:
+            self.last_ok_report = now
+            if self.owner.health is not None:
+                self.owner.health.succeeded(WHAT)
+        self.failing = False
+
+    def _send_loop(self) -> None:
+        stop = False
+        while not stop:
+            try:
+                item = self.q.get(timeout=RETRY_S if self.failing else None)
+            except queue.Empty:
+                self._probe()
+                continue
+            if item[0] in ("a", "s", "r"):  # gather more: fewer, bigger writes
+                time.sleep(_BATCH_WAIT_S)
+                wait = self.last_try + RETRY_S - time.monotonic()
+                if self.failing and wait > 0:
+                    time.sleep(wait)  # Redis down: one attempt a second
+            batch = drain(self.q, item)
+            stop = any(b[0] == "stop" for b in batch)
+            items = [b for b in batch if b[0] != "stop"]
+            if items:
+                self._send(items)
+
+    def _probe(self) -> None:
+        self.last_try = time.monotonic()
+        try:
+            self.owner._call(self.owner.redis.ping)
+        except PredlogUnreachable as exc:
+            self.went_wrong(exc)
+            return
+        self.went_right()
+
+    def _send(self, items: list[Any]) -> None:
+        markers = [it[1] for it in items if it[0] == "f"]
+        by_model, bad = _entries([it for it in items if it[0] != "f"])
+        self.lost += bad
+        error: PredlogUnreachable | None = None
+        if by_model:
+            self.last_try = time.monotonic()
+            for model, entries in by_model.items():
+                for i in range(0, len(entries), MAX_PER_CALL):
+                    chunk = entries[i:i + MAX_PER_CALL]
+                    texts = sum(e[2] for e in chunk)
+                    if error is not None:  # Redis is down: no more tries this round
+                        self.lost += texts
+                        continue
+                    keys = [self.owner._k_stream(model), self.owner._k_stats(model),
+                            *(self.owner._k_rid(e[0]) for e in chunk)]
+                    args: list[Any] = [self.owner.max_rows, model, MIN_TTL_S, MAX_TTL_S]
+                    for rid, version, n, blob in chunk:
+                        args += [blob, _ver_str(version), n]
+                    try:
+                        self.owner._call(self.owner._add, keys=keys, args=args)
+                    except PredlogUnreachable as exc:
+                        error = exc
+                        self.lost += texts
+                        continue
+                    self.logged += texts
+            if error is not None:
+                self.went_wrong(error)
+            else:
+                self.went_right()
+        for fut in markers:
+            if fut.done():
+                continue
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(None)
+
+
 TRIM_SLACK = 0.05  # a hash may exceed its cap by this share before a trim
 
 
-class RedisPredictionLog:
-    """See the module docstring; the interface is state/predlog.py's."""
+def _trim_hash(call: Callable[..., Any], client: redis.Redis, key: str, cap: int, at: int
+               ) -> None:
+    """Keep the newest `cap` fields of a feedback or examples hash (up to
+    TRIM_SLACK more between trims), by the time packed in each value (its
+    index `at`); `call` runs each command (RedisPredictionLog._call)."""
+    n = call(client.hlen, key)
+    if n <= cap + int(cap * TRIM_SLACK):
+        return
+    when: list[tuple[float, bytes]] = []
+    for field, value in call(lambda: list(client.hscan_iter(key, count=1000))):
+        when.append((float(msgpack.unpackb(value, raw=False)[at]), field))
+    when.sort()
+    old = [f for _, f in when[:max(0, len(when) - cap)]]
+    for i in range(0, len(old), 1000):
+        call(client.hdel, key, *old[i:i + 1000])
+    log.info("%s: %d oldest fields trimmed (to %d)", key, len(old), cap)
+
+
+def _entry_rows(model: str, entries: list[Any]) -> list[dict[str, Any]]:
+    """The rows of stream entries read (XRANGE's [(id, fields)])."""
+    out: list[dict[str, Any]] = []
+    for _eid, fields in entries:
+        blob = fields.get(b"d")
+        if blob is not None:
+            out.extend(_rows_of(model, blob))
+    return out
+
+
+class RedisPredictionLog(PredictionLogCore):
+    """See the module docstring; the logic is state/predlog_core.py's."""
 
     def __init__(self, url: "str | RedisTarget", *, prefix: str = "textswap",
                  enabled: bool = True, max_rows: int = 100_000, op_timeout: float = 1.0,
                  read_timeout: float = 10.0, feedback_rows: int = 100_000,
                  example_rows: int = 100_000) -> None:
-        self.health: Any = None  # state/storage.py's Storage, set by the supervisor
-        self.enabled = enabled
-        self.max_rows = max_rows
-        # per model, the feedback rows and free examples kept (the oldest go first)
-        self.feedback_rows, self.example_rows = feedback_rows, example_rows
+        super().__init__(enabled=enabled, max_rows=max_rows, feedback_rows=feedback_rows,
+                         example_rows=example_rows)
         self.prefix = prefix
         # one immediate retry (a pooled connection a Redis restart closed), no
         # more: a down Redis must answer fast (503), as cluster/record.py does
@@ -253,31 +468,23 @@ class RedisPredictionLog:
         self.path = f"{self.url} {prefix}:plog:*"
         self._add = self.redis.register_script(_LUA_ADD)
         self._rebuild = self.redis.register_script(_LUA_REBUILD)
-        self._pq: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._closed = False
-        self._logged = 0
-        self._lost = 0
-        self._failing = False
-        self._last_try = 0.0
-        self._last_ok_report = 0.0
         self._fb = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="predlog-feedback")
-        self._sender = threading.Thread(target=self._send_loop, name="predlog-sender",
-                                        daemon=True)
-        self._sender.start()
+        self._sender = _Sender(self)
 
     @property
     def logged(self) -> int:
         """Texts written to Redis by this node."""
-        return self._logged
+        return self._sender.logged
 
     @property
     def dropped(self) -> int:
         """Texts not written: Redis down, the queue full, unpackable."""
-        return self._lost
+        return self._sender.lost
 
     def stats(self) -> dict[str, int]:
         """For /status: texts logged by this node, dropped, and queued here."""
-        return {"logged": self._logged, "dropped": self._lost, "queued": self._pq.qsize()}
+        s = self._sender
+        return {"logged": s.logged, "dropped": s.lost, "queued": s.q.qsize()}
 
     # -- keys ------------------------------------------------------------------------------
     def _k_stream(self, model: str) -> str:
@@ -296,11 +503,6 @@ class RedisPredictionLog:
         return f"{self.prefix}:plogid:{rid}"
 
     # -- errors and health -----------------------------------------------------------------
-    def _unreachable(self, exc: BaseException) -> PredlogUnreachable:
-        return PredlogUnreachable(f"Redis at {self.url} is unreachable "
-                                  f"({type(exc).__name__}: {exc})",
-                                  details={"what": WHAT, "path": self.path})
-
     def _call(self, fn: Any, *args: Any, **kw: Any) -> Any:
         """One read or write; PredlogUnreachable (OSError) when Redis fails."""
         try:
@@ -308,157 +510,18 @@ class RedisPredictionLog:
         except PredlogUnreachable:
             raise
         except (RedisError, OSError) as exc:
-            raise self._unreachable(exc) from None
-
-    def _went_wrong(self, exc: PredlogUnreachable) -> None:
-        if not self._failing:
-            log.error("prediction log: %s; predictions are dropped until it answers", exc)
-        self._failing = True
-        if self.health is not None:
-            self.health.failed(WHAT, self.path, exc)
-
-    def _went_right(self) -> None:
-        now = time.monotonic()
-        if self._failing:
-            log.warning("prediction log: Redis at %s answers again (%d texts dropped so far)",
-                        self.url, self._lost)
-        if self._failing or now - self._last_ok_report >= 1.0:
-            self._last_ok_report = now
-            if self.health is not None:
-                self.health.succeeded(WHAT)
-        self._failing = False
+            raise PredlogUnreachable(f"Redis at {self.url} is unreachable "
+                                     f"({type(exc).__name__}: {exc})",
+                                     details={"what": WHAT, "path": self.path}) from None
 
     # -- predictions: queue, sender thread -------------------------------------------------
-    def add(self, rows: list[dict[str, Any]]) -> None:
-        """Queue predictions (never blocks)."""
-        if self.enabled and not self._closed and rows:
-            if self._pq.qsize() >= MAX_QUEUED:
-                self._lost += len(rows)
-            else:
-                self._pq.put(["r", rows])
-
-    def add_answer(self, at: float, request_id: str, model: str, version: Any,
-                   texts: list[str], predictions: list[dict[str, Any]]) -> None:
-        """Queue a /predict answer whole (one queue put on the request path)."""
-        if self.enabled and not self._closed and texts:
-            if self._pq.qsize() >= MAX_QUEUED:
-                self._lost += len(texts)
-            else:
-                self._pq.put(["a", at, request_id, model, version, texts, predictions])
-
-    def add_scores(self, at: float, request_id: str, model: str, version: Any,
-                   texts: list[str], labels: list[str], rows: list[list[float]], k: int
-                   ) -> None:
-        """Queue an answer as its score rows (as state/predlog.py's add_scores):
-        the top lists are built on the sender thread, off the request path."""
-        if self.enabled and not self._closed and texts:
-            if self._pq.qsize() >= MAX_QUEUED:
-                self._lost += len(texts)
-            else:
-                self._pq.put(["s", at, request_id, model, version, texts, labels, rows, k])
-
-    def _send_loop(self) -> None:
-        stop = False
-        while not stop:
-            try:
-                item = self._pq.get(timeout=RETRY_S if self._failing else None)
-            except queue.Empty:
-                self._probe()
-                continue
-            if item[0] in ("a", "s", "r"):  # gather more: fewer, bigger writes
-                time.sleep(_BATCH_WAIT_S)
-                wait = self._last_try + RETRY_S - time.monotonic()
-                if self._failing and wait > 0:
-                    time.sleep(wait)  # Redis down: one attempt a second
-            batch = drain(self._pq, item)
-            stop = any(b[0] == "stop" for b in batch)
-            items = [b for b in batch if b[0] != "stop"]
-            if items:
-                self._send(items)
-
-    def _probe(self) -> None:
-        self._last_try = time.monotonic()
-        try:
-            self._call(self.redis.ping)
-        except PredlogUnreachable as exc:
-            self._went_wrong(exc)
-            return
-        self._went_right()
-
-    def _entries(self, items: list[list[Any]]) -> tuple[dict[str, list[tuple[Any, ...]]], int]:
-        """model -> [(request_id, version, texts, blob)]; and the texts that could
-        not be packed."""
-        by_model: dict[str, list[tuple[Any, ...]]] = {}
-        bad = 0
-        packb = msgpack.packb
-        for it in items:
-            try:
-                if it[0] in ("a", "s"):
-                    if it[0] == "a":
-                        _, at, rid, model, version, texts, preds = it
-                    else:  # score rows: the predictions /predict answered
-                        _, at, rid, model, version, texts, labels, rows, k = it
-                        preds = [top_of(row, labels, k) for row in rows]
-                    tops = [p.get("top") for p in preds]
-                    labels = None if all(tops) else [p.get("label") for p in preds]
-                    blob = packb([1, at, rid, version, texts, tops, labels, None],
-                                 use_bin_type=True)
-                    by_model.setdefault(model, []).append((rid, version, len(texts), blob))
-                elif it[0] == "r":
-                    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-                    for r in it[1]:
-                        groups.setdefault((r["request_id"], r["model"], r.get("version")),
-                                          []).append(r)
-                    for (rid, model, version), rows in groups.items():
-                        blob = packb([1, rows[0].get("at") or time.time(), rid, version,
-                                      [r["text"] for r in rows],
-                                      [_scores_top(r.get("scores")) for r in rows],
-                                      [r.get("label") for r in rows],
-                                      [r.get("index", 0) for r in rows]], use_bin_type=True)
-                        by_model.setdefault(model, []).append((rid, version, len(rows), blob))
-            except Exception as exc:  # e.g. a value msgpack cannot pack: skipped, counted
-                n = len(it[5]) if it[0] in ("a", "s") else len(it[1])
-                bad += n
-                log.error("prediction log: %d texts not packable, skipped: %r", n, exc)
-        return by_model, bad
-
-    def _send(self, items: list[list[Any]]) -> None:
-        markers = [it[1] for it in items if it[0] == "f"]
-        by_model, bad = self._entries([it for it in items if it[0] != "f"])
-        self._lost += bad
-        error: PredlogUnreachable | None = None
-        if by_model:
-            self._last_try = time.monotonic()
-            for model, entries in by_model.items():
-                for i in range(0, len(entries), MAX_PER_CALL):
-                    chunk = entries[i:i + MAX_PER_CALL]
-                    texts = sum(e[2] for e in chunk)
-                    if error is not None:  # Redis is down: no more tries this round
-                        self._lost += texts
-                        continue
-                    keys = [self._k_stream(model), self._k_stats(model),
-                            *(self._k_rid(e[0]) for e in chunk)]
-                    args: list[Any] = [self.max_rows, model, MIN_TTL_S, MAX_TTL_S]
-                    for rid, version, n, blob in chunk:
-                        args += [blob, _ver_str(version), n]
-                    try:
-                        self._call(self._add, keys=keys, args=args)
-                    except PredlogUnreachable as exc:
-                        error = exc
-                        self._lost += texts
-                        continue
-                    self._logged += texts
-            if error is not None:
-                self._went_wrong(error)
-            else:
-                self._went_right()
-        for fut in markers:
-            if fut.done():
-                continue
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(None)
+    def _enqueue(self, item: tuple[Any, ...], texts: int) -> None:
+        """One queue put; the top lists of score rows are built on the sender
+        thread, off the request path."""
+        if self._sender.q.qsize() >= MAX_QUEUED:
+            self._sender.lost += texts
+        else:
+            self._sender.q.put(item)
 
     # -- feedback and examples: a thread of their own, futures resolve on Redis's ack -------
     def _submit(self, fn: Any, *args: Any) -> concurrent.futures.Future[Any]:
@@ -467,16 +530,14 @@ class RedisPredictionLog:
                 return self._fb.submit(fn, *args)
             except RuntimeError:  # shut down meanwhile
                 pass
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        fut.set_exception(RuntimeError("the prediction log is closed"))
-        return fut
+        return closed_future()
 
     def _write(self, per_key: dict[str, dict[Any, bytes]],
                caps: dict[str, tuple[int, int]] | None = None) -> None:  # Any: hset's key type
         """caps: key -> (most fields kept, the index of the time in a value)."""
         def run() -> None:
             if self.target.min_acked > 0:
-                return self._write_acked(per_key)
+                return _write_acked(self.redis, self.target, per_key)
             pipe = self.redis.pipeline(transaction=True)  # all of it or nothing
             for key, mapping in per_key.items():
                 pipe.hset(key, mapping=mapping)
@@ -492,76 +553,22 @@ class RedisPredictionLog:
             self.health.succeeded(WHAT)
         for key, (cap, at) in (caps or {}).items():
             try:
-                self._trim_hash(key, cap, at)
+                _trim_hash(self._call, self.redis, key, cap, at)
             except (PredlogUnreachable, ValueError, IndexError, TypeError) as exc:
                 log.warning("cannot trim %s: %s", key, exc)
 
-    def _trim_hash(self, key: str, cap: int, at: int) -> None:
-        """Keep the newest `cap` fields of a feedback or examples hash (up to
-        TRIM_SLACK more between trims), by the time packed in each value."""
-        n = self._call(self.redis.hlen, key)
-        if n <= cap + int(cap * TRIM_SLACK):
-            return
-        when: list[tuple[float, bytes]] = []
-        for field, value in self._call(lambda: list(self.redis.hscan_iter(key, count=1000))):
-            when.append((float(msgpack.unpackb(value, raw=False)[at]), field))
-        when.sort()
-        old = [f for _, f in when[:max(0, len(when) - cap)]]
-        for i in range(0, len(old), 1000):
-            self._call(self.redis.hdel, key, *old[i:i + 1000])
-        log.info("%s: %d oldest fields trimmed (to %d)", key, len(old), cap)
-
-    def _write_acked(self, per_key: dict[str, dict[Any, bytes]]) -> None:
-        """MULTI, the HSETs, EXEC, then WAIT on that one connection (WAIT
-        counts the replicas holding what this connection wrote): fewer than
-        min_replicas_acked within replica_ack_timeout raise NotReplicated."""
-        if not per_key:
-            return
-        t = self.target
-        pool = self.redis.connection_pool
-        conn = pool.get_connection()
-        try:
-            cmds: list[tuple[Any, ...]] = [("MULTI",)]
-            for key, mapping in per_key.items():
-                cmds.append(("HSET", key, *(x for kv in mapping.items() for x in kv)))
-            cmds += [("EXEC",), ("WAIT", t.min_acked, int(t.ack_timeout * 1000))]
-            conn.send_packed_command(conn.pack_commands(cmds))
-            got = [conn.read_response() for _ in cmds][-1]
-        except BaseException:
-            conn.disconnect()  # a half-read answer must not go back to the pool
-            raise
-        finally:
-            pool.release(conn)
-        if int(got) < t.min_acked:
-            raise t.not_replicated(int(got), "the feedback")
-
-    def add_feedback(self, request_id: str, index: int, label: str, *, model: str,
-                     version: Any, text: str, predicted: str | None = None,
-                     new_label: bool = False, at: float | None = None
-                     ) -> concurrent.futures.Future[Any]:
-        """Store (or replace) the truth of logged prediction (request_id, index)."""
-        return self.add_feedback_many([(request_id, index, label, model, version, text,
-                                        predicted, new_label)], at)
-
-    def add_feedback_many(self, items: list[tuple[Any, ...]], at: float | None = None
-                          ) -> concurrent.futures.Future[Any]:
-        """items: (request_id, index, label, model, version, text, predicted, new_label)."""
-        when = time.time() if at is None else at
+    def _store_feedback(self, rows: list[tuple[Any, ...]]) -> concurrent.futures.Future[Any]:
         per_key: dict[str, dict[str, bytes]] = {}
-        for rid, index, label, model, version, text, predicted, new in items:
+        for rid, index, label, model, version, text, predicted, new, when in rows:
             per_key.setdefault(self._k_fb(model), {})[f"{rid}:{index}"] = msgpack.packb(
-                [rid, index, label, version, text, predicted, bool(new), when],
-                use_bin_type=True)
+                [rid, index, label, version, text, predicted, new, when], use_bin_type=True)
         return self._submit(self._write, per_key,
                             {key: (self.feedback_rows, 7) for key in per_key})
 
-    def add_examples(self, model: str, examples: Iterable[tuple[str, str]],
-                     new_labels: Iterable[str] = (), at: float | None = None
-                     ) -> concurrent.futures.Future[Any]:
-        when = time.time() if at is None else at
-        new = set(new_labels)
-        mapping = {t: msgpack.packb([lab, lab in new, when], use_bin_type=True)
-                   for t, lab in examples}
+    def _store_examples(self, model: str, rows: list[tuple[str, str, bool, float]]
+                        ) -> concurrent.futures.Future[Any]:
+        mapping = {t: msgpack.packb([lab, new, when], use_bin_type=True)
+                   for t, lab, new, when in rows}
         return self._submit(self._write, {self._k_ex(model): mapping} if mapping else {},
                             {self._k_ex(model): (self.example_rows, 2)} if mapping else {})
 
@@ -574,7 +581,7 @@ class RedisPredictionLog:
             return
         t0 = time.monotonic()
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._pq.put(["f", fut])
+        self._sender.q.put(["f", fut])
         fut.result(timeout)
         self._submit(lambda: None).result(timeout)
         left = t0 + PEER_LAG_S - time.monotonic()
@@ -586,15 +593,16 @@ class RedisPredictionLog:
         if self._closed:
             return
         self._closed = True
-        self._pq.put(["stop"])
-        self._sender.join(60)
+        self._sender.q.put(["stop"])
+        self._sender.thread.join(60)
         self._fb.shutdown(wait=True)
         try:
             self.redis.close()
         except Exception:  # pragma: no cover - closing a broken pool
             pass
 
-    # -- erasure (executor threads) ---------------------------------------------------------
+    # -- erasure (executor threads): streams rebuilt without the entries, then the
+    # append-only file rewritten and an RDB snapshot made, so that the texts leave the disk
     def _models(self) -> list[str]:
         """The models with a stream, feedback or examples here."""
         head = f"{self.prefix}:plog:".encode()
@@ -604,15 +612,7 @@ class RedisPredictionLog:
             names.add(rest.split(":", 1)[0])  # a model name holds no ':'
         return sorted(names)
 
-    def erase(self, request_id: str, timeout: float = 60.0,
-              erased: dict[str, set[str]] | None = None) -> dict[str, int]:
-        """Erase one request's texts everywhere this log holds them: its stream
-        entries (every one under this id; the queued ones are written first),
-        its id key, the feedback on it, and the free examples with those texts
-        of the same model. Redis rewrites its append-only file afterwards, when
-        it keeps one, so that the erased texts leave the disk too."""
-        self.flush(timeout)
-        n = fb = ex = 0
+    def _erase_request(self, request_id: str, done: Erasure, timeout: float) -> None:
         for model in self._models():
             texts: set[str] = set()
             stream = self._k_stream(model)
@@ -621,7 +621,7 @@ class RedisPredictionLog:
                 if d[2] == request_id:
                     gone.append(eid)
                     texts.update(d[4])
-                    n += len(d[4])
+                    done.count(predictions=len(d[4]))
             if gone:
                 self._call(self._rebuild, keys=[stream], args=gone)
             mine = [f for f in self._call(self.redis.hkeys, self._k_fb(model))
@@ -630,73 +630,55 @@ class RedisPredictionLog:
                 for v in self._call(self.redis.hmget, self._k_fb(model), mine):
                     if v is not None:
                         texts.add(msgpack.unpackb(v, raw=False)[4])
-                fb += self._call(self.redis.hdel, self._k_fb(model), *mine)
+                done.count(feedback=self._call(self.redis.hdel, self._k_fb(model), *mine))
             if texts:
-                ex += self._call(self.redis.hdel, self._k_ex(model),
-                                 *(t.encode() for t in texts))
-                if erased is not None:
-                    erased.setdefault(model, set()).update(texts)
+                done.count(examples=self._call(self.redis.hdel, self._k_ex(model),
+                                               *(t.encode() for t in texts)))
+                if done.wants_texts:
+                    done.texts(model).update(texts)
         self._call(self.redis.delete, self._k_rid(request_id))
-        self._rewrite_aof()
-        return {"predictions": n, "feedback": fb, "examples": ex}
+        _rewrite_aof(self.redis)
 
-    def purge(self, model: str, timeout: float = 60.0,
-              erased: dict[str, set[str]] | None = None) -> dict[str, int]:
-        """Erase a model's whole log: its stream, feedback and free examples."""
-        self.flush(timeout)
+    def _purge(self, model: str, done: Erasure, timeout: float) -> None:
         entries = list(self._scan(self._k_stream(model)))
-        n = sum(len(d[4]) for _eid, d in entries)
-        if erased is not None:
-            texts = erased.setdefault(model, set())
+        if done.wants_texts:
+            texts = done.texts(model)
             for _eid, d in entries:
                 texts.update(d[4])
             for v in self._call(self.redis.hvals, self._k_fb(model)):
                 texts.add(msgpack.unpackb(v, raw=False)[4])
             texts.update(f.decode() for f in self._call(self.redis.hkeys, self._k_ex(model)))
-        fb = self._call(self.redis.hlen, self._k_fb(model))
-        ex = self._call(self.redis.hlen, self._k_ex(model))
+        done.count(sum(len(d[4]) for _eid, d in entries),
+                   self._call(self.redis.hlen, self._k_fb(model)),
+                   self._call(self.redis.hlen, self._k_ex(model)))
         self._call(self.redis.delete, self._k_stream(model), self._k_stats(model),
                    self._k_fb(model), self._k_ex(model))
-        self._rewrite_aof()
-        return {"predictions": n, "feedback": fb, "examples": ex}
+        _rewrite_aof(self.redis)
 
-    def expire(self, ages: dict[str, float], default: float = 0.0,
-               now: float | None = None,
-               erased: dict[str, set[str]] | None = None) -> dict[str, int]:
-        """Erase what is older than its model's age limit (days; `ages` per
-        model over `default`; 0: none): stream entries (the stream rebuilt
-        without them, as erase does), feedback and free examples."""
-        now = time.time() if now is None else now
-        removed = {"predictions": 0, "feedback": 0, "examples": 0}
-        if not default and not any(v and v > 0 for v in ages.values()):
-            return removed
-        changed = False
+    def _expire(self, cut: Callable[[str], float], done: Erasure) -> None:
         for model in self._models():
-            days = ages.get(model, default)
-            if not days or days <= 0:
+            t = cut(model)
+            if not t:
                 continue
-            cut = now - float(days) * 86400.0
             stream = self._k_stream(model)
-            old = [(eid, d) for eid, d in self._scan(stream) if float(d[1]) < cut]
-            texts = erased.setdefault(model, set()) if erased is not None else set()
+            old = [(eid, d) for eid, d in self._scan(stream) if float(d[1]) < t]
+            texts = done.texts(model)
             if old:
                 self._call(self._rebuild, keys=[stream], args=[eid for eid, _ in old])
-                removed["predictions"] += sum(len(d[4]) for _, d in old)
+                done.count(predictions=sum(len(d[4]) for _, d in old))
                 for _, d in old:
                     texts.update(d[4])
             for key, at_pos, what in ((self._k_fb(model), 7, "feedback"),
                                       (self._k_ex(model), 2, "examples")):
                 got = self._call(self.redis.hgetall, key)
                 gone = [f for f, v in got.items()
-                        if float(msgpack.unpackb(v, raw=False)[at_pos]) < cut]
+                        if float(msgpack.unpackb(v, raw=False)[at_pos]) < t]
                 if gone:
-                    removed[what] += self._call(self.redis.hdel, key, *gone)
+                    done.count(**{what: self._call(self.redis.hdel, key, *gone)})
                     texts.update(msgpack.unpackb(got[f], raw=False)[4] if what == "feedback"
                                  else f.decode() for f in gone)
-            changed = changed or any(removed.values())
-        if changed:
-            self._rewrite_aof()
-        return removed
+        if any(done.removed.values()):
+            _rewrite_aof(self.redis)
 
     def _scan(self, stream: str) -> Iterator[tuple[bytes, list[Any]]]:
         """(entry id, decoded entry) of a whole stream, oldest first, in pages."""
@@ -711,55 +693,14 @@ class RedisPredictionLog:
                 return
             start = b"(" + page[-1][0]
 
-    def _rewrite_aof(self) -> None:
-        """After an erasure: the append-only file rewritten when AOF is on, and
-        a new RDB snapshot (BGSAVE) when RDB persistence is on (`save` set),
-        so that no file of Redis keeps the erased texts past the next write."""
-        def setting(name: str) -> str:
-            got = self.redis.config_get(name)  # str keys, whatever the client decodes
-            return {str(k): (v.decode() if isinstance(v, bytes) else str(v))
-                    for k, v in got.items()}.get(name, "")
-        try:
-            if setting("appendonly") == "yes":
-                self.redis.bgrewriteaof()
-        except redis.ResponseError as exc:  # CONFIG refused (an ACL user), or one running
-            log.warning("prediction log: no append-only file rewrite after an erasure: %s", exc)
-        try:
-            if setting("save").strip():
-                self._bgsave()
-        except redis.ResponseError as exc:  # CONFIG or BGSAVE refused (an ACL user)
-            log.warning("prediction log: no RDB snapshot after an erasure: %s", exc)
-
-    def _bgsave(self, wait_s: float = 10.0) -> None:
-        """BGSAVE SCHEDULE (while an AOF rewrite runs, Redis starts it when that
-        ends). A save already running began before the erasure: wait for it
-        (up to wait_s), then start the one that leaves the erased texts out."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                self.redis.bgsave(schedule=True)
-                return
-            except redis.ResponseError as exc:
-                if "in progress" not in str(exc).lower() or time.monotonic() > deadline:
-                    raise
-            time.sleep(0.1)
-
     # -- reads (executor threads) ------------------------------------------------------------
-    def _entry_rows(self, model: str, entries: list[Any]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for _eid, fields in entries:
-            blob = fields.get(b"d")
-            if blob is not None:
-                out.extend(_rows_of(model, blob))
-        return out
-
     def get(self, request_id: str, index: int | None = None) -> list[dict[str, Any]]:
         raw = self._call(self.redis.get, self._k_rid(request_id))
         if raw is None:
             return []
         model, _, eid = raw.decode().partition("\n")
         entries = self._call(self.redis.xrange, self._k_stream(model), eid, eid)
-        rows = [r for r in self._entry_rows(model, entries) if r["request_id"] == request_id]
+        rows = [r for r in _entry_rows(model, entries) if r["request_id"] == request_id]
         if index is not None:
             rows = [r for r in rows if r["index"] == index]
         return sorted(rows, key=lambda r: r["index"])
@@ -806,64 +747,56 @@ class RedisPredictionLog:
         return self._newest(model, limit, version, start)
 
     def _feedback(self, model: str) -> list[list[Any]]:
+        """[request_id, index, label, version, text, predicted, new_label, at]."""
         vals = self._call(self.redis.hvals, self._k_fb(model))
         return [msgpack.unpackb(v, raw=False) for v in vals]
 
     def _examples(self, model: str) -> list[tuple[str, list[Any]]]:
+        """(text, [label, new_label, at])."""
         got = self._call(self.redis.hgetall, self._k_ex(model))
         return [(k.decode(), msgpack.unpackb(v, raw=False)) for k, v in got.items()]
 
-    def fed_back(self, model: str, version: Any = None) -> list[dict[str, Any]]:
-        """Feedback on logged predictions, with what was predicted. The prediction
-        may have been trimmed (or its id expired): then scores are {} and at None."""
+    def _fed(self, model: str, version: Any) -> list[tuple[Any, ...]]:
         fb = [f for f in self._feedback(model)
               if version is None or _same_version(f[3], version)]
         fb.sort(key=lambda f: f[7])
-        rids = sorted({f[0] for f in fb})
-        preds: dict[tuple[str, int], dict[str, Any]] = {}
-        if rids:
-            def join() -> None:
-                pipe = self.redis.pipeline(transaction=False)
-                for rid in rids:
-                    pipe.get(self._k_rid(rid))
-                parts = [(rid, raw.decode().partition("\n")) for rid, raw
-                         in zip(rids, pipe.execute()) if raw is not None]
-                where = [(rid, m, eid) for rid, (m, _, eid) in parts if m == model]
-                for rid, m, eid in where:
-                    pipe.xrange(self._k_stream(m), eid, eid)
-                for (rid, m, _eid), entries in zip(where, pipe.execute()):
-                    for r in self._entry_rows(m, entries):
-                        if r["request_id"] == rid:
-                            preds[(rid, r["index"])] = r
-            self._call(join)
-        out = []
-        for rid, index, label, ver, text, predicted, new, at in fb:
-            p = preds.get((rid, index))
-            out.append({"request_id": rid, "index": index, "version": ver, "text": text,
-                        "label": predicted, "truth": label, "new_label": bool(new),
-                        "scores": p["scores"] if p else {}, "at": p["at"] if p else None,
-                        "fed_at": at})
-        return out
+        return [(rid, index, ver, text, predicted, label, new, at)
+                for rid, index, label, ver, text, predicted, new, at in fb]
 
-    def counts(self, model: str) -> dict[Any, dict[str, int]]:
-        """{version: {"predictions": texts logged for it, "feedback": n}}."""
-        def read() -> tuple[dict[str, Any], list[Any]]:
+    def _predicted(self, model: str, version: Any, rids: set[str]
+                   ) -> dict[tuple[str, int], tuple[Any, dict[str, float]]]:
+        """By each id's key (an id whose key expired is not found)."""
+        preds: dict[tuple[str, int], tuple[Any, dict[str, float]]] = {}
+        order = sorted(rids)
+
+        def join() -> None:
+            pipe = self.redis.pipeline(transaction=False)
+            for rid in order:
+                pipe.get(self._k_rid(rid))
+            parts = [(rid, raw.decode().partition("\n")) for rid, raw
+                     in zip(order, pipe.execute()) if raw is not None]
+            where = [(rid, m, eid) for rid, (m, _, eid) in parts if m == model]
+            for rid, m, eid in where:
+                pipe.xrange(self._k_stream(m), eid, eid)
+            for (rid, m, _eid), entries in zip(where, pipe.execute()):
+                for r in _entry_rows(m, entries):
+                    if r["request_id"] == rid:
+                        preds[(rid, r["index"])] = (r["at"], r["scores"])
+        self._call(join)
+        return preds
+
+    def _count_rows(self, model: str
+                    ) -> tuple[Iterable[tuple[Any, int]], Iterable[tuple[Any, int]]]:
+        """Texts logged per version since the log began (the stats hash)."""
+        def read() -> tuple[dict[bytes, Any], list[Any]]:
             pipe = self.redis.pipeline(transaction=False)
             pipe.hgetall(self._k_stats(model))
             pipe.hvals(self._k_fb(model))
             stats, fb = pipe.execute()
             return stats, fb
         stats, fb = self._call(read)
-        out: dict[Any, dict[str, int]] = {}
-        for k, v in stats.items():
-            if k.startswith(b"v:"):
-                out.setdefault(_ver_of(k[2:]), {"predictions": 0, "feedback": 0})[
-                    "predictions"] = int(v)
-        for raw in fb:
-            ver = msgpack.unpackb(raw, raw=False)[3]
-            key = _ver_of(_ver_str(ver))
-            out.setdefault(key, {"predictions": 0, "feedback": 0})["feedback"] += 1
-        return out
+        return ([(_ver_of(k[2:]), int(v)) for k, v in stats.items() if k.startswith(b"v:")],
+                [(_ver_of(_ver_str(msgpack.unpackb(raw, raw=False)[3])), 1) for raw in fb])
 
     def feedback_count(self, model: str, since: float | None = None) -> int:
         """Labels (feedback and free examples) received after `since`."""
@@ -871,42 +804,24 @@ class RedisPredictionLog:
         return (sum(1 for f in self._feedback(model) if f[7] > t)
                 + sum(1 for _, e in self._examples(model) if e[2] > t))
 
-    def feedback_examples(self, model: str, since: float | None = None
-                          ) -> list[tuple[str, str]]:
-        """(text, label) of every label fed back for the model, oldest first; a text
-        labelled more than once keeps its newest label."""
-        t = -1.0 if since is None else since
+    def _labels_after(self, model: str, t: float) -> Iterable[tuple[str, str]]:
         rows = [(f[7], f[4], f[2]) for f in self._feedback(model) if f[7] > t]
         rows += [(e[2], text, e[0]) for text, e in self._examples(model) if e[2] > t]
         rows.sort(key=lambda r: r[0])
-        newest: dict[str, str] = {}
-        for _, text, label in rows:
-            newest.pop(text, None)  # re-insert: dict order follows the newest
-            newest[text] = label
-        return list(newest.items())
+        return [(text, label) for _, text, label in rows]
 
-    def review(self, model: str, limit: int = 50, strategy: str = "uncertain"
-               ) -> list[dict[str, Any]]:
-        """Logged predictions with no feedback yet (one per text), among the
-        newest REVIEW_WINDOW texts."""
-        fb = self._feedback(model)
-        fed = {(f[0], f[1]) for f in fb}
-        done = {f[4] for f in fb} | {text for text, _ in self._examples(model)}
+    def _review_marks(self, model: str
+                      ) -> tuple[Iterable[tuple[str, int, str]], Iterable[str]]:
+        return ([(f[0], f[1], f[4]) for f in self._feedback(model)],
+                [text for text, _ in self._examples(model)])
+
+    def _review_candidates(self, model: str, fed: set[tuple[str, int]], done: set[str]
+                           ) -> tuple[Sequence[float], Callable[[int], str],
+                                      Callable[[int], dict[str, Any]]]:
+        """Among the newest REVIEW_WINDOW texts."""
         rows = [r for r in self._newest(model, REVIEW_WINDOW)
                 if (r["request_id"], r["index"]) not in fed]
-        if strategy == "uncertain":
-            rows.sort(key=lambda r: r["margin"])  # stable: newest first among equals
-        else:
-            random.shuffle(rows)
-        out: list[dict[str, Any]] = []
-        for r in rows:
-            if r["text"] in done:
-                continue
-            done.add(r["text"])  # a text asked many times is reviewed once
-            out.append(r)
-            if len(out) >= limit:
-                break
-        return out
+        return [r["margin"] for r in rows], lambda k: rows[k]["text"], rows.__getitem__
 
     def labels_seen(self, model: str) -> set[str]:
         """Every label fed back for the model (feedback and examples)."""

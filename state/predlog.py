@@ -25,6 +25,10 @@ drift code reads it through these methods only):
                                    "random"
     flush(timeout) / close()
 
+The logic (review order, counts, fed-back rows, erasure and retention
+bookkeeping) is state/predlog_core.py's `PredictionLogCore`, shared with the
+Redis log; this module stores and reads, with SQLite.
+
 Threading and processes: predictions (add, add_answer) are packed with
 msgpack at once (~4 us) and the bytes put on a queue; a sender thread
 writes what gathered every ~0.5 s to the writer process
@@ -53,18 +57,20 @@ import json
 import logging
 import os
 import queue
-import random
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import msgpack
 
+from state.predlog_core import (WHAT, Erasure, PredictionLogCore, closed_future, drain,
+                                prediction, top_margin, top_of)
 from state.predlog_writer import (ID_MOD, ID_WINDOW_MS, MAX_SPAN_S, TRIM_SLACK, id_ms, store,
                                   top_list)
+from state.sqlitedb import ThreadConnections, connect, transaction
 from state.statedb import as_oserror
 
 log = logging.getLogger("textswap.predlog")
@@ -131,26 +137,6 @@ _SCHEMA = [
 ]
 
 
-def drain(q: queue.SimpleQueue[Any], first: Any) -> list[Any]:
-    """`first` and whatever else is on the queue now (one batch)."""
-    batch = [first]
-    while True:
-        try:
-            batch.append(q.get_nowait())
-        except queue.Empty:
-            return batch
-
-
-def _margin(top: list[dict[str, Any]]) -> float:
-    """The top score minus the second (only the top one kept: its distance to a
-    tie; none: 1.0)."""
-    if len(top) >= 2:
-        return top[0]["score"] - top[1]["score"]
-    if top:
-        return 2.0 * top[0]["score"] - 1.0
-    return 1.0
-
-
 def _unpack(e: list[Any]) -> tuple[list[str], list[dict[str, Any]]]:
     """A stored entry's texts and predictions (the top lists rebuilt when the
     entry holds score rows: see PredictionLog.add_scores)."""
@@ -161,22 +147,13 @@ def _unpack(e: list[Any]) -> tuple[list[str], list[dict[str, Any]]]:
     return texts, [top_of(row, labels, k) for row in rows]
 
 
-def top_of(row: list[float], labels: list[str], k: int) -> dict[str, Any]:
-    """A prediction (its label and top k) from a score row (what /predict
-    answered for it; used by the Redis log too)."""
-    order = sorted(range(len(row)), key=row.__getitem__, reverse=True)[:max(1, k)]
-    top = [{"label": labels[i], "score": row[i]} for i in order]
-    return {"label": top[0]["label"] if top else None, "top": top}
-
-
 def _pred(model: str, version: Any, e: list[Any], text: str, p: dict[str, Any], i: int
           ) -> dict[str, Any]:
     """Text i of a stored entry as a prediction row."""
     top = p.get("top") or []
-    return {"at": e[0], "request_id": e[1], "index": e[2] + i, "model": model,
-            "version": version, "text": text,
-            "label": top[0]["label"] if top else p.get("label"),
-            "scores": {t["label"]: t["score"] for t in top}, "margin": _margin(top)}
+    return prediction(e[0], e[1], e[2] + i, model, version, text,
+                      top[0]["label"] if top else p.get("label"),
+                      {t["label"]: t["score"] for t in top}, top_margin(top))
 
 
 def _migrate_v1(conn: sqlite3.Connection) -> None:
@@ -214,6 +191,80 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
     conn.execute("DROP TABLE predictions")
 
 
+def _open(path: str) -> None:
+    """The schema made (or migrated) at start: a start that cannot open the log
+    fails loudly."""
+    conn = connect(path, any_thread=True)
+    try:
+        current = conn.execute("PRAGMA user_version").fetchone()[0]
+        if current > SCHEMA_VERSION:
+            raise RuntimeError(f"{path} has schema version {current}; this code "
+                               f"knows up to {SCHEMA_VERSION}")
+        with transaction(conn):
+            for stmt in _SCHEMA:
+                conn.execute(stmt)
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                            "name = 'predictions'").fetchone():
+                _migrate_v1(conn)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    finally:
+        conn.close()
+
+
+def _delete_batches(conn: sqlite3.Connection, ids: list[int]) -> None:
+    """Batch rows and their request ids, 500 at a time."""
+    for i in range(0, len(ids), 500):
+        part = ids[i:i + 500]
+        marks = ",".join("?" * len(part))  # only ? marks go into the SQL (bandit B608)
+        conn.execute(f"DELETE FROM rids WHERE batch IN ({marks})", part)  # nosec B608
+        conn.execute(f"DELETE FROM batches WHERE id IN ({marks})", part)  # nosec B608
+
+
+def _batch_texts(conn: sqlite3.Connection, texts: set[str], where: str,
+                 args: tuple[Any, ...]) -> None:
+    """Add the texts of the batches a condition selects to `texts`."""
+    for (data,) in conn.execute(f"SELECT data FROM batches WHERE {where}", args):  # nosec B608: where is a constant of this module
+        for e in msgpack.unpackb(data, raw=False):
+            texts.update(_unpack(e)[0])
+
+
+def _erase_rows(conn: sqlite3.Connection, request_id: str, done: Erasure) -> None:
+    """One request's rows deleted (in the caller's transaction)."""
+    rid = request_id.encode()
+    texts: dict[str, set[str]] = {}  # model -> the texts erased
+    n = 0
+    # every batch whose bytes hold the id (then decoded: only exact matches go)
+    for bid, model, data in conn.execute(
+            "SELECT id, model, data FROM batches WHERE instr(data, ?) > 0", (rid,)).fetchall():
+        ents = msgpack.unpackb(data, raw=False)
+        keep = [e for e in ents if e[1] != request_id]
+        if len(keep) == len(ents):
+            continue
+        for e in ents:
+            if e[1] == request_id:
+                texts.setdefault(model, set()).update(_unpack(e)[0])
+                n += e[3]
+        if keep:
+            conn.execute("UPDATE batches SET n = ?, at_first = ?, at = ?, data = ? "
+                         "WHERE id = ?", (sum(e[3] for e in keep),
+                                          min(e[0] for e in keep), max(e[0] for e in keep),
+                                          msgpack.packb(keep, use_bin_type=True), bid))
+        else:
+            conn.execute("DELETE FROM batches WHERE id = ?", (bid,))
+    conn.execute("DELETE FROM rids WHERE request_id = ?", (request_id,))
+    for model, text in conn.execute("SELECT model, text FROM feedback WHERE request_id = ?",
+                                    (request_id,)).fetchall():
+        texts.setdefault(model, set()).add(text)
+    fb = conn.execute("DELETE FROM feedback WHERE request_id = ?", (request_id,)).rowcount
+    ex = 0
+    for model, gone in texts.items():
+        ex += sum(conn.execute("DELETE FROM examples WHERE model = ? AND text = ?",
+                               (model, t)).rowcount for t in gone)
+        if done.wants_texts:
+            done.texts(model).update(gone)
+    done.count(n, fb, ex)
+
+
 class _Writer:
     """One writer process, and the flush markers it has been sent."""
 
@@ -226,161 +277,94 @@ class _Writer:
         self.reader: threading.Thread | None = None
 
 
-class PredictionLog:
-    """See the module docstring."""
+class _WriterLink:
+    """The predictions' way to the writer process: the queue of packed
+    answers, the sender thread, the process (started again when it ends) and
+    the reader of its reports."""
 
-    def __init__(self, path: str, *, enabled: bool = True, max_rows: int = 100_000,
-                 feedback_rows: int = 100_000, example_rows: int = 100_000) -> None:
-        self.path = os.path.abspath(path)
-        self.health: Any = None  # state/storage.py's Storage, set by the supervisor
-        self.enabled = enabled
-        self.max_rows = max_rows
-        # per model, the feedback rows and free examples kept (the oldest go first)
-        self.caps = {"feedback": feedback_rows, "examples": example_rows}
-        self._rows: dict[tuple[str, str], int] = {}  # (table, model) -> rows, at least
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        conn = self._connect()
-        try:
-            current = conn.execute("PRAGMA user_version").fetchone()[0]
-            if current > SCHEMA_VERSION:
-                raise RuntimeError(f"{self.path} has schema version {current}; this code "
-                                   f"knows up to {SCHEMA_VERSION}")
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for stmt in _SCHEMA:
-                    conn.execute(stmt)
-                if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
-                                "name = 'predictions'").fetchone():
-                    _migrate_v1(conn)
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        finally:
-            conn.close()
-        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()   # feedback, examples
-        self._pq: queue.SimpleQueue[Any] = queue.SimpleQueue()  # predictions, to the writer
-        self._local = threading.local()
-        self._closed = False
-        self._seq = itertools.count(1)
-        self._writer: _Writer | None = None
-        self._started_at = 0.0
-        self._retired = [0, 0]  # logged, dropped by writer processes that ended
-        self._lost = 0          # dropped here: queue full, writer down, unpackable
-        self._queued = 0        # texts put on the queue and not yet sent to the writer
-        self._thread = threading.Thread(target=self._run, name="predlog-feedback", daemon=True)
-        self._thread.start()
-        self._wake = threading.Event()  # cuts the sender's gathering wait short
-        self._sender = threading.Thread(target=self._send_loop, name="predlog-sender",
-                                        daemon=True)
-        self._sender.start()
+    def __init__(self, owner: PredictionLog) -> None:
+        self.owner = owner  # its path, max_rows and health
+        self.q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.local = threading.local()  # a msgpack Packer per thread
+        self.seq = itertools.count(1)
+        self.writer: _Writer | None = None
+        self.started_at = 0.0
+        self.retired = [0, 0]  # logged, dropped by writer processes that ended
+        self.lost = 0          # dropped here: queue full, writer down, unpackable
+        self.queued = 0        # texts put on the queue and not yet sent to the writer
+        self.wake = threading.Event()  # cuts the sender's gathering wait short
+        self.sender = threading.Thread(target=self._send_loop, name="predlog-sender",
+                                       daemon=True)
+        self.sender.start()
 
     @property
     def logged(self) -> int:
-        """Prediction rows committed (by every writer process so far)."""
-        w = self._writer
-        return self._retired[0] + (w.logged if w else 0)
+        w = self.writer
+        return self.retired[0] + (w.logged if w else 0)
 
     @property
     def dropped(self) -> int:
-        """Prediction rows not written: a failed write, the queue full, the writer down."""
-        w = self._writer
-        return self._retired[1] + self._lost + (w.dropped if w else 0)
+        w = self.writer
+        return self.retired[1] + self.lost + (w.dropped if w else 0)
 
-    def stats(self) -> dict[str, int]:
-        """For /status: texts logged (committed by the writer), dropped (never
-        written: a failed write, the queue full, the writer down), and queued
-        (waiting in this process for the sender)."""
-        return {"logged": self.logged, "dropped": self.dropped, "queued": max(0, self._queued)}
-
-    # -- connections --------------------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None,
-                               check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.row_factory = sqlite3.Row
-        return conn
-
-    def _reader(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = self._connect()
-        return conn
-
-    def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        return self._reader().execute(sql, args).fetchall()
-
-    # -- predictions: queue, sender thread, writer process ---------------------------------
-    def add(self, rows: list[dict[str, Any]]) -> None:
-        """Queue predictions for the writer (never blocks)."""
-        if self.enabled and not self._closed and rows:
-            self._put(["r", rows], len(rows))
-
-    def add_answer(self, at: float, request_id: str, model: str, version: Any,
-                   texts: list[str], predictions: list[dict[str, Any]]) -> None:
-        """Queue a /predict answer whole: the writer process stores its packed
-        texts and predictions as they are."""
-        if self.enabled and not self._closed and texts:
-            self._put(None, len(texts), (at, request_id, model, version, texts, predictions))
-
-    def add_scores(self, at: float, request_id: str, model: str, version: Any,
-                   texts: list[str], labels: list[str], rows: list[list[float]], k: int
-                   ) -> None:
-        """Queue an answer as the model's score rows (one per text, a score per
-        label) and the number of top labels it answered: stored as they are,
-        and read back as top lists (cheaper to pack than the predictions)."""
-        if self.enabled and not self._closed and texts:
-            self._put(None, len(texts), (at, request_id, model, version, texts, labels, rows, k))
-
-    def _put(self, item: list[Any] | None, texts: int, answer: tuple[Any, ...] | None = None) -> None:
-        """The item (or answer) packed at once, as a one-item batch of the writer's
+    def put(self, item: tuple[Any, ...], texts: int) -> None:
+        """The item packed at once, as a one-item batch of the writer's
         protocol, and the bytes queued: ~4 us here, and no container outlives
         the request. (Queued as objects, the answers of the last ~0.5 s survived
         young collections and were promoted to the old generation, whose
         collections then traversed them: measurably more CPU a request in the
         supervisor.)"""
-        if self._queued >= MAX_QUEUED:
-            self._lost += texts
+        if self.queued >= MAX_QUEUED:
+            self.lost += texts
             return
-        packer = getattr(self._local, "packer", None)
+        packer = getattr(self.local, "packer", None)
         if packer is None:  # a Packer is not thread-safe: one per thread (it is faster
-            packer = self._local.packer = msgpack.Packer(use_bin_type=True)  # than packb)
+            packer = self.local.packer = msgpack.Packer(use_bin_type=True)  # than packb)
         try:
-            if answer is not None:
-                at, rid, model, version, *body = answer  # [texts, predictions] or
-                item = ["A", at, rid, model, version, texts,  # [texts, labels, rows, k]
-                        packer.pack(body)]
-            blob = packer.pack([item])
+            if item[0] == "r":
+                blob = packer.pack([["r", item[1]]])
+            else:  # body: [texts, predictions] or [texts, labels, rows, k]
+                _, at, rid, model, version, *body = item
+                blob = packer.pack([["A", at, rid, model, version, texts, packer.pack(body)]])
         except (TypeError, ValueError) as exc:  # a value msgpack cannot pack
             packer.reset()
-            self._lost += texts
+            self.lost += texts
             log.error("prediction log: %d texts not packable, skipped: %r", texts, exc)
             return
-        self._queued += texts
-        self._pq.put(("b", blob, texts))
+        self.queued += texts
+        self.q.put(("b", blob, texts))
+
+    def flush(self, timeout: float | None) -> None:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.q.put(["f", next(self.seq), fut])
+        self.wake.set()
+        fut.result(timeout)
+
+    def stop(self) -> None:
+        """Send what is queued, then EOF to the writer (it commits and ends)."""
+        self.q.put(["stop"])
+        self.wake.set()
+        self.sender.join(60)
 
     def _send_loop(self) -> None:
         stop = False
         while not stop:
-            item = self._pq.get()
+            item = self.q.get()
             if item[0] == "b":  # gather more: fewer, bigger writes
-                self._wake.wait(_BATCH_WAIT_S)
-                self._wake.clear()
-            batch = drain(self._pq, item)
+                self.wake.wait(_BATCH_WAIT_S)
+                self.wake.clear()
+            batch = drain(self.q, item)
             stop = any(b[0] == "stop" for b in batch)
             items = [b for b in batch if b[0] != "stop"]
             texts = sum(it[2] for it in items if it[0] == "b")
-            self._queued -= texts  # (one sender thread: no lock; the count is a bound)
+            self.queued -= texts  # (one sender thread: no lock; the count is a bound)
             if items:
                 self._send(items, texts)
         self._end_writer()
 
     def _send(self, items: list[Any], texts: int) -> None:
         markers = [it for it in items if it[0] == "f"]
-        w = self._writer
+        w = self.writer
         if len(markers) == len(items) and (w is None or w.proc.poll() is not None):
             for it in markers:  # nothing to write and no writer: all is committed
                 it[2].set_result(None)
@@ -395,26 +379,26 @@ class PredictionLog:
             w.sent += texts
         except (OSError, ValueError) as exc:
             log.error("prediction log: %d texts not sent to the writer: %s", texts, exc)
-            self._lost += texts
+            self.lost += texts
             for it in markers:
                 if not it[2].done():
                     it[2].set_exception(RuntimeError(f"the prediction log writer: {exc}"))
 
     def _live_writer(self) -> _Writer:
-        w = self._writer
+        w = self.writer
         if w is not None and w.proc.poll() is None:
             return w
         if w is not None:
             self._retire(w)
-        wait = self._started_at + 1.0 - time.monotonic()
+        wait = self.started_at + 1.0 - time.monotonic()
         if wait > 0:  # a writer that keeps dying is restarted once a second at most
             time.sleep(wait)
-        self._started_at = time.monotonic()
+        self.started_at = time.monotonic()
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        proc = subprocess.Popen([sys.executable, "-m", "state.predlog_writer", self.path,
-                                 str(self.max_rows)], cwd=root,  # the package from the layout
+        proc = subprocess.Popen([sys.executable, "-m", "state.predlog_writer", self.owner.path,
+                                 str(self.owner.max_rows)], cwd=root,  # the package from the layout
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        w = self._writer = _Writer(proc)
+        w = self.writer = _Writer(proc)
         w.reader = threading.Thread(target=self._read_loop, args=(w,), name="predlog-acks",
                                     daemon=True)
         w.reader.start()
@@ -444,11 +428,12 @@ class PredictionLog:
         w.logged, w.dropped = msg.get("logged", 0), msg.get("dropped", 0)
         err = msg.get("error")
         w.error = err
-        if self.health is not None:
+        health = self.owner.health
+        if health is not None:
             if err:
-                self.health.failed("the prediction log", self.path, OSError(err[0], err[1]))
+                health.failed(WHAT, self.owner.path, OSError(err[0], err[1]))
             else:
-                self.health.succeeded("the prediction log")
+                health.succeeded(WHAT)
         for seq in msg.get("acks") or ():
             fut = w.acks.pop(seq, None)
             if fut is not None and not fut.done():
@@ -457,7 +442,7 @@ class PredictionLog:
     def _retire(self, w: _Writer) -> None:
         if w.reader is not None:
             w.reader.join(30)
-        self._retired[0] += w.logged
+        self.retired[0] += w.logged
         # texts it was sent and never reported committed or dropped: in flight
         # when it died (its last reports come before its EOF, so a clean stop
         # leaves none)
@@ -465,13 +450,13 @@ class PredictionLog:
         if lost > 0:
             log.error("prediction log: the writer ended (exit %s) with %d texts not "
                       "committed: dropped", w.proc.returncode, lost)
-        self._retired[1] += w.dropped + max(0, lost)
-        if self._writer is w:
-            self._writer = None
+        self.retired[1] += w.dropped + max(0, lost)
+        if self.writer is w:
+            self.writer = None
 
     def _end_writer(self) -> None:
         """EOF to the writer: it commits what it has and ends."""
-        w = self._writer
+        w = self.writer
         if w is None:
             return
         try:
@@ -486,47 +471,69 @@ class PredictionLog:
             w.proc.wait()
         self._retire(w)
 
+
+class PredictionLog(PredictionLogCore):
+    """See the module docstring; the logic is state/predlog_core.py's."""
+
+    def __init__(self, path: str, *, enabled: bool = True, max_rows: int = 100_000,
+                 feedback_rows: int = 100_000, example_rows: int = 100_000) -> None:
+        super().__init__(enabled=enabled, max_rows=max_rows, feedback_rows=feedback_rows,
+                         example_rows=example_rows)
+        self.path = os.path.abspath(path)
+        self._rows: dict[tuple[str, str], int] = {}  # (table, model) -> rows, at least
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        _open(self.path)
+        self._conns = ThreadConnections(self.path, any_thread=True)  # reads' connections
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()   # feedback, examples
+        self._thread = threading.Thread(target=self._run, name="predlog-feedback", daemon=True)
+        self._thread.start()
+        self._link = _WriterLink(self)  # predictions, to the writer process
+
+    @property
+    def logged(self) -> int:
+        """Prediction rows committed (by every writer process so far)."""
+        return self._link.logged
+
+    @property
+    def dropped(self) -> int:
+        """Prediction rows not written: a failed write, the queue full, the writer down."""
+        return self._link.dropped
+
+    def stats(self) -> dict[str, int]:
+        """For /status: texts logged (committed by the writer), dropped (never
+        written: a failed write, the queue full, the writer down), and queued
+        (waiting in this process for the sender)."""
+        return {"logged": self.logged, "dropped": self.dropped,
+                "queued": max(0, self._link.queued)}
+
+    def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        return self._conns.get().execute(sql, args).fetchall()
+
+    def _enqueue(self, item: tuple[Any, ...], texts: int) -> None:
+        self._link.put(item, texts)
+
     # -- feedback and examples: a thread here, each future resolving on commit --------------
     def _submit(self, kind: str, payload: Any) -> concurrent.futures.Future[Any]:
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         if self._closed:
-            fut.set_exception(RuntimeError("the prediction log is closed"))
-        else:
-            self._q.put((kind, payload, fut))
+            return closed_future()
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._q.put((kind, payload, fut))
         return fut
 
-    def add_feedback(self, request_id: str, index: int, label: str, *, model: str,
-                     version: Any, text: str, predicted: str | None = None,
-                     new_label: bool = False, at: float | None = None
-                     ) -> concurrent.futures.Future[Any]:
-        """Store (or replace) the truth of logged prediction (request_id, index);
-        the future resolves once it is committed."""
-        return self.add_feedback_many([(request_id, index, label, model, version, text,
-                                        predicted, new_label)], at)
+    def _store_feedback(self, rows: list[tuple[Any, ...]]) -> concurrent.futures.Future[Any]:
+        return self._submit("feedback", [(*r[:7], int(r[7]), r[8]) for r in rows])
 
-    def add_feedback_many(self, items: list[tuple[Any, ...]], at: float | None = None
-                          ) -> concurrent.futures.Future[Any]:
-        """items: (request_id, index, label, model, version, text, predicted, new_label)."""
-        when = time.time() if at is None else at
-        return self._submit("feedback", [(*it[:7], int(bool(it[7])), when) for it in items])
-
-    def add_examples(self, model: str, examples: Iterable[tuple[str, str]],
-                     new_labels: Iterable[str] = (), at: float | None = None
-                     ) -> concurrent.futures.Future[Any]:
-        when = time.time() if at is None else at
-        new = set(new_labels)
-        return self._submit("examples", [(model, t, lab, int(lab in new), when)
-                                         for t, lab in examples])
+    def _store_examples(self, model: str, rows: list[tuple[str, str, bool, float]]
+                        ) -> concurrent.futures.Future[Any]:
+        return self._submit("examples", [(model, t, lab, int(new), when)
+                                         for t, lab, new, when in rows])
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until everything queued so far is committed: the predictions by the
         writer process, the feedback here (not on the IOLoop)."""
         if self._closed:
             return
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._pq.put(["f", next(self._seq), fut])
-        self._wake.set()
-        fut.result(timeout)
+        self._link.flush(timeout)
         self._submit("noop", None).result(timeout)
 
     def close(self) -> None:
@@ -534,18 +541,13 @@ class PredictionLog:
         if self._closed:
             return
         self._closed = True
-        self._pq.put(["stop"])
-        self._wake.set()
         self._q.put(("stop", None, None))
-        self._sender.join(60)
+        self._link.stop()
         self._thread.join(30)
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
+        self._conns.close_mine()
 
     def _run(self) -> None:
-        conn = self._connect()
+        conn = connect(self.path, any_thread=True)
         stop = False
         while not stop:
             batch = drain(self._q, self._q.get())
@@ -558,8 +560,7 @@ class PredictionLog:
         writes = [(k, p) for k, p, _ in batch if k in ("feedback", "examples")]
         try:
             if writes:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
+                with transaction(conn):
                     for kind, payload in writes:
                         if kind == "feedback":
                             conn.executemany(
@@ -571,17 +572,12 @@ class PredictionLog:
                                 "INSERT OR REPLACE INTO examples (model, text, label, "
                                 "new_label, at) VALUES (?, ?, ?, ?, ?)", payload)
                     self._trim(conn, writes)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:  # SQLite may have rolled back itself (disk full)
-                        conn.execute("ROLLBACK")
-                    raise
                 if self.health is not None:
-                    self.health.succeeded("the prediction log")
+                    self.health.succeeded(WHAT)
         except Exception as exc:  # a full disk: the feedback is refused (507/503)
             log.error("feedback write failed: %s", exc)
             if self.health is not None and isinstance(exc, (OSError, sqlite3.Error)):
-                self.health.failed("the prediction log", self.path, as_oserror(exc))
+                self.health.failed(WHAT, self.path, as_oserror(exc))
             for f in futures:
                 if not f.done():
                     f.set_exception(exc)
@@ -619,108 +615,58 @@ class PredictionLog:
                     rows = cap
             self._rows[key] = rows
 
-    # -- erasure (executor threads) ---------------------------------------------------------
-    def erase(self, request_id: str, timeout: float = 60.0,
-              erased: dict[str, set[str]] | None = None) -> dict[str, int]:
-        """Erase one request's texts everywhere the log holds them: its logged
-        answers (every entry under this id, the queued ones too: flushed
-        first), the feedback on them, and the free examples with those texts
-        of the same model. Erased means unreadable: deleted with SQLite's
-        secure_delete (the freed bytes are zeroed) and the WAL checkpointed and
-        truncated. Returns what was removed; `erased` gets the texts."""
-        rid = request_id.encode()
-        return self._erase(timeout, lambda conn: self._erase_request(conn, request_id, rid,
-                                                                     erased))
+    # -- erasure (executor threads): secure_delete, then the WAL checkpointed and cut --------
+    def _erase_request(self, request_id: str, done: Erasure, timeout: float) -> None:
+        self._erasing(timeout, lambda conn: _erase_rows(conn, request_id, done))
 
-    def purge(self, model: str, timeout: float = 60.0,
-              erased: dict[str, set[str]] | None = None) -> dict[str, int]:
-        """Erase a model's whole log: its answers, feedback and free examples."""
-        def run(conn: sqlite3.Connection) -> dict[str, int]:
-            if erased is not None:
-                texts = erased.setdefault(model, set())
-                for (data,) in conn.execute("SELECT data FROM batches WHERE model = ?",
-                                            (model,)):
-                    for e in msgpack.unpackb(data, raw=False):
-                        texts.update(_unpack(e)[0])
+    def _purge(self, model: str, done: Erasure, timeout: float) -> None:
+        def run(conn: sqlite3.Connection) -> None:
+            if done.wants_texts:
+                texts = done.texts(model)
+                _batch_texts(conn, texts, "model = ?", (model,))
                 for table in ("feedback", "examples"):
                     texts.update(r[0] for r in conn.execute(
                         f"SELECT text FROM {table} WHERE model = ?", (model,)))  # nosec B608: table is "feedback" or "examples"
-            ids = [r[0] for r in conn.execute("SELECT id FROM batches WHERE model = ?",
-                                              (model,))]
             n = conn.execute("SELECT COALESCE(SUM(n), 0) FROM batches WHERE model = ?",
                              (model,)).fetchone()[0]
-            for i in range(0, len(ids), 500):
-                part = ids[i:i + 500]
-                marks = ",".join("?" * len(part))  # only ? marks go into the SQL (bandit B608)
-                conn.execute(f"DELETE FROM rids WHERE batch IN ({marks})", part)  # nosec B608
-                conn.execute(f"DELETE FROM batches WHERE id IN ({marks})", part)  # nosec B608
-            fb = conn.execute("DELETE FROM feedback WHERE model = ?", (model,)).rowcount
-            ex = conn.execute("DELETE FROM examples WHERE model = ?", (model,)).rowcount
-            return {"predictions": int(n), "feedback": fb, "examples": ex}
-        return self._erase(timeout, run)
+            _delete_batches(conn, [r[0] for r in conn.execute(
+                "SELECT id FROM batches WHERE model = ?", (model,))])
+            done.count(n, conn.execute("DELETE FROM feedback WHERE model = ?", (model,)).rowcount,
+                       conn.execute("DELETE FROM examples WHERE model = ?", (model,)).rowcount)
+        self._erasing(timeout, run)
 
-    def expire(self, ages: dict[str, float], default: float = 0.0,
-               now: float | None = None,
-               erased: dict[str, set[str]] | None = None) -> dict[str, int]:
-        """Erase what is older than its model's age limit (days; `ages` per
-        model over `default`; 0: none): answers, feedback and free examples,
-        as erase() erases. Returns what was removed."""
-        now = time.time() if now is None else now
-
-        def limit(model: str) -> float:
-            days = ages.get(model, default)
-            return now - float(days) * 86400.0 if days and days > 0 else 0.0
-
-        def run(conn: sqlite3.Connection) -> dict[str, int]:
-            removed = {"predictions": 0, "feedback": 0, "examples": 0}
+    def _expire(self, cut: Callable[[str], float], done: Erasure) -> None:
+        def run(conn: sqlite3.Connection) -> None:
             models = {r[0] for r in conn.execute(
                 "SELECT DISTINCT model FROM batches UNION SELECT DISTINCT model FROM feedback "
                 "UNION SELECT DISTINCT model FROM examples")}
             for model in sorted(models):
-                cut = limit(model)
-                if not cut:
+                t = cut(model)
+                if not t:
                     continue
                 old = conn.execute("SELECT id, n FROM batches WHERE model = ? AND at < ?",
-                                   (model, cut)).fetchall()
-                if erased is not None:
-                    texts = erased.setdefault(model, set())
-                    for (data,) in conn.execute("SELECT data FROM batches WHERE model = ? "
-                                                "AND at < ?", (model, cut)):
-                        for e in msgpack.unpackb(data, raw=False):
-                            texts.update(_unpack(e)[0])
+                                   (model, t)).fetchall()
+                if done.wants_texts:
+                    texts = done.texts(model)
+                    _batch_texts(conn, texts, "model = ? AND at < ?", (model, t))
                     for table in ("feedback", "examples"):
                         texts.update(r[0] for r in conn.execute(
                             f"SELECT text FROM {table} WHERE model = ? AND at < ?",  # nosec B608: table is "feedback" or "examples"
-                            (model, cut)))
-                for i in range(0, len(old), 500):
-                    part = [r[0] for r in old[i:i + 500]]
-                    marks = ",".join("?" * len(part))  # only ? marks go into the SQL (bandit B608)
-                    conn.execute(f"DELETE FROM rids WHERE batch IN ({marks})", part)  # nosec B608
-                    conn.execute(f"DELETE FROM batches WHERE id IN ({marks})", part)  # nosec B608
-                removed["predictions"] += sum(r[1] for r in old)
-                removed["feedback"] += conn.execute(
-                    "DELETE FROM feedback WHERE model = ? AND at < ?", (model, cut)).rowcount
-                removed["examples"] += conn.execute(
-                    "DELETE FROM examples WHERE model = ? AND at < ?", (model, cut)).rowcount
-            return removed
-        if not default and not any(v and v > 0 for v in ages.values()):
-            return {"predictions": 0, "feedback": 0, "examples": 0}
-        return self._erase(60.0, run, flush=False)
+                            (model, t)))
+                _delete_batches(conn, [r[0] for r in old])
+                done.count(sum(r[1] for r in old),
+                           conn.execute("DELETE FROM feedback WHERE model = ? AND at < ?",
+                                        (model, t)).rowcount,
+                           conn.execute("DELETE FROM examples WHERE model = ? AND at < ?",
+                                        (model, t)).rowcount)
+        self._erasing(60.0, run)
 
-    def _erase(self, timeout: float, body: Any, flush: bool = True) -> dict[str, int]:
-        if flush:
-            self.flush(timeout)  # what is queued for the writer is in the file now
-        conn = self._connect()
+    def _erasing(self, timeout: float, body: Callable[[sqlite3.Connection], None]) -> None:
+        conn = connect(self.path, any_thread=True)
         try:
             conn.execute("PRAGMA secure_delete=ON")
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                removed = body(conn)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+            with transaction(conn):
+                body(conn)
             # the old pages' images left the WAL: copied back, then the file cut
             deadline = time.monotonic() + timeout
             while conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] and \
@@ -728,50 +674,12 @@ class PredictionLog:
                 time.sleep(0.05)  # a reader's snapshot holds the WAL a moment
         finally:
             conn.close()
-        return removed
-
-    @staticmethod
-    def _erase_request(conn: sqlite3.Connection, request_id: str, rid: bytes,
-                       erased: dict[str, set[str]] | None = None) -> dict[str, int]:
-        texts: dict[str, set[str]] = {}  # model -> the texts erased
-        n = 0
-        # every batch whose bytes hold the id (then decoded: only exact matches go)
-        for bid, model, data in conn.execute(
-                "SELECT id, model, data FROM batches WHERE instr(data, ?) > 0",
-                (rid,)).fetchall():
-            ents = msgpack.unpackb(data, raw=False)
-            keep = [e for e in ents if e[1] != request_id]
-            if len(keep) == len(ents):
-                continue
-            for e in ents:
-                if e[1] == request_id:
-                    texts.setdefault(model, set()).update(_unpack(e)[0])
-                    n += e[3]
-            if keep:
-                conn.execute("UPDATE batches SET n = ?, at_first = ?, at = ?, data = ? "
-                             "WHERE id = ?", (sum(e[3] for e in keep),
-                                              min(e[0] for e in keep), max(e[0] for e in keep),
-                                              msgpack.packb(keep, use_bin_type=True), bid))
-            else:
-                conn.execute("DELETE FROM batches WHERE id = ?", (bid,))
-        conn.execute("DELETE FROM rids WHERE request_id = ?", (request_id,))
-        for model, text in conn.execute("SELECT model, text FROM feedback WHERE request_id = ?",
-                                        (request_id,)).fetchall():
-            texts.setdefault(model, set()).add(text)
-        fb = conn.execute("DELETE FROM feedback WHERE request_id = ?", (request_id,)).rowcount
-        ex = 0
-        for model, gone in texts.items():
-            ex += sum(conn.execute("DELETE FROM examples WHERE model = ? AND text = ?",
-                                   (model, t)).rowcount for t in gone)
-            if erased is not None:
-                erased.setdefault(model, set()).update(gone)
-        return {"predictions": n, "feedback": fb, "examples": ex}
 
     # -- reads (executor threads) ------------------------------------------------------------
     def _batches(self, sql: str, args: tuple[Any, ...] = ()) -> Iterator[tuple[str, Any, list[Any]]]:
         """(model, version, entries) of the batches a query selects (model,
         version, data), decoded one at a time (a caller may stop early)."""
-        cur = self._reader().execute(sql, args)
+        cur = self._conns.get().execute(sql, args)
         try:
             for model, version, data in cur:
                 yield model, version, msgpack.unpackb(data, raw=False)
@@ -791,44 +699,40 @@ class PredictionLog:
             sql += (" UNION SELECT id FROM batches WHERE at_first BETWEEN ? AND ? "
                     "AND at >= ?")
             args += (t - MAX_SPAN_S - 1.0, t + ID_WINDOW_MS / 1000 + 1.0, t - 1.0)
-        return self._get(request_id, index, self._batches(
-            # sql is this function's constant text; the values go in as ? args
-            f"SELECT model, version, data FROM batches WHERE id IN ({sql}) ORDER BY id",  # nosec B608
-            args))
-
-    @staticmethod
-    def _get(request_id: str, index: int | None, batches: Iterator[tuple[str, Any, list[Any]]]
-             ) -> list[dict[str, Any]]:
-        """The texts of the first logged request with this id (batches in the
-        order they were written)."""
-        for model, version, ents in batches:
+        # the texts of the first logged request with this id (batches in the
+        # order they were written; the first entry of this id is its answer)
+        # sql is this function's constant text; the values go in as ? args
+        for model, version, ents in self._batches(
+                f"SELECT model, version, data FROM batches WHERE id IN ({sql}) ORDER BY id",  # nosec B608
+                args):
             found: dict[int, dict[str, Any]] = {}
             for e in ents:
                 if e[1] != request_id:
                     continue
                 texts, preds = _unpack(e)
-                for i, (t, p) in enumerate(zip(texts, preds)):
+                for i, (text, p) in enumerate(zip(texts, preds)):
                     if index is None or e[2] + i == index:
-                        found[e[2] + i] = _pred(model, version, e, t, p, i)
+                        found[e[2] + i] = _pred(model, version, e, text, p, i)
                 if found or index is not None:
-                    break  # the first entry of this id is its answer
+                    break
             if found or any(e[1] == request_id for e in ents):
                 return [found[i] for i in sorted(found)]
         return []
 
+    def _model_batches(self, model: str, version: Any, order: str
+                       ) -> Iterator[tuple[str, Any, list[Any]]]:
+        if version is None:
+            return self._batches("SELECT model, version, data FROM batches WHERE model = ? "
+                                 f"ORDER BY id{order}", (model,))  # nosec B608: order is "" or " DESC"
+        return self._batches("SELECT model, version, data FROM batches WHERE model = ? AND "
+                             f"version = ? ORDER BY id{order}", (model, int(version)))  # nosec B608
+
     def recent(self, model: str, version: Any = None, limit: int = 1000) -> list[dict[str, Any]]:
         """The newest `limit` predictions, newest first."""
-        args: tuple[Any, ...]
-        if version is None:
-            sql, args = ("SELECT model, version, data FROM batches WHERE model = ? "
-                         "ORDER BY id DESC", (model,))
-        else:
-            sql, args = ("SELECT model, version, data FROM batches WHERE model = ? AND "
-                         "version = ? ORDER BY id DESC", (model, int(version)))
         out: list[dict[str, Any]] = []
         if limit <= 0:
             return out
-        for m, v, ents in self._batches(sql, args):
+        for m, v, ents in self._model_batches(model, version, " DESC"):
             for e in reversed(ents):
                 texts, preds = _unpack(e)
                 for i in range(len(texts) - 1, -1, -1):
@@ -837,45 +741,34 @@ class PredictionLog:
                         return out
         return out
 
-    def fed_back(self, model: str, version: Any = None) -> list[dict[str, Any]]:
-        """Feedback on logged predictions, with what was predicted. The prediction
-        may have been trimmed: then scores are {} and label the stored one."""
-        sql = ("SELECT request_id, idx, version, text, predicted, label AS truth, "
-               "at AS fed_at, new_label FROM feedback WHERE model = ?")
-        args: tuple[Any, ...] = (model,)
-        bsql = "SELECT model, version, data FROM batches WHERE model = ?"
-        if version is not None:
-            sql += " AND version = ?"
-            bsql += " AND version = ?"
-            args = (model, int(version))
-        rows = self._read(sql + " ORDER BY at", args)
+    def _fed(self, model: str, version: Any) -> list[tuple[Any, ...]]:
+        sql = ("SELECT request_id, idx, version, text, predicted, label, new_label, at "
+               "FROM feedback WHERE model = ?")
+        if version is None:
+            return [tuple(r) for r in self._read(sql + " ORDER BY at", (model,))]
+        return [tuple(r) for r in self._read(sql + " AND version = ? ORDER BY at",
+                                             (model, int(version)))]
+
+    def _predicted(self, model: str, version: Any, rids: set[str]
+                   ) -> dict[tuple[str, int], tuple[Any, dict[str, float]]]:
         # the predictions fed back: one pass over the batches they can be in
-        rids = {r["request_id"] for r in rows}
         found: dict[tuple[str, int], tuple[float, dict[str, Any]]] = {}
-        for _, _, ents in self._batches(bsql + " ORDER BY id", args) if rows else ():
+        for _, _, ents in self._model_batches(model, version, ""):
             for e in ents:
                 if e[1] in rids:
                     for i, p in enumerate(_unpack(e)[1]):
                         found[(e[1], e[2] + i)] = (e[0], p)
-        out = []
-        for r in rows:
-            at, p = found.get((r["request_id"], r["idx"]), (None, {}))
-            out.append({"request_id": r["request_id"], "index": r["idx"],
-                        "version": r["version"], "text": r["text"], "label": r["predicted"],
-                        "truth": r["truth"], "new_label": bool(r["new_label"]),
-                        "scores": {t["label"]: t["score"] for t in p.get("top") or ()},
-                        "at": at, "fed_at": r["fed_at"]})
-        return out
+        return {k: (at, {t["label"]: t["score"] for t in p.get("top") or ()})
+                for k, (at, p) in found.items()}
 
-    def counts(self, model: str) -> dict[Any, dict[str, int]]:
-        out: dict[Any, dict[str, int]] = {}
-        for r in self._read("SELECT version, SUM(n) AS n FROM batches WHERE model = ? "
-                            "GROUP BY version", (model,)):
-            out.setdefault(r["version"], {"predictions": 0, "feedback": 0})["predictions"] = r["n"]
-        for r in self._read("SELECT version, COUNT(*) AS n FROM feedback WHERE model = ? "
-                            "GROUP BY version", (model,)):
-            out.setdefault(r["version"], {"predictions": 0, "feedback": 0})["feedback"] = r["n"]
-        return out
+    def _count_rows(self, model: str
+                    ) -> tuple[Iterable[tuple[Any, int]], Iterable[tuple[Any, int]]]:
+        return ([(r[0], r[1]) for r in self._read(
+                    "SELECT version, SUM(n) FROM batches WHERE model = ? GROUP BY version",
+                    (model,))],
+                [(r[0], r[1]) for r in self._read(
+                    "SELECT version, COUNT(*) FROM feedback WHERE model = ? GROUP BY version",
+                    (model,))])
 
     def feedback_count(self, model: str, since: float | None = None) -> int:
         """Labels (feedback and free examples) received after `since`."""
@@ -884,38 +777,30 @@ class PredictionLog:
         b = self._read("SELECT COUNT(*) FROM examples WHERE model = ? AND at > ?", (model, t))
         return int(a[0][0]) + int(b[0][0])
 
-    def feedback_examples(self, model: str, since: float | None = None
-                          ) -> list[tuple[str, str]]:
-        """(text, label) of every label fed back for the model, oldest first; a text
-        labelled more than once keeps its newest label."""
-        t = -1.0 if since is None else since
-        rows = self._read(
+    def _labels_after(self, model: str, t: float) -> Iterable[tuple[str, str]]:
+        return [(r[0], r[1]) for r in self._read(
             "SELECT text, label, at FROM feedback WHERE model = ? AND at > ? UNION ALL "
             "SELECT text, label, at FROM examples WHERE model = ? AND at > ? ORDER BY at",
-            (model, t, model, t))
-        newest: dict[str, str] = {}
-        for r in rows:
-            newest.pop(r["text"], None)  # re-insert: dict order follows the newest
-            newest[r["text"]] = r["label"]
-        return list(newest.items())
+            (model, t, model, t))]
 
-    def review(self, model: str, limit: int = 50, strategy: str = "uncertain"
-               ) -> list[dict[str, Any]]:
-        """Logged predictions with no feedback yet (one per text: for "uncertain",
-        its most uncertain prediction; the newest first among equal margins)."""
-        fed = {(r[0], r[1]) for r in self._read(
-            "SELECT request_id, idx FROM feedback WHERE model = ?", (model,))}
-        done = {r[0] for r in self._read(
-            "SELECT text FROM feedback WHERE model = ? UNION SELECT text FROM examples "
-            "WHERE model = ?", (model, model))}
+    def _review_marks(self, model: str
+                      ) -> tuple[Iterable[tuple[str, int, str]], Iterable[str]]:
+        return ([(r[0], r[1], r[2]) for r in self._read(
+                    "SELECT request_id, idx, text FROM feedback WHERE model = ?", (model,))],
+                [r[0] for r in self._read("SELECT text FROM examples WHERE model = ?",
+                                          (model,))])
+
+    def _review_candidates(self, model: str, fed: set[tuple[str, int]], done: set[str]
+                           ) -> tuple[Sequence[float], Callable[[int], str],
+                                      Callable[[int], dict[str, Any]]]:
         # One pass over the model's batches, newest first, keeping only numbers
         # (a margin, and where the text is): no container per text outlives
         # its step, so a log of 100,000 texts costs the collector nothing.
         margins = array.array("d")
         where = array.array("q")  # batch << 40 | entry << 20 | text index
         datas: list[tuple[Any, bytes]] = []  # (version, data) of each batch read
-        cur = self._reader().execute("SELECT version, data FROM batches WHERE model = ? "
-                                     "ORDER BY id DESC", (model,))
+        cur = self._conns.get().execute("SELECT version, data FROM batches WHERE model = ? "
+                                        "ORDER BY id DESC", (model,))
         for bi, (v, data) in enumerate(cur):
             datas.append((v, data))
             ents = msgpack.unpackb(data, raw=False)
@@ -926,29 +811,26 @@ class PredictionLog:
                 for i in range(len(texts) - 1, -1, -1):
                     if texts[i] in done or (rid, first + i) in fed:
                         continue
-                    margins.append(_margin(preds[i].get("top") or []))
+                    margins.append(top_margin(preds[i].get("top") or []))
                     where.append(bi << 40 | ei << 20 | i)
-        order = list(range(len(margins)))
-        if strategy == "uncertain":  # stable: among equal margins, the newest first
-            order.sort(key=margins.__getitem__)
-        else:
-            random.shuffle(order)
         decoded: dict[int, list[Any]] = {}
-        out: list[dict[str, Any]] = []
-        for k in order:
-            w = where[k]
-            bi, ei, i = w >> 40, (w >> 20) & 0xFFFFF, w & 0xFFFFF
-            if bi not in decoded:
-                decoded[bi] = msgpack.unpackb(datas[bi][1], raw=False)
-            e = decoded[bi][ei]
-            texts, preds = _unpack(e)
-            if texts[i] in done:
-                continue
-            done.add(texts[i])  # a text asked many times is reviewed once
-            out.append(_pred(model, datas[bi][0], e, texts[i], preds[i], i))
-            if len(out) >= limit:
-                break
-        return out
+        last: list[Any] = [-1, None, None, None]  # k, entry, texts, predictions
+
+        def at(k: int) -> list[Any]:
+            if last[0] != k:
+                w = where[k]
+                bi, ei = w >> 40, (w >> 20) & 0xFFFFF
+                if bi not in decoded:
+                    decoded[bi] = msgpack.unpackb(datas[bi][1], raw=False)
+                e = decoded[bi][ei]
+                last[:] = [k, e, *_unpack(e)]
+            return last
+
+        def row(k: int) -> dict[str, Any]:
+            _, e, texts, preds = at(k)
+            i = where[k] & 0xFFFFF
+            return _pred(model, datas[where[k] >> 40][0], e, texts[i], preds[i], i)
+        return margins, lambda k: at(k)[2][where[k] & 0xFFFFF], row
 
     def labels_seen(self, model: str) -> set[str]:
         """Every label fed back for the model (feedback and examples)."""

@@ -25,11 +25,11 @@ import json
 import logging
 import os
 import sqlite3
-import threading
 import time
 from typing import Any, Callable
 
 from state.keys import ACTOR
+from state.sqlitedb import ThreadConnections, connect, transaction
 
 log = logging.getLogger("textswap.statedb")
 
@@ -106,7 +106,7 @@ class StateDB:
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self._local = threading.local()
+        self._conns = ThreadConnections(self.path)  # the writer thread's
         self._closed = False
         self.health: Any = None  # state/storage.py's Storage, set by the supervisor
         # schema first, synchronously: a start that cannot open its state fails loudly
@@ -120,11 +120,7 @@ class StateDB:
 
     # -- connections -------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.row_factory = sqlite3.Row
-        return conn
+        return connect(self.path)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         current = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -132,22 +128,11 @@ class StateDB:
             raise StateDBError(f"{self.path} has schema version {current}; this code knows "
                                f"up to {SCHEMA_VERSION} (a newer release wrote it)")
         for version in range(current + 1, SCHEMA_VERSION + 1):
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with transaction(conn):
                 for statement in _MIGRATIONS[version]:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {version}")
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
             log.info("state db %s: schema version %d", self.path, version)
-
-    def _writer_conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = self._connect()
-        return conn
 
     # -- writes (one background thread) ---------------------------------------------------
     def submit(self, fn: Callable[[sqlite3.Connection], Any]) -> concurrent.futures.Future[Any]:
@@ -156,16 +141,8 @@ class StateDB:
             raise StateDBError("the state db is closed")
 
         def run() -> Any:
-            conn = self._writer_conn()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                out = fn(conn)
-                conn.execute("COMMIT")
-                return out
-            except BaseException:
-                if conn.in_transaction:  # SQLite may have rolled back itself (disk full)
-                    conn.execute("ROLLBACK")
-                raise
+            with transaction(self._conns.get()) as conn:
+                return fn(conn)
 
         future = self._writer.submit(run)
         future.add_done_callback(self._done)
@@ -235,12 +212,7 @@ class StateDB:
             return
         self._closed = True
 
-        def close_conn() -> None:
-            conn = getattr(self._local, "conn", None)
-            if conn is not None:
-                conn.close()
-                self._local.conn = None
-        self._writer.submit(close_conn)
+        self._writer.submit(self._conns.close_mine)
         self._writer.shutdown(wait=True)
 
     # -- reads (a connection of their own) -------------------------------------------------

@@ -152,6 +152,93 @@ def test_review_uncertain_first_without_fed_back_or_repeated_texts(plog):
     assert [r["text"] for r in plog.review("m", 10)] == ["unsure", "sure"]
 
 
+def test_review_keeps_the_newest_first_among_equal_margins(plog):
+    """The review queue's order (state/predlog_core.py review_pick): equal
+    margins keep the log's order, newest first; a single-label top counts its
+    distance to a tie; the limit holds."""
+    same = {"pos": 0.6, "neg": 0.4}
+    plog.add(_rows("r1", ["old", "older twin"], scores=[same, same]))
+    plog.add(_rows("r2", ["new"], scores=[same]))
+    plog.add(_rows("r3", ["sure alone"], scores=[{"pos": 0.95}]))
+    plog.add(_rows("r4", ["unsure alone"], scores=[{"pos": 0.55}]))
+    plog.flush(10)
+    items = plog.review("m", 10)
+    assert [r["text"] for r in items] == ["unsure alone", "new", "older twin", "old",
+                                          "sure alone"]
+    assert [round(r["margin"], 6) for r in items] == [0.1, 0.2, 0.2, 0.2, 0.9]
+    assert [r["text"] for r in plog.review("m", 2)] == ["unsure alone", "new"]
+    assert items[1] == {"at": 1.0, "request_id": "r2", "index": 0, "model": "m", "version": 1,
+                        "text": "new", "label": "pos", "scores": same,
+                        "margin": pytest.approx(0.2)}
+    assert plog.review("empty", 10) == []
+
+
+def test_scored_answers_read_back_as_top_lists(plog):
+    """add_scores: the score rows read back as the top k /predict answered."""
+    plog.add_scores(1.0, "sc", "m", 1, ["x", "y"], ["a", "b", "c"],
+                    [[0.1, 0.7, 0.2], [0.5, 0.2, 0.3]], 2)
+    plog.flush(10)
+    got = plog.get("sc")
+    assert [(r["text"], r["label"], r["scores"]) for r in got] == [
+        ("x", "b", {"b": 0.7, "c": 0.2}), ("y", "a", {"a": 0.5, "c": 0.3})]
+    assert got[0]["margin"] == pytest.approx(0.5)
+
+
+def test_feedback_labels_newest_wins_and_counts(plog):
+    """feedback_examples: oldest first, a text labelled again keeps its newest
+    label (in the newest label's place); feedback_count and labels_seen
+    count feedback and examples alike; new_label and a prediction never
+    logged (scores {}, at None) in fed_back."""
+    plog.add(_rows("r1", ["a", "b"]))
+    plog.flush(10)
+    plog.add_feedback_many([("r1", 0, "neg", "m", 1, "a", "pos", False),
+                            ("r1", 1, "sport", "m", 1, "b", "pos", True)], at=100.0).result(10)
+    plog.add_examples("m", [("c", "pos")], at=200.0).result(10)
+    plog.add_examples("m", [("a", "pos")], at=300.0).result(10)  # a text labelled again
+    plog.add_feedback("gone", 4, "neg", model="m", version=2, text="d", predicted="pos",
+                      at=400.0).result(10)
+    assert plog.feedback_examples("m") == [("b", "sport"), ("c", "pos"), ("a", "pos"),
+                                           ("d", "neg")]
+    assert plog.feedback_examples("m", since=250.0) == [("a", "pos"), ("d", "neg")]
+    assert plog.feedback_count("m") == 5 and plog.feedback_count("m", since=150.0) == 3
+    assert plog.labels_seen("m") == {"neg", "sport", "pos"} and plog.labels_seen("x") == set()
+    fed = plog.fed_back("m")
+    assert [(f["text"], f["truth"], f["new_label"]) for f in fed] == [
+        ("a", "neg", False), ("b", "sport", True), ("d", "neg", False)]
+    assert fed[2] == {"request_id": "gone", "index": 4, "version": 2, "text": "d",
+                      "label": "pos", "truth": "neg", "new_label": False, "scores": {},
+                      "at": None, "fed_at": 400.0}
+    assert plog.counts("m") == {1: {"predictions": 2, "feedback": 2},
+                                2: {"predictions": 0, "feedback": 1}}
+    assert [r["text"] for r in plog.review("m")] == []  # every text labelled
+
+
+def test_erasures_report_the_texts_they_erased(backend):
+    """erase, purge and expire fill `erased` with {model: texts} (the policy's
+    copies are erased by them): answers, feedback and examples alike."""
+    _, plog, _ = backend
+    now = time.time()
+    plog.add_answer(now, "r1", "a", 1, ["one", "two"], PREDS * 2)
+    plog.add_answer(now - 3 * 86400, "r2", "b", 1, ["old b"], PREDS)
+    plog.add_answer(now, "r3", "c", 1, ["c text"], PREDS)
+    plog.flush(30)
+    plog.add_feedback("r1", 1, "neg", model="a", version=1, text="two").result(30)
+    plog.add_examples("a", [("one", "pos"), ("other", "neg")]).result(30)
+    plog.add_examples("b", [("old example", "pos")], at=now - 3 * 86400).result(30)
+    plog.add_examples("c", [("c example", "pos")]).result(30)
+    erased: dict[str, set[str]] = {}
+    assert plog.erase("r1", erased=erased) == {"predictions": 2, "feedback": 1, "examples": 1}
+    assert erased == {"a": {"one", "two"}}
+    erased = {}
+    assert plog.expire({"b": 1.0}, 0.0, now=now, erased=erased) == {
+        "predictions": 1, "feedback": 0, "examples": 1}
+    assert erased == {"b": {"old b", "old example"}}
+    erased = {}
+    assert plog.purge("c", erased=erased) == {"predictions": 1, "feedback": 0, "examples": 1}
+    assert erased == {"c": {"c text", "c example"}}
+    assert plog.feedback_examples("a") == [("other", "neg")]
+
+
 def test_reads_from_many_threads_while_writing(plog):
     errors: list[Exception] = []
     stop = threading.Event()
