@@ -79,7 +79,7 @@ def _default_threads() -> int:
     try:
         from state.config import load_config
 
-        return int(load_config(str(ROOT / "config.yaml"))["training"]["threads"]) or 1
+        return int(load_config(str(ROOT / "config.yaml")).training.threads) or 1
     except Exception:  # the bench must run even if the config format moves on
         return 1
 

@@ -175,12 +175,13 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=100, help="random windows per row")
     args = ap.parse_args()
     from tests.helpers import Service, wait_for
-    from state.config import DEFAULTS
+    from state.config import DEFAULTS, DriftSettings
 
-    cfg = dict(DEFAULTS["drift"])
-    print(f"thresholds: max_unknown_excess {cfg['max_unknown_excess']}, max_label_js "
-          f"{cfg['max_label_js']}, max_top_score_js {cfg['max_top_score_js']}, "
-          f"min_texts {cfg['min_texts']}, window {cfg['window']}")
+    cfg = dict(DEFAULTS["drift"])  # a mapping: what control/quality.py drift_signals takes
+    drift = DriftSettings(**cfg)
+    print(f"thresholds: max_unknown_excess {drift.max_unknown_excess}, max_label_js "
+          f"{drift.max_label_js}, max_top_score_js {drift.max_top_score_js}, "
+          f"min_texts {drift.min_texts}, window {drift.window}")
     tmp = tempfile.mkdtemp(prefix="textswap-drift-")
     t0 = time.monotonic()
     svc = Service(os.path.join(tmp, "models"))

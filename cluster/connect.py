@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import urllib.parse
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -28,7 +29,7 @@ import redis.asyncio as aioredis
 import redis.asyncio.sentinel as aiosentinel
 import redis.sentinel
 
-from state.config import redact_url
+from state.config import ClusterSettings, redact_url
 from state.errors import ServiceError
 
 
@@ -47,16 +48,19 @@ class RedisTarget:
     ack_timeout: float = 1.0
 
     @classmethod
-    def of(cls, ccfg: Any) -> "RedisTarget":
-        """From the config's cluster section (state/config.py resolved it)."""
+    def of(cls, ccfg: ClusterSettings | Mapping[str, Any]) -> "RedisTarget":
+        """From the config's cluster section (state/config.py resolved it):
+        cfg.cluster, or that section as a mapping (config["cluster"])."""
+        if not isinstance(ccfg, ClusterSettings):
+            ccfg = ClusterSettings(**ccfg)
         sentinels = []
-        for item in ccfg.get("sentinels") or []:
+        for item in ccfg.sentinels or []:
             host, _, port = str(item).rpartition(":")
             sentinels.append((host, int(port)))
-        acked = ccfg.get("min_replicas_acked")
-        return cls(ccfg["redis_url"], sentinels, ccfg.get("sentinel_service") or "textswap",
+        acked = ccfg.min_replicas_acked
+        return cls(ccfg.redis_url, sentinels, ccfg.sentinel_service or "textswap",
                    (1 if sentinels else 0) if acked is None else int(acked),
-                   float(ccfg.get("replica_ack_timeout") or 1.0))
+                   float(ccfg.replica_ack_timeout or 1.0))
 
     @property
     def sentinel(self) -> bool:

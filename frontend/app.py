@@ -19,6 +19,7 @@ from frontend.pipeline import PredictPipeline
 
 if TYPE_CHECKING:
     from frontend.service import Service
+    from state.config import Config
 
 log = logging.getLogger("textswap.http")
 
@@ -29,7 +30,7 @@ log = logging.getLogger("textswap.http")
 _MIN_TRANSPORT_CAP = 64 * 1024 * 1024
 
 
-def inference_app(sup: Service, config: Any, pipeline: PredictPipeline,
+def inference_app(sup: Service, config: Config, pipeline: PredictPipeline,
                   feedback: FeedbackService) -> Application:
     # each route gets the config, its key check, the history and the one part it uses
     kw = {"config": config, "history": sup.state}
@@ -47,7 +48,7 @@ def inference_app(sup: Service, config: Any, pipeline: PredictPipeline,
         log_function=metrics_http.counting(sup.metrics, _log))  # what the predict pipeline does not count
 
 
-def management_app(sup: Service, config: Any, pipeline: PredictPipeline,
+def management_app(sup: Service, config: Config, pipeline: PredictPipeline,
                    feedback: FeedbackService) -> Application:
     # guard: Host and Origin checked, no cross-site bodies (frontend/base.py check_site)
     # auth: the admin key, or the review key for reading (frontend/auth.py)
@@ -103,32 +104,32 @@ def _audit_log(handler: Any) -> None:
                  handler.request.path, name)
 
 
-def start_servers(sup: Service, config: Any) -> list[HTTPServer]:
-    s = config["server"]
+def start_servers(sup: Service, config: Config) -> list[HTTPServer]:
+    s = config.server
     servers = []
     # one predict pipeline and one feedback service for both ports (their
     # caches: models' labels and policies), each given only what it uses
     pipeline = PredictPipeline(sup, sup.store, sup.policies, sup.predlog, sup.metrics,
-                               config["limits"], config["predictions"]["sample"], config)
+                               config.limits, config.predictions.sample, s)
     feedback = FeedbackService(sup.predlog, sup.store, sup.policies,
-                               config["feedback"]["max_items"], config["limits"]["max_text_chars"],
-                               config["feedback"]["max_examples"])
+                               config.feedback.max_items, config.limits.max_text_chars,
+                               config.feedback.max_examples)
     inference: Any = inference_app(sup, config, pipeline, feedback)
-    if s["fast_predict"]:
+    if s.fast_predict:
         from frontend.fastpath import PredictRouter
-        inference = PredictRouter(inference, pipeline, config,
+        inference = PredictRouter(inference, pipeline, config.limits,
                                   auth.accesses(sup.keys, config)["predict"])
-    for app, host, port in ((inference, s["host"], s["port"]),
-                            (management_app(sup, config, pipeline, feedback), s["manage_host"],
-                             s["manage_port"])):
-        cap = max(_MIN_TRANSPORT_CAP, 2 * config["limits"]["max_body_bytes"])
+    for app, host, port in ((inference, s.host, s.port),
+                            (management_app(sup, config, pipeline, feedback), s.manage_host,
+                             s.manage_port)):
+        cap = max(_MIN_TRANSPORT_CAP, 2 * config.limits.max_body_bytes)
         server = HTTPServer(app, max_body_size=cap, xheaders=False,
-                            body_timeout=float(s["body_timeout_s"]))
+                            body_timeout=float(s.body_timeout_s))
         server.listen(port, address=host)
         servers.append(server)
-    m = config["metrics"]
-    if m["enabled"] and m["port"]:  # for scrapers that cannot send a key
+    m = config.metrics
+    if m.enabled and m.port:  # for scrapers that cannot send a key
         server = HTTPServer(metrics_http.metrics_app(sup.metrics, config))
-        server.listen(m["port"], address=m["host"])
+        server.listen(m.port, address=m.host)
         servers.append(server)
     return servers

@@ -32,6 +32,7 @@ from typing import Any
 
 from frontend.base import ApiError, JsonHandler
 from frontend.loop_handlers import RateLimit
+from state.config import Config
 from state.keys import ACTOR, SESSION_NAME, KeyRing, scope_of
 
 log = logging.getLogger("textswap.auth")
@@ -103,7 +104,7 @@ class Access:
         return name
 
 
-def accesses(keys: KeyRing | None, config: Any) -> dict[str, Access | None]:
+def accesses(keys: KeyRing | None, config: Config) -> dict[str, Access | None]:
     """The Access of each group of routes: management, feedback, predict (None:
     open; with auth on, predict is open while no predict key exists)."""
     predict = None

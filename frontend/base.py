@@ -11,13 +11,16 @@ import json
 import re
 import urllib.parse
 import logging
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tornado import httputil
 from tornado.web import HTTPError, RequestHandler, stream_request_body
 
 from frontend import jsonwire
 from state.errors import InvalidName, NotFound, ServiceError, StoreError
+
+if TYPE_CHECKING:
+    from state.config import Config, LimitsSettings, ServerSettings
 
 log = logging.getLogger("textswap.http")
 
@@ -107,12 +110,12 @@ class JsonHandler(RequestHandler):
 
     parts: Any = None
 
-    def initialize(self, config: Any, auth: Any = None, guard: bool = False,
+    def initialize(self, config: Config, auth: Any = None, guard: bool = False,
                    history: HistoryLog | None = None, parts: Any = None) -> None:
         self.parts = parts
         self.history = history
         self.cfg = config
-        self.limits = config["limits"]
+        self.limits: LimitsSettings = config.limits
         self.auth = auth  # a frontend.auth.Access, or None: no key checked
         self.guard = guard or self.guarded
         self.authorized = False  # a valid Authorization header came with it
@@ -126,20 +129,20 @@ class JsonHandler(RequestHandler):
 
     def prepare(self) -> None:
         if self.guard:
-            check_site(self.request.headers, self.cfg)
+            check_site(self.request.headers, self.cfg.server)
         if self.auth is not None and self.needs_key:
             self.key_name = self.auth.check(self.request.method, self.request.headers,
                                             self.review_may_post)
             self.authorized = self.key_name is not None
         if self.request.method in ("POST", "PUT", "PATCH", "DELETE"):
             self._too_large = declared_too_large(self.request.headers.get("Content-Length"),
-                                                 self.limits["max_body_bytes"])
+                                                 self.limits.max_body_bytes)
 
     def data_received(self, chunk: bytes) -> None:
         self._size += len(chunk)
         if self._too_large:
             return
-        self._too_large = read_too_large(self._size, self.limits["max_body_bytes"])
+        self._too_large = read_too_large(self._size, self.limits.max_body_bytes)
         if self._too_large:
             self._chunks = []
             return
@@ -221,13 +224,12 @@ def declared_json(content_type: str | None) -> bool:
     return media == "application/json" or media.endswith("+json")
 
 
-def allowed_hosts(config: Any) -> set[str]:
+def allowed_hosts(server: ServerSettings) -> set[str]:
     """The names the service answers to on guarded routes: localhost, the
     addresses it is bound to, and server.allowed_hosts (the public names a
     proxy forwards, e.g. nginx's Host)."""
-    server = config["server"]
-    names = set(_LOCAL) | {str(h).lower() for h in server.get("allowed_hosts") or []}
-    names |= {str(server[k]).lower() for k in ("host", "manage_host")} - _ANY
+    names = set(_LOCAL) | {str(h).lower() for h in server.allowed_hosts or []}
+    names |= {str(h).lower() for h in (server.host, server.manage_host)} - _ANY
     return names
 
 
@@ -239,22 +241,22 @@ def _hostname(value: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
-def check_site(headers: Any, config: Any) -> None:
+def check_site(headers: Any, server: ServerSettings) -> None:
     """Host must be one of this service's names (a DNS-rebinding page sends
     its own), and an Origin, when sent, too (a page of another site)."""
-    allowed = allowed_hosts(config)
+    allowed = allowed_hosts(server)
     host = headers.get("Host") or ""
     if _hostname(host) not in allowed:
         raise ApiError(403, "forbidden_host",
                        f"Host {host[:100]!r} is not one of this service's names; add it to "
                        "server.allowed_hosts if it is")
     origin = headers.get("Origin")
-    if origin is not None and not own_origin(origin, host, config):
+    if origin is not None and not own_origin(origin, host, server):
         raise ApiError(403, "forbidden_origin",
                        f"requests from pages of {origin[:100]!r} are refused here")
 
 
-def own_origin(origin: str, host: str, config: Any) -> bool:
+def own_origin(origin: str, host: str, server: ServerSettings) -> bool:
     """Whether a page's Origin is this service's own: one of its names, the
     port the request came to (its Host's), and http (https too for the
     server.allowed_hosts names, which a TLS proxy may serve)."""
@@ -265,11 +267,11 @@ def own_origin(origin: str, host: str, config: Any) -> bool:
     except ValueError:
         return False
     name = (parsed.hostname or "").lower()
-    proxied = {str(h).lower() for h in config["server"].get("allowed_hosts") or []}
+    proxied = {str(h).lower() for h in server.allowed_hosts or []}
     if parsed.scheme not in (("http", "https") if name in proxied else ("http",)):
         return False
     default = 443 if parsed.scheme == "https" else 80
-    return name in allowed_hosts(config) and (port or default) == (there or default)
+    return name in allowed_hosts(server) and (port or default) == (there or default)
 
 
 def parse_json(raw: bytes, content_type: str | None, required: bool = True) -> Any:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
 from tornado import httputil
@@ -31,6 +31,9 @@ from frontend import oip, predictions, request_ids
 from frontend.base import ApiError, declared_too_large, log_level, read_too_large
 from frontend.pipeline import Call, PredictPipeline, Wire
 
+if TYPE_CHECKING:
+    from state.config import LimitsSettings
+
 log = logging.getLogger("textswap.http")
 
 # the Open Inference Protocol's infer: its routes in frontend/oip.py, anchored
@@ -41,12 +44,12 @@ _OIP_INFER = tuple(re.compile(path + "$") for path in oip.INFER_PATHS)
 class PredictRouter(httputil.HTTPServerConnectionDelegate):
     """The inference server's delegate: POST /predict here, the rest to `app`."""
 
-    def __init__(self, app: Application, pipeline: PredictPipeline, config: Any,
+    def __init__(self, app: Application, pipeline: PredictPipeline, limits: LimitsSettings,
                  access: Any = None) -> None:
         self.app = app
         self.pipeline = pipeline
         self.access = access  # frontend.auth.Access of the predict key; None: open
-        self.limits = config["limits"]
+        self.limits = limits
 
     def start_request(self, server_conn: object,
                       request_conn: httputil.HTTPConnection) -> httputil.HTTPMessageDelegate:
@@ -85,7 +88,7 @@ class _Predict(httputil.HTTPMessageDelegate):
         self.started = time.monotonic()
         try:
             self.too_large = declared_too_large(headers.get("Content-Length"),
-                                                self.router.limits["max_body_bytes"])
+                                                self.router.limits.max_body_bytes)
         except ApiError as exc:
             # answered now, as the RequestHandlers answer it: Tornado will not
             # read such a body (it sends a bare 400 after this answer and closes)
@@ -98,7 +101,7 @@ class _Predict(httputil.HTTPMessageDelegate):
             return self.inner.data_received(chunk)
         self.size += len(chunk)
         if self.too_large is None:
-            self.too_large = read_too_large(self.size, self.router.limits["max_body_bytes"])
+            self.too_large = read_too_large(self.size, self.router.limits.max_body_bytes)
             if self.too_large is None:
                 self.chunks.append(chunk)
             else:

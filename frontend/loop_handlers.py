@@ -26,6 +26,7 @@ from state.errors import InvalidName, NotFound, ServiceError
 
 if TYPE_CHECKING:
     from control.policies import Policies
+    from state.config import Config
     from state.predlog_api import PredictionLogBackend
     from state.store import ModelStore
 
@@ -74,18 +75,18 @@ class FeedbackLimits:
 _LIMITS: dict[int, FeedbackLimits] = {}  # one per config (the service has one)
 
 
-def feedback_limits(config: Any) -> FeedbackLimits:
+def feedback_limits(config: Config) -> FeedbackLimits:
     limit = _LIMITS.get(id(config))
     if limit is None:
-        fb = config["feedback"]
+        fb = config.feedback
         limit = _LIMITS[id(config)] = FeedbackLimits(
-            RateLimit(fb["rate_per_s"], fb["burst"]),
-            RateLimit(fb["labels_per_s"], fb["label_burst"]),
-            RateLimit(fb["bytes_per_s"], fb["byte_burst"]))
+            RateLimit(fb.rate_per_s, fb.burst),
+            RateLimit(fb.labels_per_s, fb.label_burst),
+            RateLimit(fb.bytes_per_s, fb.byte_burst))
     return limit
 
 
-def feedback_limit(config: Any) -> RateLimit:
+def feedback_limit(config: Config) -> RateLimit:
     """The requests' bucket (feedback_limits has the labels' and bytes' too)."""
     return feedback_limits(config).requests
 
@@ -121,22 +122,26 @@ class FeedbackHandler(JsonHandler):
             return "key:" + hashlib.sha256(auth.encode()).hexdigest()[:16]
         return "addr:" + (self.request.remote_ip or "")
 
-    def _limit(self, bucket: RateLimit, cost: float, what: str, rate: str, burst: str) -> None:
+    def _limit(self, bucket: RateLimit, cost: float, what: str, rate: tuple[str, float],
+               burst: tuple[str, float]) -> None:
+        """rate and burst: the settings' names and values (feedback.<name>)."""
         wait = bucket.take(self._caller(), cost=cost)
         if wait:
-            fb = self.cfg["feedback"]
             raise ApiError(429, "rate_limited",
-                           f"too many feedback {what} from this caller (feedback.{rate}: "
-                           f"{fb[rate]:g}, {burst} {fb[burst]:g}); retry after {wait:.1f}s",
+                           f"too many feedback {what} from this caller (feedback.{rate[0]}: "
+                           f"{rate[1]:g}, {burst[0]} {burst[1]:g}); retry after {wait:.1f}s",
                            {"retry_after_s": round(wait, 3), "limit": what},
                            headers={"Retry-After": str(max(1, math.ceil(wait)))})
 
     async def post(self) -> None:
-        limits = feedback_limits(self.cfg)
-        self._limit(limits.requests, 1, "requests", "rate_per_s", "burst")
-        self._limit(limits.bytes, len(self.body), "bytes", "bytes_per_s", "byte_burst")
+        limits, fb = feedback_limits(self.cfg), self.cfg.feedback
+        self._limit(limits.requests, 1, "requests", ("rate_per_s", fb.rate_per_s),
+                    ("burst", fb.burst))
+        self._limit(limits.bytes, len(self.body), "bytes", ("bytes_per_s", fb.bytes_per_s),
+                    ("byte_burst", fb.byte_burst))
         data = self.json_object(FEEDBACK_FIELDS)
-        self._limit(limits.labels, labels_in(data), "labels", "labels_per_s", "label_burst")
+        self._limit(limits.labels, labels_in(data), "labels", ("labels_per_s", fb.labels_per_s),
+                    ("label_burst", fb.label_burst))
         try:
             answer = await self.parts.feedback(data)
         except ServiceError as exc:

@@ -19,6 +19,7 @@ from frontend.pipeline import PipelineHandler
 
 if TYPE_CHECKING:
     from control.metrics import Metrics
+    from state.config import Config
 
 
 class MetricsHandler(JsonHandler):
@@ -41,7 +42,7 @@ def routes(kw: dict[str, Any], metrics: Metrics | None
     return [(r"/metrics", MetricsHandler, {**kw, "parts": metrics})]
 
 
-def metrics_app(metrics: Metrics | None, config: Any) -> Application:
+def metrics_app(metrics: Metrics | None, config: Config) -> Application:
     """The app of the optional metrics-only port: GET /metrics, no key."""
     kw = {"config": config}
     return Application(routes(kw, metrics), default_handler_class=NotFoundHandler,

@@ -45,6 +45,7 @@ from state.texts import text_problem
 
 if TYPE_CHECKING:
     from frontend.service import ServingView
+    from state.config import LimitsSettings
 
 SERVER = "textswap"
 SERVER_VERSION = "1"
@@ -188,7 +189,7 @@ def _params(obj: dict[str, Any], where: str) -> dict[str, Any]:
     return params
 
 
-def _texts(inp: Any, binary: memoryview, limits: dict[str, Any]) -> list[str]:
+def _texts(inp: Any, binary: memoryview, limits: LimitsSettings) -> list[str]:
     if not isinstance(inp, dict):
         raise OipError(400, "each input must be an object")
     if inp.get("name") != INPUT:
@@ -205,9 +206,9 @@ def _texts(inp: Any, binary: memoryview, limits: dict[str, Any]) -> list[str]:
     count = shape[0]
     if count == 0:
         raise OipError(400, f"input '{INPUT}' has no elements")
-    if count > limits["max_texts"]:
+    if count > limits.max_texts:
         raise OipError(400, f"input '{INPUT}' has {count} elements; the limit is "
-                            f"{limits['max_texts']}")
+                            f"{limits.max_texts}")
     params = _params(inp, f"input '{INPUT}'")
     size = params.get("binary_data_size")
     if size is not None:
@@ -227,7 +228,7 @@ def _texts(inp: Any, binary: memoryview, limits: dict[str, Any]) -> list[str]:
         if len(texts) != count:
             raise OipError(400, f"input '{INPUT}' has {len(texts)} elements but its shape "
                                 f"says {count}")
-    cap = limits["max_text_chars"]
+    cap = limits.max_text_chars
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise OipError(400, f"input '{INPUT}' element {i} must be a string")
@@ -270,10 +271,10 @@ def _outputs(req: dict[str, Any], binary_default: bool, multi: bool = False
     return out
 
 
-def parse_infer(body: bytes, headers: Any, limits: dict[str, Any], multi: bool = False
+def parse_infer(body: bytes, headers: Any, limits: LimitsSettings, multi: bool = False
                 ) -> tuple[list[str], list[tuple[str, bool, int]], Any]:
     """(texts, outputs, request id) of an infer request, or an OipError."""
-    body = _decompress(body, headers.get("Content-Encoding"), limits["max_body_bytes"])
+    body = _decompress(body, headers.get("Content-Encoding"), limits.max_body_bytes)
     req, binary = _split(body, headers.get(HEADER_LENGTH))
     inputs = req.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1:

@@ -8,9 +8,12 @@ cannot say (the element count must match the shape) is refused with 400.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from frontend.oip import HEADER_LENGTH, INPUT, OUTPUTS
+
+if TYPE_CHECKING:
+    from state.config import LimitsSettings
 
 JSON = "application/json"
 S = dict[str, Any]
@@ -28,7 +31,7 @@ def _err(description: str) -> S:
     return _ok({"$ref": "#/components/schemas/OipError"}, description)
 
 
-def oip_paths(lim: dict[str, Any], text: S, name: S) -> tuple[S, S]:
+def oip_paths(lim: LimitsSettings, text: S, name: S) -> tuple[S, S]:
     """(paths, component schemas) of the protocol's REST routes."""
     name_param = {"name": "name", "in": "path", "required": True, "schema": name}
     version_param = {"name": "version", "in": "path", "required": True,
@@ -60,9 +63,9 @@ def oip_paths(lim: dict[str, Any], text: S, name: S) -> tuple[S, S]:
             "datatype": {"type": "string", "enum": ["BYTES"]},
             "shape": {"type": "array", "minItems": 1, "maxItems": 2,
                       "items": {"type": "integer", "minimum": 1,
-                                "maximum": lim["max_texts"]},
+                                "maximum": lim.max_texts},
                       "description": "[n] or [n, 1]; n texts"},
-            "data": {"type": "array", "minItems": 1, "maxItems": lim["max_texts"],
+            "data": {"type": "array", "minItems": 1, "maxItems": lim.max_texts,
                      "items": {"anyOf": [text, single]},
                      "description": "n texts, flat (or as rows of one for shape [n, 1])"},
             "parameters": {"type": "object", "properties": {}},
@@ -117,10 +120,10 @@ def oip_paths(lim: dict[str, Any], text: S, name: S) -> tuple[S, S]:
                                     "schema": {"type": "string", "format": "binary"}}}},
             "400": _err("malformed request: JSON, tensor names, datatype, shape, element "
                         "count, binary framing, blank texts or texts that are not valid "
-                        f"Unicode, more than {lim['max_texts']} texts"),
+                        f"Unicode, more than {lim.max_texts} texts"),
             "404": not_serving,
-            "413": _err(f"body (or its decompressed form) over {lim['max_body_bytes']} bytes"),
-            "422": _err(f"a text over limits.max_text_chars ({lim['max_text_chars']} "
+            "413": _err(f"body (or its decompressed form) over {lim.max_body_bytes} bytes"),
+            "422": _err(f"a text over limits.max_text_chars ({lim.max_text_chars} "
                         "characters), as on POST /predict"),
             "415": _err("a Content-Encoding other than gzip or deflate"),
             "500": _err("the model failed on this request"),

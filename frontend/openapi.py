@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from state import dataset
 from frontend.base import JsonHandler
@@ -22,6 +22,9 @@ from control.jobs import STATES
 # the validation tables themselves, so the document cannot drift from them
 from model_worker.params import _BOOL_FIELDS, _CHOICES, _FLOAT_RANGES, _INT_RANGES, AUTO_VIEWS, DEFAULT_PARAMS
 from state.store import NAME_RE
+
+if TYPE_CHECKING:
+    from state.config import Config
 
 JSON = "application/json"
 S = dict[str, Any]
@@ -69,10 +72,10 @@ def _body(schema: S, required: bool = True) -> S:
     return {"required": required, "content": {JSON: {"schema": schema}}}
 
 
-def _body_errors(cfg: Any) -> S:
+def _body_errors(cfg: Config) -> S:
     """What JsonHandler.json_body / json_object answer for any JSON body."""
     return {
-        "413": _err(f"body over limits.max_body_bytes ({cfg['limits']['max_body_bytes']} "
+        "413": _err(f"body over limits.max_body_bytes ({cfg.limits.max_body_bytes} "
                     "bytes)"),
         "415": _err("Content-Type is not application/json (or */*+json)"),
     }
@@ -120,11 +123,11 @@ SPEC = _get("This OpenAPI document.", _json(ANY_OBJECT, "OpenAPI 3.0 document"))
 
 
 # -- inference API -----------------------------------------------------------------------
-def inference_spec(cfg: Any, predict_key: bool = False) -> S:
+def inference_spec(cfg: Config, predict_key: bool = False) -> S:
     """The inference port's document; predict_key: a predict key guards
     /predict and the protocol's model routes (frontend/auth.py accesses)."""
-    lim = cfg["limits"]
-    text: S = {"type": "string", "minLength": 1, "maxLength": lim["max_text_chars"],
+    lim = cfg.limits
+    text: S = {"type": "string", "minLength": 1, "maxLength": lim.max_text_chars,
                "pattern": r"\S", "description": "not blank; valid Unicode"}
     request: S = {
         "type": "object", "additionalProperties": False,
@@ -133,9 +136,9 @@ def inference_spec(cfg: Any, predict_key: bool = False) -> S:
         "properties": {
             "text": text,
             "texts": {"type": "array", "items": text, "minItems": 1,
-                      "maxItems": lim["max_texts"]},
-            "top_k": {"type": "integer", "minimum": 1, "maximum": lim["max_top_k"],
-                      "default": lim["default_top_k"],
+                      "maxItems": lim.max_texts},
+            "top_k": {"type": "integer", "minimum": 1, "maximum": lim.max_top_k,
+                      "default": lim.default_top_k,
                       "description": "entries in 'top' (at most the number of labels)"},
             "model": {"type": "string", "nullable": True, "example": "sent",
                       "description": "the serving model to ask (null or absent: the default "
@@ -192,12 +195,12 @@ def inference_spec(cfg: Any, predict_key: bool = False) -> S:
                 "415": _err("Content-Type is not application/json (or */*+json): a form, "
                             "text/plain or none is read only with an Authorization header"),
                 "413": _err(f"body over limits.max_body_bytes, or more than "
-                            f"{lim['max_texts']} texts"),
+                            f"{lim.max_texts} texts"),
                 "404": _err("'model' names a model that does not serve here (code "
                             "model_not_serving; 'serving' lists those that do)"),
                 "409": _err("the X-Request-Id was used before (code request_id_taken): "
                             "each id answers once"),
-                "422": _err(f"a text over limits.max_text_chars ({lim['max_text_chars']} "
+                "422": _err(f"a text over limits.max_text_chars ({lim.max_text_chars} "
                             "characters; code text_too_long), or explain asked of a model "
                             "that cannot explain (code cannot_explain)"),
                 "500": _err("the model failed on this request (the worker lives on)"),
@@ -357,7 +360,7 @@ def _job_schema() -> S:
                 "applied": nullable_obj, "pid": {"type": "integer", "nullable": True}}}
 
 
-def management_spec(cfg: Any) -> S:
+def management_spec(cfg: Config) -> S:
     job_ref = {"$ref": "#/components/schemas/Job"}
     one_job = _json({"type": "object", "required": ["job"], "properties": {"job": job_ref}},
                     "the job")
@@ -725,7 +728,7 @@ def management_spec(cfg: Any) -> S:
                 {"TrainRequest": _train_request_loop(_train_request()),
                  "TrainParams": _params_schema(),
                  "Job": _job_schema(), **dashboard_schemas(cfg)},
-                security=bool(cfg["auth"]["enabled"]))
+                security=bool(cfg.auth.enabled))
 
 
 # -- live quality and drift (frontend/quality_handlers.py, control/quality.py) ------------
@@ -813,8 +816,8 @@ _LABEL: S = {"anyOf": [{"type": "string", "minLength": 1, "maxLength": 200, "pat
              "example": "pos"}
 
 
-def loop_inference_paths(cfg: Any, text: S) -> S:
-    cap = cfg["feedback"]["max_items"]
+def loop_inference_paths(cfg: Config, text: S) -> S:
+    cap = cfg.feedback.max_items
     label_set: S = {"type": "array", "maxItems": 1000, "items": _LABEL,
                     "description": "a multi-label model's truth for one text: its label "
                                    "set ([] for none of the labels)"}
@@ -884,7 +887,7 @@ def loop_inference_paths(cfg: Any, text: S) -> S:
             "409": _err("the prediction log is off (predictions.log: false)"),
             **_body_errors(cfg),
             "413": _err(f"more than feedback.max_items ({cap}) labels, more than "
-                        f"feedback.max_examples ({cfg['feedback']['max_examples']}) free "
+                        f"feedback.max_examples ({cfg.feedback.max_examples}) free "
                         "examples, or a body over limits.max_body_bytes"),
             "422": _err("a text over limits.max_text_chars"),
             "429": _err("over this caller's budget of requests, labels or body bytes "
@@ -893,9 +896,9 @@ def loop_inference_paths(cfg: Any, text: S) -> S:
     return {"/feedback": {"post": op}}
 
 
-def loop_security(doc: S, cfg: Any) -> S:
+def loop_security(doc: S, cfg: Config) -> S:
     """POST /feedback's key (the feedback key), when auth is on."""
-    if cfg["auth"]["enabled"]:
+    if cfg.auth.enabled:
         doc["components"].setdefault("securitySchemes", {})["bearer"] = {
             "type": "http", "scheme": "bearer"}
         doc["paths"]["/feedback"]["post"]["security"] = [{"bearer": []}]
@@ -1036,7 +1039,7 @@ def loop_management_paths(name_param: S) -> S:
 
 
 # -- the dashboard's routes on the management port (frontend/dashboard_routes.py) ---------
-def dashboard_paths(cfg: Any) -> S:
+def dashboard_paths(cfg: Config) -> S:
     """POST /feedback (the inference port's, taking the admin or review key),
     POST /try (a /predict that is not logged) and POST /auth/session (the
     start URL's one-time code for a session token)."""
@@ -1105,7 +1108,7 @@ def dashboard_paths(cfg: Any) -> S:
             "/auth/logout": {"post": logout}, "/auth/sessions": {"delete": sessions}}
 
 
-def dashboard_schemas(cfg: Any) -> S:
+def dashboard_schemas(cfg: Config) -> S:
     """The /predict schemas that POST /try refers to."""
     schemas = inference_spec(cfg)["components"]["schemas"]
     answer = copy.deepcopy(schemas["PredictResponse"])

@@ -31,6 +31,7 @@ from state.errors import ServiceError, StoreError
 
 if TYPE_CHECKING:
     from control.metrics import Metrics
+    from state.config import LimitsSettings, ServerSettings
     from state.predlog_api import PredictionLogBackend
     from state.store import ModelStore
 
@@ -137,8 +138,9 @@ class PredictPipeline:
 
     def __init__(self, serving: Serving, store: ModelStore, policies: PolicyView | None,
                  predlog: PredictionLogBackend | None, metrics: Metrics | None,
-                 limits: dict[str, Any], sample: float, config: Any = None) -> None:
-        self.config = config  # the service's (its server section: own_origin); None: no check
+                 limits: LimitsSettings, sample: float,
+                 server: ServerSettings | None = None) -> None:
+        self.server = server  # the service's server section (own_origin); None: no check
         self.serving = serving
         self.store = store
         self.policies = policies
@@ -223,9 +225,9 @@ class PredictPipeline:
         """Whether a page of another site sent it (an Origin not this
         service's own): answered, never logged for review."""
         origin = call.headers.get("Origin")
-        if origin is None or self.config is None:
+        if origin is None or self.server is None:
             return False
-        return not own_origin(origin, call.headers.get("Host") or "", self.config)
+        return not own_origin(origin, call.headers.get("Host") or "", self.server)
 
     # -- route --------------------------------------------------------------------------------
     async def route(self, req: PredictRequest) -> Routed:

@@ -29,13 +29,14 @@ from state.texts import text_problem
 
 if TYPE_CHECKING:
     from frontend.pipeline import PredictPipeline
+    from state.config import LimitsSettings
 
 PREDICT_FIELDS = {"text", "texts", "top_k", "model", "min_score", "explain"}
 MAX_EXPLAIN = 100
 _JSON = "application/json; charset=utf-8"
 
 
-def predict_request(data: dict[str, Any], lim: dict[str, Any]
+def predict_request(data: dict[str, Any], lim: LimitsSettings
                     ) -> tuple[list[str], int, str | None]:
     """(texts, top_k, model) of a checked /predict body, or an ApiError naming
     the problem. model None means the default model."""
@@ -53,11 +54,11 @@ def predict_request(data: dict[str, Any], lim: dict[str, Any]
             raise ApiError(400, "invalid_field", "'texts' must be a list of strings")
         if not texts:
             raise ApiError(400, "invalid_field", "'texts' must not be empty")
-        if len(texts) > lim["max_texts"]:
+        if len(texts) > lim.max_texts:
             raise ApiError(413, "too_many_texts",
-                           f"'texts' has {len(texts)} items; the limit is {lim['max_texts']}")
+                           f"'texts' has {len(texts)} items; the limit is {lim.max_texts}")
         what = "'texts'"
-    cap = lim["max_text_chars"]
+    cap = lim.max_text_chars
     for i, t in enumerate(texts):
         where = what if len(texts) == 1 and "text" in data else f"{what}[{i}]"
         if not isinstance(t, str):
@@ -65,8 +66,8 @@ def predict_request(data: dict[str, Any], lim: dict[str, Any]
         problem = text_problem(t, where, cap)
         if problem is not None:
             raise ApiError(*problem)
-    top_k = int_field(data, "top_k", minimum=1, maximum=lim["max_top_k"],
-                      default=lim["default_top_k"])
+    top_k = int_field(data, "top_k", minimum=1, maximum=lim.max_top_k,
+                      default=lim.default_top_k)
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "invalid_field", "'model' must be a model name (a string)")

@@ -47,15 +47,19 @@ RETRYABLE = {"not_replicated", "cluster_unreachable", "store_unavailable"}
 
 def test_sentinel_settings_resolve_and_bad_ones_are_refused(monkeypatch):
     """No Redis needed: the settings and what the client takes from the URL."""
+    import dataclasses
+
     from cluster.connect import RedisTarget
     from state.config import ConfigError, load_config
     monkeypatch.delenv("TEXTSWAP_REDIS_URL", raising=False)
     cfg = load_config(None, {"cluster": {"sentinels": ["10.0.0.5:26379", "h2:26380"]}})
-    c = cfg["cluster"]
-    assert c["min_replicas_acked"] == 1 and c["redis_url"]  # cluster mode on, acked 1
-    assert load_config(None, {})["cluster"]["min_replicas_acked"] == 0
-    t = RedisTarget.of({**c, "redis_url": "rediss://app:p%40ss@sentinel/3"})
+    c = cfg.cluster
+    assert c.min_replicas_acked == 1 and c.redis_url  # cluster mode on, acked 1
+    assert load_config(None, {}).cluster.min_replicas_acked == 0
+    t = RedisTarget.of(dataclasses.replace(c, redis_url="rediss://app:p%40ss@sentinel/3"))
     assert t.sentinels == [("10.0.0.5", 26379), ("h2", 26380)] and t.min_acked == 1
+    # the section as a mapping (as the config's raw dict holds it) makes the same target
+    assert RedisTarget.of({**dataclasses.asdict(c), "redis_url": t.url}) == t
     assert t._conn_kwargs() == {"password": "p@ss", "username": "app", "db": 3, "ssl": True}
     assert "p@ss" not in t.where() and "10.0.0.5:26379" in t.where()
     for bad in ({"sentinels": ["nohost"]}, {"sentinels": ["h:0"]}, {"sentinels": 5},

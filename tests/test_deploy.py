@@ -54,8 +54,8 @@ def test_containerfile_is_hadolint_clean():
 def test_image_config_loads_and_points_into_the_volume():
     cfg = load_config(os.path.join(ROOT, "deploy", "image", "config.yaml"))
     assert cfg.models_dir == "/var/lib/textswap/models"
-    assert cfg["server"]["manage_host"] == "0.0.0.0" and cfg["auth"]["enabled"]
-    assert cfg["log_format"] == "json"
+    assert cfg.server.manage_host == "0.0.0.0" and cfg.auth.enabled
+    assert cfg.log_format == "json"
     with open(os.path.join(ROOT, "deploy", "image", "Containerfile"), encoding="utf-8") as fh:
         containerfile = fh.read()
     assert 'VOLUME ["/var/lib/textswap"]' in containerfile
@@ -267,30 +267,30 @@ def test_the_configmap_loads_with_the_service_loader_and_matches_the_pod(rendere
     cfg = load_config(str(path))  # ConfigError on an unknown key or a wrong type
     data = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "data")
     assert cfg.models_dir.startswith(data + "/")
-    keys_file = cfg["auth"]["keys_file"]
+    keys_file = cfg.auth.keys_file
     assert keys_file in secret_files  # the key file is the Secret's
     keys_path = tmp_path / "keys.json"
     keys_path.write_text(secret_files[keys_file])
     assert set(read_keys_file(str(keys_path))) == {"admin", "review", "feedback"}
     # the ports the probes and the Service use are the ones the config binds
     ports = _container_ports(node["spec"]["template"])
-    assert ports["inference"] == cfg["server"]["port"]
-    assert ports["management"] == cfg["server"]["manage_port"]
-    assert ports["metrics"] == cfg["metrics"]["port"]
+    assert ports["inference"] == cfg.server.port
+    assert ports["management"] == cfg.server.manage_port
+    assert ports["metrics"] == cfg.metrics.port
     pod_meta = node["spec"]["template"]["metadata"]
-    assert pod_meta["annotations"]["prometheus.io/port"] == str(cfg["metrics"]["port"])
+    assert pod_meta["annotations"]["prometheus.io/port"] == str(cfg.metrics.port)
     # the grace period outlasts the drain and the workers' stop
-    assert spec["terminationGracePeriodSeconds"] > (cfg["worker"]["drain_timeout"]
-                                                    + cfg["worker"]["stop_timeout"])
+    assert spec["terminationGracePeriodSeconds"] > (cfg.worker.drain_timeout
+                                                    + cfg.worker.stop_timeout)
     if overlay == "cluster":
-        assert cfg["cluster"]["redis_url"].startswith("redis://:")
-        assert cfg["cluster"]["redis_url"].endswith("@textswap-redis:6379/0")
+        assert cfg.cluster.redis_url.startswith("redis://:")
+        assert cfg.cluster.redis_url.endswith("@textswap-redis:6379/0")
         assert node["spec"]["replicas"] >= 2
         assert node["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
         pvc = _one(objs, "PersistentVolumeClaim", "textswap-store")
         assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     else:
-        assert cfg["cluster"]["redis_url"] == ""
+        assert cfg.cluster.redis_url == ""
         assert node["spec"]["replicas"] == 1
         pvc = _one(objs, "PersistentVolumeClaim", "textswap-store")
         assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]

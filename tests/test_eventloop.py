@@ -19,10 +19,10 @@ from state.config import ConfigError, load_config
 
 
 def test_default_is_uvloop_and_the_file_can_turn_it_off(tmp_path):
-    assert load_config()["server"]["event_loop"] == "uvloop"
+    assert load_config().server.event_loop == "uvloop"
     cfg = tmp_path / "c.yaml"
     cfg.write_text("server:\n  event_loop: asyncio\n")
-    assert load_config(str(cfg))["server"]["event_loop"] == "asyncio"
+    assert load_config(str(cfg)).server.event_loop == "asyncio"
     cfg.write_text("server:\n  event_loop: trio\n")
     with pytest.raises(ConfigError, match="server.event_loop"):
         load_config(str(cfg))

@@ -80,6 +80,7 @@ def test_policy_min_score_is_the_default():
     answering labels its owner said to withhold."""
     from frontend.base import ApiError
     from frontend.pipeline import PredictPipeline, PredictRequest
+    from state.config import DEFAULTS, LimitsSettings
 
     class Stored:  # what the pipeline reads of control/policies.py's Policies
         def __init__(self, policies):
@@ -89,7 +90,8 @@ def test_policy_min_score_is_the_default():
             return self.policies.get(name)
 
     def threshold(policies, asked):
-        pipe = PredictPipeline(None, None, policies, None, None, {}, 1.0)
+        pipe = PredictPipeline(None, None, policies, None, None,
+                               LimitsSettings(**DEFAULTS["limits"]), 1.0)
         return pipe.min_score(PredictRequest(["t"], None, min_score=asked), "m")
 
     assert threshold(None, None) is None

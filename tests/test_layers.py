@@ -210,10 +210,13 @@ def _given(path: str) -> dict[str, set[str]]:
 
 
 def _uses() -> dict[str, set[str]]:
-    """The control plane's classes and the classes each is given."""
+    """The control plane's classes and the classes each is given. The
+    settings (state/config.py's Config and its sections) are data that any
+    part may be given, not a part."""
     given: dict[str, set[str]] = {}
-    for path in _part_files().values():
-        given.update(_given(path))
+    for mod, path in _part_files().items():
+        if mod != "state.config":
+            given.update(_given(path))
     return {c: {d for d in deps if d in given and d != c} for c, deps in given.items()}
 
 

@@ -73,7 +73,7 @@ def test_the_relay_writes_json_lines_in_json_mode(monkeypatch):
 
 
 def test_log_format_comes_from_config_or_flag_and_is_checked(tmp_path):
-    assert load_config(None)["log_format"] == "text"
+    assert load_config(None).log_format == "text"
     assert build_config(parse_args(["--log-format", "json"]))["log_format"] == "json"
     bad = tmp_path / "c.yaml"
     bad.write_text("log_format: xml\n")
@@ -87,11 +87,11 @@ def test_textswap_demo_overrides_the_config_key(monkeypatch, tmp_path):
     on = tmp_path / "c.yaml"
     on.write_text("training:\n  demo_on_empty_store: true\n")
     monkeypatch.setenv("TEXTSWAP_DEMO", "0")
-    assert load_config(str(on))["training"]["demo_on_empty_store"] is False
+    assert load_config(str(on)).training.demo_on_empty_store is False
     monkeypatch.setenv("TEXTSWAP_DEMO", "1")
     off = tmp_path / "off.yaml"
     off.write_text("training:\n  demo_on_empty_store: false\n")
-    assert load_config(str(off))["training"]["demo_on_empty_store"] is True
+    assert load_config(str(off)).training.demo_on_empty_store is True
     monkeypatch.setenv("TEXTSWAP_DEMO", "no")
     with pytest.raises(ConfigError, match="TEXTSWAP_DEMO"):
         load_config(None)

@@ -79,8 +79,8 @@ def test_open_management_beyond_loopback_refuses_to_start(tmp_path):
 
 def test_default_management_bind_is_loopback(tmp_path):
     from state.config import load_config
-    assert load_config(None).raw["server"]["manage_host"] == "127.0.0.1"
-    assert load_config("config.yaml").raw["server"]["manage_host"] == "127.0.0.1"
+    assert load_config(None).server.manage_host == "127.0.0.1"
+    assert load_config("config.yaml").server.manage_host == "127.0.0.1"
 
 
 def test_no_child_process_gets_the_services_secrets(store_copy, tmp_path):
