@@ -89,6 +89,7 @@ from redis.retry import Retry
 from cluster.connect import NotReplicated, RedisTarget
 from state.errors import ServiceError
 from state.predlog import drain, top_of
+from state.storage import Health
 
 log = logging.getLogger("textswap.predlog")
 
@@ -232,8 +233,8 @@ class RedisPredictionLog:
     def __init__(self, url: "str | RedisTarget", *, prefix: str = "textswap",
                  enabled: bool = True, max_rows: int = 100_000, op_timeout: float = 1.0,
                  read_timeout: float = 10.0, feedback_rows: int = 100_000,
-                 example_rows: int = 100_000) -> None:
-        self.health: Any = None  # state/storage.py's Storage, set by the supervisor
+                 example_rows: int = 100_000, health: "Health | None" = None) -> None:
+        self.health = health  # state/storage.py's Storage: write outcomes go there
         self.enabled = enabled
         self.max_rows = max_rows
         # per model, the feedback rows and free examples kept (the oldest go first)

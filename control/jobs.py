@@ -220,6 +220,9 @@ class JobQueue(Protocol):
     async def cancel(self, job_id: str) -> tuple[str, dict[str, Any] | None]:
         """("cancelled", job) / ("done:<state>", job) / ("missing", None)."""
 
+    def attach(self, manager: "JobManager") -> None:
+        """The manager that runs this service's jobs (it attaches itself)."""
+
 
 class LocalJobs:
     """The queue of a single service: its JobManager's own jobs."""
@@ -227,7 +230,10 @@ class LocalJobs:
     shared_store = False
 
     def __init__(self) -> None:
-        self.manager: "JobManager"  # set by the manager it serves
+        self.manager: "JobManager"  # the manager it serves (attach)
+
+    def attach(self, manager: "JobManager") -> None:
+        self.manager = manager
 
     async def new_id(self) -> str | None:
         return None
@@ -274,7 +280,7 @@ class JobManager:
         self.state = state
         if queue is None:
             queue = LocalJobs()
-            queue.manager = self
+        queue.attach(self)
         self.queue: JobQueue = queue
         self.shared_store = queue.shared_store  # nothing shared is wiped here
         if policies is not None:

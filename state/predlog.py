@@ -66,6 +66,7 @@ import msgpack
 from state.predlog_writer import (ID_MOD, ID_WINDOW_MS, MAX_SPAN_S, TRIM_SLACK, id_ms, store,
                                   top_list)
 from state.statedb import as_oserror
+from state.storage import Health
 
 log = logging.getLogger("textswap.predlog")
 
@@ -230,9 +231,10 @@ class PredictionLog:
     """See the module docstring."""
 
     def __init__(self, path: str, *, enabled: bool = True, max_rows: int = 100_000,
-                 feedback_rows: int = 100_000, example_rows: int = 100_000) -> None:
+                 feedback_rows: int = 100_000, example_rows: int = 100_000,
+                 health: "Health | None" = None) -> None:
         self.path = os.path.abspath(path)
-        self.health: Any = None  # state/storage.py's Storage, set by the supervisor
+        self.health = health  # state/storage.py's Storage: write outcomes go there
         self.enabled = enabled
         self.max_rows = max_rows
         # per model, the feedback rows and free examples kept (the oldest go first)
