@@ -1,6 +1,7 @@
 """A model slot: everything the service does for one applied model name.
 
-The Supervisor keeps one Slot per applied name. A slot owns its serving
+The serving state keeps one Slot per applied name; its fields are read-only
+properties, written by the serving controller (control/servingctl.py). A slot owns its serving
 replicas (worker processes that all hold the same version), its blue/green
 swap lock, its crash budget and its FAILED state. Slots never touch each
 other's workers: applying, rolling back or crashing one model leaves every
@@ -104,6 +105,16 @@ class Slot:
     @property
     def lock(self) -> Lock:
         return self._lock
+
+    @property
+    def changed(self) -> Condition:
+        """Notified when routing may find room (answers, swaps, recoveries)."""
+        return self._changed
+
+    @property
+    def crashes(self) -> Mapping[int, collections.deque[float]]:
+        """Recent crash times by version (the crash budget)."""
+        return MappingProxyType(self._crashes)
 
     @property
     def waiters(self) -> int:
