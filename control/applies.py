@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from control.rollout_control import RolloutControl
     from control.routing import Router
     from control.serving import RecordEntry
-    from control.servingctl import ModelRef, ServingController
+    from control.servingctl import ApplyResult, ModelRef, ServingController
     from state.store import ModelStore
     from tornado.ioloop import IOLoop
 
@@ -96,7 +96,7 @@ class Applies:
     async def apply(self, name: str, version: int | None = None, *, replicas: int | None = None,
                     default: bool | None = None, explicit: bool | None = None,
                     source: str = "api", persist: bool = True, **rollout: Any
-                    ) -> dict[str, Any]:
+                    ) -> "ApplyResult":
         """Blue/green swap of one slot to (name, version) with `replicas` workers.
 
         replicas: the apply's, else the slot's current count, else config
@@ -136,7 +136,7 @@ class Applies:
                             persist: bool, t_call: float, mode: str = "normal",
                             fraction: float | None = None, keep_examples: int = 0,
                             gate: bool = True, min_accuracy: float | None = None
-                            ) -> dict[str, Any]:
+                            ) -> "ApplyResult":
         """The apply, holding the slot's lock: check, ready the new workers,
         gate them, persist and swap, then keep or drain the old ones."""
         run = self.check_apply(slot, version, source, t_call)
@@ -302,12 +302,12 @@ class Applies:
         return seen[0]
 
     def answer(self, run: "ApplyRun", slot: Slot, previous: "ModelRef | None",
-               ended: list[dict[str, Any]], source: str, t_call: float) -> dict[str, Any]:
+               ended: list[dict[str, Any]], source: str, t_call: float) -> "ApplyResult":
         """Step 5: the apply's answer, kept by the slot and in the history."""
         name, version, workers = slot.name, run.version, run.workers
         preloaded = all(p for _, _, p in run.ready)
         first = run.ready[0][1]
-        result = {
+        result: ApplyResult = {
             "previous": previous,
             "current": {"name": name, "version": version},
             "replicas": len(workers),

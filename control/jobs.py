@@ -36,6 +36,7 @@ from control.childlog import is_tensorflow_line
 from control.workerhandle import ChildProcess
 
 if TYPE_CHECKING:
+    from control.slots import ApplyResult
     from state.config import Config
     from state.predlog_api import PredictionLogBackend
     from state.store import ModelStore
@@ -106,7 +107,7 @@ class Job:
         self.error: str | None = None
         self.exitcode: int | None = None
         self.log_tail: str | None = None
-        self.applied: dict[str, Any] | None = None
+        self.applied: "ApplyResult | dict[str, Any] | None" = None  # or {"error"}
         self.process: TrainerProcess | None = None
         self._done: Any = None  # a Future resolved when the job finishes (done_future)
         self.dir = ""
@@ -265,7 +266,7 @@ class JobManager:
     def __init__(self, cfg: "Config", store: "ModelStore", serving: "ServingState",
                  state: StateDB, pool: "WorkerPool", policies: "Policies",
                  predlog: "PredictionLogBackend",
-                 apply: Callable[..., Awaitable[dict[str, Any]]],
+                 apply: Callable[..., Awaitable["ApplyResult"]],
                  queue: JobQueue | None = None) -> None:
         """state: the db shared with the rollout history; apply: the applies'
         apply (a job that asks for it applies its version); queue: LocalJobs

@@ -44,6 +44,7 @@ from state.dataset import is_label_set
 from state.store import check_name
 
 if TYPE_CHECKING:
+    from control.slots import ApplyResult
     from state.predlog_api import PredictionLogBackend
     from state.statedb import StateDB
     from control.serving import ServingState
@@ -117,7 +118,7 @@ def _write_atomic(path: str, data: Any) -> None:
 class Policies:
     def __init__(self, config: dict[str, Any], root: str, serving: "ServingState",
                  predlog: "PredictionLogBackend", db: "StateDB",
-                 apply: Callable[..., Awaitable[dict[str, Any]]],
+                 apply: Callable[..., Awaitable["ApplyResult"]],
                  submit: Callable[..., Awaitable[Any]]) -> None:
         """config: the `policies` section; root: the model store's folder;
         apply: the applies' apply (a retrained version goes through the gate);

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from control.provision import Provisioner
     from control.rollout_state import GoldenSets
     from control.routing import Router
-    from control.servingctl import ModelRef, ServingController
+    from control.servingctl import ApplyResult, ModelRef, RollbackResult, ServingController
 
 log = logging.getLogger("textswap.supervisor")
 
@@ -46,7 +46,7 @@ class RolloutControl:
     def __init__(self, ctl: "ServingController", cfg: "Config", loop: "IOLoop",
                  store: "ModelStore", pool: "WorkerPool", events: "Events",
                  golden: "GoldenSets", provision: "Provisioner", router: "Router",
-                 keeper: "RecordKeeper", apply: Callable[..., Awaitable[dict[str, Any]]],
+                 keeper: "RecordKeeper", apply: Callable[..., Awaitable["ApplyResult"]],
                  gate_set: Callable[[str, dict[str, Any] | None], dict[str, Any] | None]
                  = lambda name, golden: golden) -> None:
         """apply: the applies' apply (a rollback past the probation is a new
@@ -120,7 +120,7 @@ class RolloutControl:
         self.keeper.save_later(slot.name)
         return info
 
-    async def rollback(self, name: str, source: str = "api") -> dict[str, Any]:
+    async def rollback(self, name: str, source: str = "api") -> "RollbackResult":
         """POST /rollback: the previous version serves again. Within probation
         it is one routing assignment; after it, an apply of that version."""
         check_name(name)
@@ -150,8 +150,9 @@ class RolloutControl:
                 self.keeper.save_later(name)
                 raise
             info = done[0]
-            out = {"name": name, "from_version": info["version"], "to_version": info["back_to"],
-                   "instant": True, "took_s": round(time.monotonic() - t0, 6)}
+            out: RollbackResult = {"name": name, "from_version": info["version"],
+                                   "to_version": info["back_to"], "instant": True,
+                                   "took_s": round(time.monotonic() - t0, 6)}
             after = await self.keeper.records.after_change()  # cluster: written, replicated
             if after is not None:
                 out["cluster"] = after
@@ -243,7 +244,7 @@ class RolloutControl:
 
     async def start_candidate(self, slot: Slot, version: int, path: str, replicas: int,
                                mode: str, fraction: float | None, keep_examples: int,
-                               source: str, t_call: float) -> dict[str, Any]:
+                               source: str, t_call: float) -> "ApplyResult":
         if not slot.replicas:
             raise Conflict(f"nothing serves {slot.name} yet: apply a version normally "
                            "before a shadow or canary", code="not_serving")

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, TypedDict
 
 from state.errors import NoModel, UnknownModel
-from control.slots import Slot
+from control.slots import ApplyResult, Slot
 
 
 class RecordEntry(TypedDict):
@@ -58,7 +58,7 @@ class ServingState:
         self._previous_default: str | None = None  # the default before the last change
         self._record: AppliedRecord = empty_record()
         self._failed_models: dict[str, FailedModel] = {}
-        self._last_apply: dict[str, Any] | None = None
+        self._last_apply: ApplyResult | None = None
         self._demo_training = False  # the first-start demo's job runs: its apply is not explicit
         self._started = time.time()
         self._stopping = False
@@ -87,7 +87,7 @@ class ServingState:
         return MappingProxyType(self._failed_models)
 
     @property
-    def last_apply(self) -> dict[str, Any] | None:
+    def last_apply(self) -> ApplyResult | None:
         return self._last_apply
 
     @property

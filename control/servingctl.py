@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from state.errors import Conflict, UnknownModel
 from control.rollout_state import Candidate, Probation, VersionStats
 from control.serving import AppliedRecord, FailedModel, ServingState
-from control.slots import RolledBack, Slot
+from control.slots import ApplyResult, ModelRef, RollbackResult, RolledBack, Slot
 from control.workerhandle import State, WorkerHandle
 
 if TYPE_CHECKING:
@@ -42,11 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("textswap.supervisor")
 
-
-class ModelRef(TypedDict):
-    """A model and the version it serves (an answer's previous/current)."""
-    name: str
-    version: int | None
+__all__ = ["ApplyResult", "ModelRef", "RollbackResult", "ServingController"]
 
 
 class ServingController:
@@ -187,7 +183,7 @@ class ServingController:
         self._changed()
         return old, previous
 
-    def note_apply(self, slot: Slot, result: dict[str, Any]) -> None:
+    def note_apply(self, slot: Slot, result: ApplyResult) -> None:
         """The apply's answer, shown by /status (the slot's and the last one)."""
         slot._last_apply = self.state._last_apply = result
 

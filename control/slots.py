@@ -29,6 +29,54 @@ from control.rollout_state import Candidate, Probation, VersionStats
 from control.workerhandle import WorkerHandle
 
 
+class ModelRef(TypedDict):
+    """A model and the version it serves (an answer's previous/current)."""
+    name: str
+    version: int | None
+
+
+class ApplyResult(TypedDict, total=False):
+    """The answer of an apply (POST /apply; a job's or the service's own):
+    a swap's, an unchanged one's (previous, current, unchanged), or a
+    shadow's/canary's (name, mode, serving, candidate, fraction, workers)."""
+    previous: ModelRef | None
+    current: ModelRef | None
+    unchanged: bool
+    replicas: int
+    default: bool
+    worker: dict[str, Any]
+    workers: list[dict[str, Any]]
+    phases_s: dict[str, float]
+    preloaded: bool
+    from_probation: bool
+    load_s: float
+    warmup_s: float
+    old_worker: dict[str, Any] | None
+    old_workers: list[dict[str, Any]]
+    probation: dict[str, Any] | None
+    gate: dict[str, Any] | None
+    source: str
+    total_s: float
+    cluster: dict[str, Any]
+    # a shadow or canary candidate
+    name: str
+    mode: str
+    serving: ModelRef
+    candidate: ModelRef
+    fraction: float
+
+
+class RollbackResult(TypedDict, total=False):
+    """The answer of POST /rollback: instant within probation, else an apply."""
+    name: str
+    from_version: int | None
+    to_version: int | None
+    instant: bool
+    took_s: float
+    apply: ApplyResult
+    cluster: dict[str, Any]
+
+
 class RolledBack(TypedDict):
     """A version rolled back, and why (`ServingController.switch_back`)."""
     version: int
@@ -61,7 +109,7 @@ class Slot:
         self._crashes: dict[int, collections.deque[float]] = collections.defaultdict(
             collections.deque)
         self._failed: dict[str, Any] | None = None
-        self._last_apply: dict[str, Any] | None = None
+        self._last_apply: ApplyResult | None = None
         self._created = time.time()
         # rollouts (rollout_state.py): figures of the serving version, the previous
         # version kept idle after a swap, a shadow/canary candidate, versions
@@ -138,7 +186,7 @@ class Slot:
         return self._failed
 
     @property
-    def last_apply(self) -> dict[str, Any] | None:
+    def last_apply(self) -> ApplyResult | None:
         return self._last_apply
 
     @property
