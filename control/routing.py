@@ -52,7 +52,9 @@ class Router:
         slot = self.slot_for(model)
         deadline = self.loop.time() + self.wcfg["request_timeout"]
         cap = self.wcfg["max_inflight"]
-        cand = slot.candidate
+        # the request's path reads the slot's fields directly (read only, no
+        # property call): the supervisor's CPU per request stays what it was
+        cand = slot._candidate
         if cand is not None and cand.mode == "canary" and random.random() < cand.fraction:
             w = Slot.pick(cand.workers, cap)
             if w is not None:
@@ -92,8 +94,8 @@ class Router:
                 self.count_error(slot, w)
                 raise ServiceError(str(exc), 504, "timeout") from None
             took = time.monotonic() - t0
-            slot.stats.observe(took)
-            p = slot.probation
+            slot._stats.observe(took)
+            p = slot._probation
             if p is not None and w.model and w.model["version"] == p.new_version:
                 p.new_stats.observe(took)
             if cand is not None and cand.mode == "canary":

@@ -115,7 +115,7 @@ class ServingState:
     def ready(self) -> bool:
         """The default model serves (what /readyz reports)."""
         slot = self._slots.get(self._default_name) if self._default_name else None
-        return slot is not None and bool(slot.replicas)
+        return slot is not None and bool(slot._replicas)
 
     def serving_names(self) -> list[str]:
         return sorted(n for n, s in self._slots.items() if s.replicas)
@@ -124,10 +124,11 @@ class ServingState:
         """{"name", "version", "labels", "replicas"} of what serves `name`
         (the default model when None), or None."""
         slot = self._slots.get(name or self._default_name or "")
-        if slot is None or not slot.replicas:
+        # on every request's path: the slot's fields read directly (no property call)
+        if slot is None or not slot._replicas:
             return None
-        return {"name": slot.name, "version": slot.version, "labels": list(slot.labels),
-                "replicas": len(slot.replicas)}
+        return {"name": slot._name, "version": slot._version, "labels": list(slot._labels),
+                "replicas": len(slot._replicas)}
 
     def slot_for(self, name: str | None) -> Slot:
         """The slot that answers for `name` (the default model when None)."""
