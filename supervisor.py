@@ -7,9 +7,10 @@ a file and this service's own, or Redis shared by a cluster's nodes; the
 prediction log: SQLite and its writer process, or Redis streams) and builds
 the parts, giving each only what it uses:
 
-    serving     control/serving.py          the slots, the default model, the record
+    serving     control/serving.py          the slots, the default model, the record (read-only)
+    ctl         control/servingctl.py       every change of the serving state (its one writer)
     keeper      control/records.py          persist, then switch (the record's one writer)
-    router      control/routing.py          requests to workers; the swap
+    router      control/routing.py          requests to workers
     provision   control/provision.py        workers for a slot: obtain, ready, retire
     applies     control/applies.py          apply, unload, following the record
     rollouts    control/rollout_control.py  probation, rollback, gate, shadow, canary
@@ -18,7 +19,10 @@ the parts, giving each only what it uses:
 
 All state changes happen on the IOLoop (rule 2 of ARCHITECTURE.md): HTTP
 handlers, worker exit callbacks, the watcher thread and signal handlers only
-call or post to the parts. This process never imports TensorFlow.
+call or post to the parts. The parts are built in dependency order, each
+given what it uses at construction; where two need each other one is given
+a function of the other, or subscribes to its changes (the cluster node's
+heartbeat to the controller's). This process never imports TensorFlow.
 """
 from __future__ import annotations
 
@@ -60,6 +64,7 @@ from control.rollout_control import RolloutControl
 from control.rollout_state import GoldenSets
 from control.routing import Router
 from control.serving import ServingState
+from control.servingctl import ServingController
 from control.status import StatusView
 from control.workerhandle import State
 
@@ -73,19 +78,23 @@ DEMO_PARAMS: dict[str, Any] = {"architecture": "bow"}  # fixed and fast: predict
 class Supervisor:
     """The composition root: builds the parts, picks the backends, starts and stops."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, keys: KeyRing | None = None) -> None:
+        """keys: the API keys (None: auth is off)."""
         self.cfg = config
         self.wcfg = config["worker"]
         self.store = ModelStore(config.models_dir)
         self.storage = Storage(self.store.root)  # durable writes off the IOLoop; health
         self.loop = loop = IOLoop.current()
         self.serving = state = ServingState()  # slots, the default model, the record
+        self.ctl = ctl = ServingController(state, config, loop)  # its one writer
         self.pool = pool = WorkerPool(config, self.store, lambda w: self.healer.on_worker_exit(w),
                                       lambda: self.provision.preload_guesses())
+        self.provision = Provisioner(state, config, loop, self.store, pool,
+                                     end_probation=ctl.cancel_probation)
         self.events = Events()
         self.golden = GoldenSets(self.store.root)
         self.stopped = Event()
-        self.keys: KeyRing | None = None  # the API keys (main sets them); None: auth off
+        self.keys = keys
         # the backends, chosen once: the applied record and the job queue (a
         # file and this service's own, or Redis shared by the cluster's nodes),
         # the state db, the prediction log (SQLite and its writer, or Redis)
@@ -98,45 +107,45 @@ class Supervisor:
             from cluster.node import ClusterNode, node_state_path
             from cluster.connect import RedisTarget
             from cluster.redis_predlog import RedisPredictionLog
-            node = ClusterNode(config, state, self.store, self.events)
+            node = ClusterNode(config, ctl, self.store, self.events, self.provision, pool)
             self.records, queue = node, node.training
             state_path = node_state_path(self.store.root, node.node_id)  # the store is shared
             ccfg = config["cluster"]  # one log: feedback sent to any node finds the prediction
             self.predlog = RedisPredictionLog(RedisTarget.of(ccfg), prefix=ccfg["key_prefix"],
                                               enabled=pcfg["log"], max_rows=pcfg["max_rows"],
                                               feedback_rows=config["feedback"]["max_rows"],
-                                              example_rows=config["feedback"]["max_example_rows"])
+                                              example_rows=config["feedback"]["max_example_rows"],
+                                              health=self.storage)
         else:
             self.records = FileRecords(self.store, self.storage, loop, config["watcher"])
             state_path = os.path.join(self.store.root, STATE_DB)
             self.predlog = PredictionLog(os.path.join(self.store.root, PREDLOG_DB),
                                          enabled=pcfg["log"], max_rows=pcfg["max_rows"],
                                          feedback_rows=config["feedback"]["max_rows"],
-                                         example_rows=config["feedback"]["max_example_rows"])
-        self.state = StateDB(state_path)  # jobs, history
-        self.state.health = self.predlog.health = self.storage
-        # the parts of the control plane, each given what it uses
+                                         example_rows=config["feedback"]["max_example_rows"],
+                                         health=self.storage)
+        self.state = StateDB(state_path, health=self.storage)  # jobs, history
+        # the parts of the control plane, each given what it uses; the applies
+        # and the rollouts, and the policies and the jobs, call each other:
+        # the one built first is given a function of the other
         self.metrics = metrics.build(config, self.events)  # Prometheus (control/metrics.py)
         self.router = Router(state, config, loop, lambda: self.rollouts.check_probations())
-        self.provision = Provisioner(state, config, loop, self.store, pool)
-        self.keeper = keeper = RecordKeeper(state, loop, self.records)  # persist, then switch
-        self.rollouts = RolloutControl(state, config, loop, self.store, pool, self.events,
-                                       self.golden, self.provision, self.router, keeper)
-        self.applies = Applies(state, config, loop, self.store, pool, self.events,
+        self.keeper = keeper = RecordKeeper(ctl, loop, self.records)  # persist, then switch
+        self.policies = Policies(config.raw.get("policies") or {}, self.store.root, state,
+                                 self.predlog, self.state,
+                                 lambda *a, **kw: self.applies.apply(*a, **kw),
+                                 lambda *a, **kw: self.jobs.submit(*a, **kw))
+        self.rollouts = RolloutControl(ctl, config, loop, self.store, pool, self.events,
+                                       self.golden, self.provision, self.router, keeper,
+                                       lambda *a, **kw: self.applies.apply(*a, **kw),
+                                       self.policies.gate_set)
+        self.applies = Applies(ctl, config, loop, self.store, pool, self.events,
                                self.records, keeper, self.provision, self.router, self.rollouts)
-        self.rollouts.apply = self.applies.apply
-        self.provision.end_probation = self.rollouts.cancel_probation
-        self.healer = Healer(state, config, loop, self.store, pool, self.events,
+        self.healer = Healer(ctl, config, loop, self.store, pool, self.events,
                              self.provision, self.applies, self.rollouts, keeper)
         self.quality = Quality(config["drift"], self.store, self.predlog, state, loop)
-        self.policies = Policies(config.raw.get("policies") or {}, self.store.root, state,
-                                 self.predlog, self.state, self.applies.apply)
         self.jobs = JobManager(config, self.store, state, self.state, pool, self.policies,
                                self.predlog, self.applies.apply, queue)
-        self.policies.submit = self.jobs.submit
-        self.rollouts.gate_set = self.policies.gate_set
-        if node is not None:
-            node.jobs, node.provision, node.pool = self.jobs, self.provision, pool
         self.statusview = StatusView(state, self.store, pool, self.state, self.storage,
                                      keeper, self.jobs, self.records, self.predlog)
         self.events.subscribe(self.statusview.to_history)
@@ -159,8 +168,7 @@ class Supervisor:
             log.error("%s; starting without a model", exc)
             record = None
         if record:
-            self.serving.record = record
-            self.serving.default_name = record["default"]
+            self.ctl.start_from(record)  # type: ignore[arg-type]  # checked when read
         self.records.start(record, self.applies.on_record_change)
         self._sweeper.start()
         self.retention.start()
@@ -180,12 +188,12 @@ class Supervisor:
         if not await self.records.claim_demo():
             log.info("cluster: the first-start demo is trained once, by another node")
             return
-        self.serving.demo_training = True
+        self.ctl.set_demo_training(True)
         try:
             job = await self.jobs.submit(DEMO_NAME, {"path": path}, DEMO_PARAMS, True,
                                          trusted_path=True)
         except Exception as exc:
-            self.serving.demo_training = False
+            self.ctl.set_demo_training(False)
             log.error("could not start the demo training: %s", exc)
             return
         log.info("empty model store: training the bundled demo model (job %s); "
@@ -195,8 +203,8 @@ class Supervisor:
         if self.serving.stopping:
             await self.stopped.wait()
             return
-        self.serving.stopping = True
-        self.pool.stopping = True
+        self.ctl.stop()
+        self.pool.stop_starting()
         log.info("shutting down")
         self._sweeper.stop()
         self.retention.stop()
@@ -209,8 +217,7 @@ class Supervisor:
             w.set_state(State.DRAINING)
         await gen.multi([w.wait_idle(min(self.wcfg["drain_timeout"], 5.0)) for w in serving])
         await gen.multi([w.stop(timeout) for w in list(self.pool.workers.values())])
-        for s in self.serving.slots.values():
-            s.replicas = []
+        self.ctl.clear_routing()
         self.state.close()  # commits the pending job and history writes
         self.predlog.close()  # and the queued predictions and feedback
         self.storage.close()
@@ -274,11 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     loop_kind = eventloop.install(config["server"]["event_loop"])
     loop = IOLoop.current()
     try:
-        sup = Supervisor(config)
+        sup = Supervisor(config, keys)
     except ConfigError as exc:  # e.g. a bad retrain policy in config
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    sup.keys = keys
     exit_code = 0
 
     servers: list[Any] = []

@@ -26,6 +26,9 @@ called by Applies.apply before its local switch).
 Training (`ClusterTraining`): jobs are queued in Redis (cluster/job_queue.py);
 each node claims one when it has a free training slot and runs it with the
 ordinary JobManager machinery, mirroring the job's state into Redis.
+The node reads the serving state and changes it only through the serving
+controller (the record it wrote, the demo's flag); it subscribes to the
+controller's changes to keep its heartbeat's revision true.
 Imports no TensorFlow.
 """
 from __future__ import annotations
@@ -53,7 +56,7 @@ if TYPE_CHECKING:
     from control.pool import WorkerPool
     from control.provision import Provisioner
     from control.records import OnChange
-    from control.serving import ServingState
+    from control.servingctl import ServingController
 
 log = logging.getLogger("textswap.cluster")
 
@@ -81,14 +84,12 @@ class ClusterNode:
 
     wipe_tmp = False  # other nodes' staging in the shared store is theirs
 
-    def __init__(self, config: "Config", state: "ServingState", store: "ModelStore",
-                 events: "Events", node_id: str | None = None) -> None:
+    def __init__(self, config: "Config", ctl: "ServingController", store: "ModelStore",
+                 events: "Events", provision: "Provisioner", pool: "WorkerPool",
+                 node_id: str | None = None) -> None:
         cfg = config["cluster"]
-        self.cfg, self.state, self.store, self.events = config, state, store, events
-        # set at composition: made after the node (they take its queue)
-        self.jobs: "JobManager"
-        self.provision: "Provisioner"
-        self.pool: "WorkerPool"
+        self.cfg, self.ctl, self.state, self.store = config, ctl, ctl.state, store
+        self.events, self.provision, self.pool = events, provision, pool
         self.node_id = node_id or cfg["node_id"] or default_node_id(config["server"]["port"])
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.node_id)
         self.cluster = Cluster(
@@ -98,7 +99,7 @@ class ClusterNode:
             heartbeat_ttl=cfg["heartbeat_ttl"])
         self.training = ClusterTraining(self, ClusterJobs(self.cluster, cfg["job_lease"],
                                                           config["training"]["keep_jobs"]))
-        self.twophase = TwoPhase(self)
+        self.twophase = TwoPhase(self.cluster, config, store, ctl.state, provision, pool)
         self._writes: asyncio.Queue[Any] = asyncio.Queue()
         self._writer: asyncio.Task[Any] | None = None
         self._write_error: BaseException | None = None
@@ -126,6 +127,7 @@ class ClusterNode:
         self._on_change = on_change
         self._writer = asyncio.ensure_future(self._write_loop())
         self.events.subscribe(self._on_event)
+        self.ctl.subscribe(self._check_applied)  # the heartbeat's revision stays true
         self.cluster.start(self._deliver, self._describe, self._tick, self.twophase.on_message,
                            self._failover)
 
@@ -201,7 +203,7 @@ class ClusterNode:
                         raise
                 self._written = rec["revision"]  # holds this node's change
                 self._written_record = rec
-                self.state.record = rec
+                self.ctl.note_record(rec)
                 self._delivered = max(self._delivered, rec["revision"])
                 self._check_applied()
             except ClusterUnreachable as exc:
@@ -275,8 +277,7 @@ class ClusterNode:
                 "default": self.state.default_name,
                 "serving": {n: {"version": sl.version, "replicas": len(sl.replicas)}
                             for n, sl in sorted(self.state.slots.items()) if sl.replicas},
-                "training": [j.id for j in self.jobs.jobs.values()
-                             if j.state == "running"]}
+                "training": self.training.running_ids()}
 
     # -- hooks for /apply ------------------------------------------------------------------
     async def check(self) -> None:
@@ -357,12 +358,24 @@ class ClusterTraining:
         self.q = queue
         self._ticking = False
         self._pushes: set[asyncio.Future[Any]] = set()
+        self._manager: "JobManager | None" = None  # the manager that runs claimed jobs
 
     shared_store = True  # the nodes' job data and staging are in one store
 
+    def attach(self, manager: "JobManager") -> None:
+        self._manager = manager
+
     @property
     def jobs(self) -> "JobManager":
-        return self.node.jobs
+        if self._manager is None:
+            raise RuntimeError("no job manager attached to the cluster's queue")
+        return self._manager
+
+    def running_ids(self) -> list[str]:
+        """The jobs this node runs now (its heartbeat's)."""
+        if self._manager is None:
+            return []
+        return [j.id for j in self._manager.jobs.values() if j.state == "running"]
 
     def tick(self) -> None:
         if not self._ticking:
@@ -401,7 +414,7 @@ class ClusterTraining:
                     continue
                 log.info("job %s (%s) claimed by this node", doc["id"], doc["name"])
                 if doc.get("first_start_demo"):
-                    self.node.state.demo_training = True
+                    self.node.ctl.set_demo_training(True)
                 mgr.run_claimed(doc)
         except ClusterUnreachable:
             pass
@@ -428,12 +441,11 @@ class ClusterTraining:
 
     async def enqueue(self, job: Any) -> bool:
         doc = job.describe()
-        state = self.node.state
-        if state.demo_training and job.name == "demo":
+        if self.node.state.demo_training and job.name == "demo":
             # the first-start demo: the node that runs it marks its slot as the
             # demo (retired once another model is the default), not this one
             doc["first_start_demo"] = True
-            state.demo_training = False
+            self.node.ctl.set_demo_training(False)
         try:
             await self.q.enqueue(doc)
         except ClusterUnreachable as exc:

@@ -91,6 +91,7 @@ from cluster.connect import RedisTarget
 from state.errors import ServiceError
 from state.predlog_core import (WHAT, Erasure, PredictionLogCore, closed_future, drain,
                                 prediction, scores_margin, top_of)
+from state.storage import Health
 
 log = logging.getLogger("textswap.predlog")
 
@@ -450,9 +451,9 @@ class RedisPredictionLog(PredictionLogCore):
     def __init__(self, url: "str | RedisTarget", *, prefix: str = "textswap",
                  enabled: bool = True, max_rows: int = 100_000, op_timeout: float = 1.0,
                  read_timeout: float = 10.0, feedback_rows: int = 100_000,
-                 example_rows: int = 100_000) -> None:
+                 example_rows: int = 100_000, health: Health | None = None) -> None:
         super().__init__(enabled=enabled, max_rows=max_rows, feedback_rows=feedback_rows,
-                         example_rows=example_rows)
+                         example_rows=example_rows, health=health)
         self.prefix = prefix
         # one immediate retry (a pooled connection a Redis restart closed), no
         # more: a down Redis must answer fast (503), as cluster/record.py does

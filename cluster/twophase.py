@@ -51,7 +51,11 @@ from state.errors import Conflict, InvalidName, ServiceError, StoreError
 from state.store import check_name
 
 if TYPE_CHECKING:
-    from cluster.node import ClusterNode
+    from state.config import Config
+    from state.store import ModelStore
+    from control.pool import WorkerPool
+    from control.provision import Provisioner
+    from control.serving import ServingState
 
 log = logging.getLogger("textswap.cluster")
 
@@ -77,10 +81,14 @@ class Held:
 
 
 class TwoPhase:
-    def __init__(self, node: "ClusterNode") -> None:
-        self.node = node
-        self.c: Cluster = node.cluster
-        self.timeout = float(node.cfg["cluster"]["prepare_timeout"])
+    """Prepares on this node, and coordinates the prepares of its applies.
+    Given what it uses (no back-reference to the node that holds it)."""
+
+    def __init__(self, cluster: Cluster, cfg: "Config", store: "ModelStore",
+                 state: "ServingState", provision: "Provisioner", pool: "WorkerPool") -> None:
+        self.store, self.state, self.provision, self.pool = store, state, provision, pool
+        self.c: Cluster = cluster
+        self.timeout = float(cfg["cluster"]["prepare_timeout"])
         self.k_open = self.c.key("preps")
         self._seen: dict[str, float] = {}           # prepare ids this node handled
         self._inflight: dict[tuple[str, int, int], asyncio.Future[Any]] = {}
@@ -113,7 +121,7 @@ class TwoPhase:
         this node's own error when it cannot prepare: nothing has switched."""
         if mode not in (None, "normal"):
             return None  # shadow and canary switch nothing: one phase, as on one node
-        version, _ = self.node.store.resolve(name, version)
+        version, _ = self.store.resolve(name, version)
         t0 = time.monotonic()
         me = self.c.node_id
         nodes = {b["node"] for b in await self.c.nodes()} | {me}
@@ -345,7 +353,7 @@ class TwoPhase:
         'serving' (a follower already serves exactly that: its apply is a
         no-op), 'probation' (still loaded from before: the apply reuses it)
         or 'prepared' (workers held READY among the standbys)."""
-        slot = self.node.state.slots.get(name)
+        slot = self.state.slots.get(name)
         if (not coordinator and slot is not None and slot.replicas
                 and slot.version == version and len(slot.replicas) == replicas):
             return "serving"
@@ -356,7 +364,7 @@ class TwoPhase:
         key = (name, version, replicas)
         task = self._inflight.get(key)
         if task is None:
-            task = asyncio.ensure_future(self.node.provision.prepare(
+            task = asyncio.ensure_future(self.provision.prepare(
                 name, version, replicas, make_room=make_room))
             self._inflight[key] = task
 
@@ -382,7 +390,7 @@ class TwoPhase:
         self._trim()
 
     def _trim(self) -> None:
-        pool = self.node.pool
+        pool = self.pool
         now = time.time()
         keep: list[Held] = []
         for h in self._held:
@@ -391,9 +399,9 @@ class TwoPhase:
             if not live:
                 continue  # taken by the apply (or gone)
             if h.published and now < h.until:
-                slot = self.node.state.slots.get(h.name)
+                slot = self.state.slots.get(h.name)
                 try:
-                    newest = self.node.store.versions(h.name)[-1]
+                    newest = self.store.versions(h.name)[-1]
                 except (StoreError, IndexError):
                     newest = None
                 if (slot is not None and slot.replicas and slot.version is not None
@@ -416,8 +424,8 @@ class TwoPhase:
     async def _on_published(self, name: str, version: int) -> None:
         """A version reached the shared store: a node serving an older one of
         that name preloads it within its free budget (ends no probation)."""
-        slot = self.node.state.slots.get(name)
-        if (self.node.state.stopping or slot is None or not slot.replicas or slot.version is None
+        slot = self.state.slots.get(name)
+        if (self.state.stopping or slot is None or not slot.replicas or slot.version is None
                 or version <= slot.version):
             return
         replicas = slot.wanted or len(slot.replicas)

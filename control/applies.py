@@ -1,17 +1,19 @@
 """Applies and unloads: the blue/green switch of one slot, and the applied record.
 
-`Applies` owns the applied-model record (what serves, per name, and the
-default model) and every change to it: `apply` (load the new version beside
-the serving one, pass the quality gate, swap, keep the old one in probation
-or drain it), `unload`, and following a record changed from outside (the
-watcher, or the cluster). It creates and deletes slots. It asks the
-provisioner for workers, the rollouts for the gate, candidates and
-probation, and the router for the swap.
+`Applies` orchestrates the operator's changes of what serves: `apply` (load
+the new version beside the serving one, pass the quality gate, swap, keep
+the old one in probation or drain it), `unload`, and following a record
+changed from outside (the watcher, or the cluster). It asks the provisioner
+for workers, the rollouts for the gate, candidates and probation, the record
+keeper to persist; every change of the serving state (slots made and
+dropped, the swap, the default) is a call of the serving controller
+(control/servingctl.py), its one writer.
 """
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tornado import gen
@@ -19,7 +21,7 @@ from tornado import gen
 from state.errors import ApplyFailed, Conflict, ServiceError, StorageFailed, UnknownModel
 from state.store import InvalidArtifact, StoreError, check_name
 from control.slots import Slot
-from control.workerhandle import State
+from control.workerhandle import State, WorkerHandle
 
 if TYPE_CHECKING:
     from state.config import Config
@@ -29,7 +31,8 @@ if TYPE_CHECKING:
     from control.records import RecordBackend, RecordKeeper
     from control.rollout_control import RolloutControl
     from control.routing import Router
-    from control.serving import ServingState
+    from control.serving import RecordEntry
+    from control.servingctl import ApplyResult, ModelRef, ServingController
     from state.store import ModelStore
     from tornado.ioloop import IOLoop
 
@@ -39,11 +42,12 @@ log = logging.getLogger("textswap.supervisor")
 class Applies:
     """Switches slots to versions, unloads them, and keeps the record."""
 
-    def __init__(self, state: "ServingState", cfg: "Config", loop: "IOLoop",
+    def __init__(self, ctl: "ServingController", cfg: "Config", loop: "IOLoop",
                  store: "ModelStore", pool: "WorkerPool", events: "Events",
                  records: "RecordBackend", keeper: "RecordKeeper", provision: "Provisioner",
                  router: "Router", rollouts: "RolloutControl") -> None:
-        self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg["worker"], loop
+        self.ctl, self.state = ctl, ctl.state
+        self.cfg, self.wcfg, self.loop = cfg, cfg["worker"], loop
         self.store, self.pool, self.events = store, pool, events
         self.records, self.keeper, self.provision = records, keeper, provision
         self.router, self.rollouts = router, rollouts
@@ -59,7 +63,6 @@ class Applies:
             except StoreError as exc:
                 log.error("ignoring the applied-model record: %s", exc)
                 return
-        self.state.record = record
         for name, entry in wanted.items():
             slot = self.state.slots.get(name)
             replicas = entry["replicas"] or (slot.wanted if slot else None)
@@ -73,9 +76,7 @@ class Applies:
         for name in list(self.state.slots):
             if name not in wanted:
                 self.loop.spawn_callback(self.unload_logged, name, "watcher")
-        if record["default"] != self.state.default_name:
-            log.info("default model is now %s (record changed)", record["default"])
-            self.state.set_default(record["default"])
+        self.ctl.follow_record(record)
 
     async def apply_logged(self, name: str, version: int | None, source: str,
                             **kw: Any) -> None:
@@ -95,7 +96,7 @@ class Applies:
     async def apply(self, name: str, version: int | None = None, *, replicas: int | None = None,
                     default: bool | None = None, explicit: bool | None = None,
                     source: str = "api", persist: bool = True, **rollout: Any
-                    ) -> dict[str, Any]:
+                    ) -> "ApplyResult":
         """Blue/green swap of one slot to (name, version) with `replicas` workers.
 
         replicas: the apply's, else the slot's current count, else config
@@ -107,15 +108,13 @@ class Applies:
         check_name(name)
         self.store.resolve(name, version)  # fail fast: 404 before queueing
         t_call = time.monotonic()
-        slot = self.state.slots.get(name)
-        created = slot is None
-        if slot is None:
-            slot = self.state.slots[name] = Slot(name)
+        created = name not in self.state.slots
+        slot = self.ctl.open_slot(name)
         if replicas is None:
             replicas = slot.wanted if not created else self.cfg["serving"]["replicas"]
         if persist and source == "api":
             await self.records.check()  # cluster: 503 while its store is unreachable
-        slot.applying += 1
+        self.ctl.begin_apply(slot)
         try:
             partial = rollout.pop("partial", False)  # cluster: let the ready nodes switch alone
             if persist and source in ("api", "train"):  # cluster: cluster/twophase.py
@@ -130,19 +129,46 @@ class Applies:
                     result["cluster"] = after
             return result
         finally:
-            slot.applying -= 1
-            if (not slot.replicas and not slot.busy and slot.version is None
-                    and self.state.slots.get(name) is slot):
-                del self.state.slots[name]  # a first apply that failed leaves no slot behind
-                slot.unloaded = True
-            slot.wake_all()
+            self.ctl.end_apply(slot)  # a first apply that failed leaves no slot behind
 
     async def apply_locked(self, slot: Slot, version: int | None, replicas: int,
                             default: bool | None, explicit: bool | None, source: str,
                             persist: bool, t_call: float, mode: str = "normal",
                             fraction: float | None = None, keep_examples: int = 0,
                             gate: bool = True, min_accuracy: float | None = None
-                            ) -> dict[str, Any]:
+                            ) -> "ApplyResult":
+        """The apply, holding the slot's lock: check, ready the new workers,
+        gate them, persist and swap, then keep or drain the old ones."""
+        run = self.check_apply(slot, version, source, t_call)
+        if mode != "normal":
+            return await self.rollouts.start_candidate(slot, run.version, run.path, replicas,
+                                                       mode, fraction, keep_examples, source,
+                                                       t_call)
+        run.phases["queued"] = time.monotonic() - t_call
+        if self.unchanged(slot, run.version, replicas, source):
+            now: ModelRef | None = {"name": slot.name, "version": slot.version} \
+                if slot.replicas else None
+            return {"previous": now, "current": now, "unchanged": True}
+        t = time.monotonic()
+        await self.ready_workers(run, slot, replicas, source)
+        run.phases["spawn"] = time.monotonic() - t  # boot + load, all replicas at once
+        if source in ("api", "train"):
+            t = time.monotonic()
+            await self.pass_gate(run, slot, source, gate, min_accuracy)
+            run.phases["gate"] = time.monotonic() - t
+        t = time.monotonic()
+        old, previous = await self.swap_in(run, slot, replicas, default, explicit, source,
+                                           persist)
+        run.phases["swap"] = time.monotonic() - t
+        t = time.monotonic()
+        ended = await self.rollouts.after_swap(slot, old, previous, run.version)
+        run.phases["drain_stop"] = time.monotonic() - t
+        return self.answer(run, slot, previous, ended, source, t_call)
+
+    def check_apply(self, slot: Slot, version: int | None, source: str,
+                    t_call: float) -> "ApplyRun":
+        """Step 1: may this apply run? The version resolved and its artifact
+        checked; an operator's apply forgets the version's past failures."""
         name = slot.name
         if self.state.stopping:
             raise ServiceError("service is shutting down", 503, "stopping")
@@ -157,70 +183,80 @@ class Applies:
             raise ServiceError(f"{exc}; {name} still serves {serving_now}", 422,
                                "invalid_model") from None
         if source == "api":  # an operator's explicit choice gets a fresh start
-            slot.crashes.pop(version, None)
-            slot.rolled_back.pop(version, None)
-            self.state.failed_models.pop(f"{name} v{version}", None)
+            self.ctl.fresh_start(slot, version)
         elif version in slot.rolled_back and slot.rolled_back[version].get("auto"):
             raise ServiceError(f"{name} v{version} was rolled back automatically "
                                f"({slot.rolled_back[version]['reason']}); only an explicit "
                                "POST /apply brings it back", 409, "rolled_back")
-        if mode != "normal":
-            return await self.rollouts.start_candidate(slot, version, path, replicas, mode,
-                                               fraction, keep_examples, source, t_call)
-        phases: dict[str, float] = {"queued": time.monotonic() - t_call}
-        old = list(slot.replicas)
-        previous = {"name": name, "version": slot.version} if old else None
-        if (old and slot.version == version and len(old) == replicas
+        return ApplyRun(version, path, serving_now)
+
+    def unchanged(self, slot: Slot, version: int, replicas: int, source: str) -> bool:
+        """A followed or restarted apply of what serves already: nothing to do."""
+        if (slot.replicas and slot.version == version and len(slot.replicas) == replicas
                 and source in ("watcher", "startup")):
-            return {"previous": previous, "current": previous, "unchanged": True}
-        if source == "watcher" and self.records.stale(name, version):
-            # cluster mode: a newer record (maybe this node's own apply, which
-            # held the lock) superseded the one this apply was queued for
-            return {"previous": previous, "current": previous, "unchanged": True}
-        t = time.monotonic()
+            return True
+        # cluster mode: a newer record (maybe this node's own apply, which
+        # held the lock) superseded the one this apply was queued for
+        return source == "watcher" and self.records.stale(slot.name, version)
+
+    async def ready_workers(self, run: "ApplyRun", slot: Slot, replicas: int,
+                            source: str) -> None:
+        """Step 2: the new version's workers, READY: the probation's when it
+        holds that version, else standbys or new ones. A failure retires them
+        and the old ones serve on."""
+        name, version = slot.name, run.version
         p = slot.probation
-        reused = (p is not None and p.version == version and len(p.workers) == replicas
-                  and all(w.usable for w in p.workers))
-        if reused:  # the version in probation is still loaded: the swap is all there is
-            assert p is not None
-            self.rollouts.cancel_probation(slot)
-            ready = [(w, w.ready.result() if w.ready.done() else {}, True) for w in p.workers]
-        else:
-            what = (f"applying {name} v{version} with {replicas} "
-                    f"replica{'s' if replicas != 1 else ''}")
-            await self.provision.make_room(replicas, what)
-            new = self.provision.obtain(name, version, replicas, what)
-            try:
-                ready = list(await gen.multi([self.provision.make_ready(w, name, version, path)
+        if (p is not None and p.version == version and len(p.workers) == replicas
+                and all(w.usable for w in p.workers)):
+            # the version in probation is still loaded: the swap is all there is
+            run.reused = True
+            workers = self.ctl.cancel_probation(slot)
+            run.ready = [(w, w.ready.result() if w.ready.done() else {}, True)
+                         for w in workers]
+            return
+        what = (f"applying {name} v{version} with {replicas} "
+                f"replica{'s' if replicas != 1 else ''}")
+        await self.provision.make_room(replicas, what)
+        new = self.provision.obtain(name, version, replicas, what)
+        try:
+            run.ready = list(await gen.multi([self.provision.make_ready(w, name, version,
+                                                                        run.path)
                                               for w in new]))
-            except ApplyFailed as exc:
-                for w in new:
-                    if w.alive and w.state is not State.SERVING:
-                        self.loop.spawn_callback(w.stop, 1.0)
-                self.pool.ensure(delay=1.0)
-                self.events.emit("apply_failed", name=name, version=version, source=source,
-                                 reason=str(exc))
-                exc.args = (f"{exc}; {name} still serves {serving_now}",)
-                raise
-        phases["spawn"] = time.monotonic() - t  # boot + load, all replicas at once
-        workers = [w for w, _, _ in ready]
-        gate_info = None
-        if source in ("api", "train"):
-            t = time.monotonic()
-            try:
-                gate_info = await self.rollouts.quality_gate(slot, version, workers, gate, min_accuracy)
-            except Conflict as exc:
-                if reused:
-                    for w in workers:
-                        w.set_state(State.DRAINING)
-                self.loop.spawn_callback(self.provision.retire, workers)
-                self.events.emit("gate_refused", name=name, version=version, source=source,
-                                 from_version=slot.version, reason=str(exc),
-                                 details=exc.details)
-                raise
-            phases["gate"] = time.monotonic() - t
-        t = time.monotonic()
-        # the slot's flags and the default as they will be: written first
+        except ApplyFailed as exc:
+            for w in new:
+                if w.alive and w.state is not State.SERVING:
+                    self.loop.spawn_callback(w.stop, 1.0)
+            self.pool.ensure(delay=1.0)
+            self.events.emit("apply_failed", name=name, version=version, source=source,
+                             reason=str(exc))
+            exc.args = (f"{exc}; {name} still serves {run.serving_now}",)
+            raise
+
+    async def pass_gate(self, run: "ApplyRun", slot: Slot, source: str, gate: bool,
+                        min_accuracy: float | None) -> None:
+        """Step 3: the quality gate (an operator's or a job's apply). Refused:
+        the new workers go, the old ones serve on."""
+        try:
+            run.gate_info = await self.rollouts.quality_gate(slot, run.version, run.workers,
+                                                             gate, min_accuracy)
+        except Conflict as exc:
+            if run.reused:
+                for w in run.workers:
+                    w.set_state(State.DRAINING)
+            self.loop.spawn_callback(self.provision.retire, run.workers)
+            self.events.emit("gate_refused", name=slot.name, version=run.version,
+                             source=source, from_version=slot.version, reason=str(exc),
+                             details=exc.details)
+            raise
+
+    async def swap_in(self, run: "ApplyRun", slot: Slot, replicas: int,
+                      default: bool | None, explicit: bool | None, source: str,
+                      persist: bool) -> tuple[list[WorkerHandle], "ModelRef | None"]:
+        """Step 4: persist, then switch. The record as it will be (the slot's
+        flags and the default included) is written; the controller's swap
+        runs in the step where the write completed. Returns the workers that
+        served before and what they served."""
+        name, version, workers = slot.name, run.version, run.workers
         new_explicit = slot.explicit
         if explicit is not None:
             new_explicit = explicit
@@ -228,6 +264,7 @@ class Applies:
             new_explicit = True
         elif source == "train":
             new_explicit = False
+        end_demo = source == "train" and explicit is None and not new_explicit
         make_default = default if default is not None else source in ("api", "train")
         old_default = self.state.default_name
 
@@ -236,71 +273,64 @@ class Applies:
                     "startup", "watcher"):
                 return name
             return self.state.default_name
-        seen: dict[str, Any] = {}
+        seen: list[tuple[list[WorkerHandle], ModelRef | None]] = []
 
         def switch() -> None:
-            # re-read what serves now: an automatic rollback may have swapped
-            # the slot while the new workers loaded, the gate scored them or
-            # the record was written
-            seen["old"] = list(slot.replicas)
-            seen["previous"] = {"name": name, "version": slot.version} if seen["old"] else None
-            if source == "train" and explicit is None and not new_explicit:
-                self.state.demo_training = False
-            slot.explicit = new_explicit
-            self.router.swap(slot, workers, version, replicas)
-            self.state.set_default(new_default())
+            seen.append(self.ctl.apply_switch(slot, workers, version, replicas, new_explicit,
+                                              new_default(), end_demo))
         if persist:
+            entry: RecordEntry = {"version": version, "replicas": replicas,
+                                  "explicit": new_explicit}
             try:
-                await self.keeper.commit(name, {"version": version, "replicas": replicas,
-                                         "explicit": new_explicit},
-                                  default=new_default, switch=switch,
-                                  strict=source != "fallback")
+                await self.keeper.commit(name, entry, default=new_default, switch=switch,
+                                         strict=source != "fallback")
             except StorageFailed as exc:
                 # nothing switched: the new workers go, the old ones serve on
                 self.loop.spawn_callback(self.provision.retire, workers)
                 self.events.emit("apply_failed", name=name, version=version, source=source,
                                  reason=str(exc))
-                exc.args = (f"{exc}; {name} still serves {serving_now}",)
+                exc.args = (f"{exc}; {name} still serves {run.serving_now}",)
                 raise
         else:
             switch()
-        old, previous = seen["old"], seen["previous"]
-        phases["swap"] = time.monotonic() - t
         log.info("%s now serves v%s on %d replica(s) (pids %s; %s)", name, version,
                  len(workers), ", ".join(str(w.pid) for w in workers), source)
         self.pool.ensure(delay=2.0)
         self.pool.refresh()
         if self.state.default_name != old_default and old_default:
             self.retire_demo(old_default)
-        t = time.monotonic()
-        ended = await self.rollouts.after_swap(slot, old, previous, version)
-        phases["drain_stop"] = time.monotonic() - t
-        preloaded = all(p for _, _, p in ready)
-        first = ready[0][1]
-        result = {
+        return seen[0]
+
+    def answer(self, run: "ApplyRun", slot: Slot, previous: "ModelRef | None",
+               ended: list[dict[str, Any]], source: str, t_call: float) -> "ApplyResult":
+        """Step 5: the apply's answer, kept by the slot and in the history."""
+        name, version, workers = slot.name, run.version, run.workers
+        preloaded = all(p for _, _, p in run.ready)
+        first = run.ready[0][1]
+        result: ApplyResult = {
             "previous": previous,
             "current": {"name": name, "version": version},
             "replicas": len(workers),
             "default": self.state.default_name == name,
             "worker": {"generation": workers[0].generation, "pid": workers[0].pid},
             "workers": [{"generation": w.generation, "pid": w.pid} for w in workers],
-            "phases_s": {k: round(v, 4) for k, v in phases.items()},
+            "phases_s": {k: round(v, 4) for k, v in run.phases.items()},
             "preloaded": preloaded,
-            "from_probation": reused,
+            "from_probation": run.reused,
             "load_s": round(first.get("load_s", 0.0), 4),
             "warmup_s": round(first.get("warm_s", 0.0), 4),
             "old_worker": ended[0] if ended else None,
             "old_workers": ended,
             "probation": slot.probation.describe() if slot.probation else None,
-            "gate": gate_info,
+            "gate": run.gate_info,
             "source": source,
             "total_s": round(time.monotonic() - t_call, 4),
         }
-        slot.last_apply = self.state.last_apply = result
+        self.ctl.note_apply(slot, result)
         self.events.emit("apply", name=name, version=version, source=source,
                          from_version=previous["version"] if previous else None,
                          phases=result["phases_s"], replicas=len(workers),
-                         details={"gate": gate_info, "from_probation": reused,
+                         details={"gate": run.gate_info, "from_probation": run.reused,
                                   "preloaded": preloaded})
         return result
 
@@ -324,25 +354,16 @@ class Applies:
         async with slot.lock:
             if self.state.slots.get(name) is not slot:
                 raise UnknownModel(f"model {name!r} is not serving here")
-            seen: dict[str, Any] = {}
+            seen: list[tuple[list[WorkerHandle], bool]] = []
 
             def switch() -> None:
-                del self.state.slots[name]
-                slot.unloaded = True
-                seen["old"], slot.replicas = slot.replicas, []
-                # the version kept in probation stops too (it held its workers,
-                # and so the memory budget, until probation_s ran out)
-                seen["old"] += self.rollouts.cancel_probation(slot)
-                slot.wake_all()
-                seen["was_default"] = self.state.default_name == name
-                if seen["was_default"]:
-                    self.state.default_name = None
+                seen.append(self.ctl.unload(slot))
             if persist:
                 await self.keeper.commit(name, None, switch=switch, default=lambda: (
                     None if self.state.default_name == name else self.state.default_name))
             else:
                 switch()
-            old, was_default = seen["old"], seen["was_default"]
+            old, was_default = seen[0]
             log.info("unloaded %s v%s (%s)", name, slot.version, source)
             self.events.emit("unload", name=name, version=slot.version, source=source)
             ended = await self.provision.retire(old)
@@ -354,3 +375,19 @@ class Applies:
             if after is not None:
                 out["cluster"] = after
         return out
+
+
+@dataclass
+class ApplyRun:
+    """One apply's progress through its steps (Applies.apply_locked)."""
+    version: int
+    path: str
+    serving_now: str  # what serves before it, for its errors
+    ready: list[tuple[WorkerHandle, dict[str, Any], bool]] = field(default_factory=list)
+    reused: bool = False  # the workers of the version in probation
+    gate_info: dict[str, Any] | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def workers(self) -> list[WorkerHandle]:
+        return [w for w, _, _ in self.ready]

@@ -6,8 +6,9 @@ and the version before it applied again; a crash in probation rolls back),
 the sweep (request deadlines, hung workers, probation checks) and the
 recycling of workers past `worker.max_requests` / `worker.max_rss_mb`
 (successor first, so requests see no gap). It adds and removes replicas of
-a slot; it never changes which version a slot serves except through the
-rollouts (rollback) and the applies (fallback).
+a slot through the serving controller (control/servingctl.py); it never
+changes which version a slot serves except through the rollouts (rollback)
+and the applies (fallback).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from control.records import RecordKeeper
     from control.provision import Provisioner
     from control.rollout_control import RolloutControl
-    from control.serving import ServingState
+    from control.servingctl import ServingController
 
 log = logging.getLogger("textswap.supervisor")
 
@@ -41,43 +42,32 @@ log = logging.getLogger("textswap.supervisor")
 class Healer:
     """Replaces dead workers, kills hung ones, recycles old ones."""
 
-    def __init__(self, state: "ServingState", cfg: "Config", loop: "IOLoop",
+    def __init__(self, ctl: "ServingController", cfg: "Config", loop: "IOLoop",
                  store: "ModelStore", pool: "WorkerPool", events: "Events",
                  provision: "Provisioner", applies: "Applies",
                  rollouts: "RolloutControl", keeper: "RecordKeeper") -> None:
-        self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg["worker"], loop
+        self.ctl, self.state = ctl, ctl.state
+        self.cfg, self.wcfg, self.loop = cfg, cfg["worker"], loop
         self.store, self.pool, self.events = store, pool, events
         self.provision, self.applies, self.rollouts = provision, applies, rollouts
         self.keeper = keeper
 
     def on_worker_exit(self, w: WorkerHandle) -> None:
-        self.state.exits.append({"generation": w.generation, "pid": w.pid, "exitcode": w.exitcode,
-                           "state": w.state.value, "model": w.model, "error": w.error,
-                           "at": time.time()})
-        if self.state.stopping:
+        c = w.slot.candidate if isinstance(w.slot, Slot) else None
+        slot, role = self.ctl.worker_exited(w, {
+            "generation": w.generation, "pid": w.pid, "exitcode": w.exitcode,
+            "state": w.state.value, "model": w.model, "error": w.error, "at": time.time()})
+        if slot is None or role in ("", "probation"):
             return
-        slot: Slot | None = getattr(w, "slot", None)
-        if slot is None:
-            return
-        p, c = slot.probation, slot.candidate
-        if p is not None and w in p.workers:  # an idle previous version died
-            p.workers.remove(w)
-            if not p.workers:
-                self.rollouts.cancel_probation(slot)
-            return
-        if c is not None and w in c.workers:
-            c.workers.remove(w)
+        if role in ("candidate", "candidate_gone"):
             log.error("%s candidate gen %d died: exit code %s", w.model_label, w.generation,
                       w.exitcode)
-            if not c.workers:
-                slot.candidate = None
+            if role == "candidate_gone" and c is not None:
                 self.events.emit("abort", name=slot.name, source="auto", to_version=c.version,
                                  reason=f"candidate crashed (exit code {w.exitcode})",
                                  details=c.describe())
             return
-        if not slot.remove_replica(w):
-            return
-        self.state.restarts += 1
+        p = slot.probation
         log.error("%s replica gen %d (pid %d) died: exit code %s; %d replica(s) left",
                   w.model_label, w.generation, w.pid, w.exitcode, len(slot.replicas))
         self.events.emit("crash", name=slot.name, version=slot.version, pid=w.pid,
@@ -91,7 +81,7 @@ class Healer:
                                figures={"exitcode": w.exitcode, "error": w.error,
                                         "new_version": p.new_stats.describe()})
             return
-        slot.replacing += 1  # now: requests arriving meanwhile must wait, not fail
+        self.ctl.begin_replacing(slot)  # now: requests arriving meanwhile wait, not fail
         self.loop.spawn_callback(self.recover, slot, w)
 
     async def recover(self, slot: Slot, dead: WorkerHandle) -> None:
@@ -106,7 +96,7 @@ class Healer:
         window = self.wcfg["restart_window"]
         try:
             while not self.state.stopping and not slot.unloaded and slot.version == version:
-                n = slot.count_crash(version, window)
+                n = self.ctl.count_crash(slot, version, window)
                 if n > self.wcfg["max_restarts"]:
                     await self.give_up(slot, version, f"worker crashed {n} times within "
                                         f"{window:.0f}s (last: exit code {dead.exitcode}, "
@@ -130,8 +120,7 @@ class Healer:
                     log.error("restart of %s v%s waits for room: %s", slot.name, version, exc)
                     await gen.sleep(1.0)
         finally:
-            slot.replacing -= 1
-            slot.wake_all()
+            self.ctl.end_replacing(slot)
 
     async def add_replica(self, slot: Slot, version: int, why: str) -> WorkerHandle | None:
         """One more serving replica of `version` (a crash replacement or a
@@ -139,10 +128,9 @@ class Healer:
         version, path = self.store.resolve(slot.name, version)
         (w,) = self.provision.obtain(slot.name, version, 1, f"a {why} of {slot.name} v{version}")
         w, _, _ = await self.provision.make_ready(w, slot.name, version, path)
-        if slot.unloaded or slot.version != version or self.state.stopping:
+        if not self.ctl.add_replica(slot, w, version):  # the slot moved on meanwhile
             self.loop.spawn_callback(w.stop, self.wcfg["stop_timeout"])
             return None
-        slot.add_replica(w)
         w.send({"t": "serve"})
         log.info("%s v%s: replica gen %d (pid %d) serves (%s)", slot.name, version,
                  w.generation, w.pid, why)
@@ -152,27 +140,24 @@ class Healer:
 
     async def give_up(self, slot: Slot, version: int, reason: str) -> None:
         log.error("model %s v%s marked FAILED: %s", slot.name, version, reason)
-        info = {"name": slot.name, "version": version, "reason": reason, "at": time.time()}
-        self.state.failed_models[f"{slot.name} v{version}"] = info
+        self.ctl.give_up(slot, version, reason)
         self.events.emit("failed", name=slot.name, version=version, reason=reason)
         self.pool.forget(slot.name, version)
         if slot.replicas:
             return  # other replicas of it still answer; an operator decides
-        slot.failed = info
         fallback = slot.previous
         if fallback and fallback != version:
             log.info("falling back to %s v%s, served before", slot.name, fallback)
             await self.applies.apply_logged(slot.name, fallback, "fallback", default=False)
-        elif self.state.default_name == slot.name and self.state.previous_default in self.state.slots and (
-                self.state.slots[self.state.previous_default].replicas):
+        elif (self.state.default_name == slot.name
+              and (back := self.state.previous_default) is not None
+              and back in self.state.slots and self.state.slots[back].replicas):
             # no earlier version to go back to: the model that was the default
             # before it (still serving in its own slot) answers again
-            log.info("default model %s FAILED: %s is the default again", slot.name,
-                     self.state.previous_default)
-            back = self.state.previous_default
+            log.info("default model %s FAILED: %s is the default again", slot.name, back)
 
             def switch() -> None:
-                self.state.default_name, self.state.previous_default = back, None
+                self.ctl.restore_default(back)
             await self.keeper.commit(None, default=back, switch=switch, strict=False)
 
     def sweep(self) -> None:
@@ -216,5 +201,5 @@ class Healer:
             log.warning("recycling gen %d postponed: %s", w.generation, exc)
             w.recycle_after = time.monotonic() + 30.0
             return
-        if new is not None and slot.remove_replica(w):
+        if new is not None and self.ctl.remove_replica(slot, w):
             await self.provision.retire([w])

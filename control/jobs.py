@@ -36,6 +36,7 @@ from control.childlog import is_tensorflow_line
 from control.workerhandle import ChildProcess
 
 if TYPE_CHECKING:
+    from control.slots import ApplyResult
     from state.config import Config
     from state.predlog_api import PredictionLogBackend
     from state.store import ModelStore
@@ -106,7 +107,7 @@ class Job:
         self.error: str | None = None
         self.exitcode: int | None = None
         self.log_tail: str | None = None
-        self.applied: dict[str, Any] | None = None
+        self.applied: "ApplyResult | dict[str, Any] | None" = None  # or {"error"}
         self.process: TrainerProcess | None = None
         self._done: Any = None  # a Future resolved when the job finishes (done_future)
         self.dir = ""
@@ -220,6 +221,9 @@ class JobQueue(Protocol):
     async def cancel(self, job_id: str) -> tuple[str, dict[str, Any] | None]:
         """("cancelled", job) / ("done:<state>", job) / ("missing", None)."""
 
+    def attach(self, manager: "JobManager") -> None:
+        """The manager that runs this service's jobs (it attaches itself)."""
+
 
 class LocalJobs:
     """The queue of a single service: its JobManager's own jobs."""
@@ -227,7 +231,10 @@ class LocalJobs:
     shared_store = False
 
     def __init__(self) -> None:
-        self.manager: "JobManager"  # set by the manager it serves
+        self.manager: "JobManager"  # the manager it serves (attach)
+
+    def attach(self, manager: "JobManager") -> None:
+        self.manager = manager
 
     async def new_id(self) -> str | None:
         return None
@@ -259,7 +266,7 @@ class JobManager:
     def __init__(self, cfg: "Config", store: "ModelStore", serving: "ServingState",
                  state: StateDB, pool: "WorkerPool", policies: "Policies",
                  predlog: "PredictionLogBackend",
-                 apply: Callable[..., Awaitable[dict[str, Any]]],
+                 apply: Callable[..., Awaitable["ApplyResult"]],
                  queue: JobQueue | None = None) -> None:
         """state: the db shared with the rollout history; apply: the applies'
         apply (a job that asks for it applies its version); queue: LocalJobs
@@ -274,7 +281,7 @@ class JobManager:
         self.state = state
         if queue is None:
             queue = LocalJobs()
-            queue.manager = self
+        queue.attach(self)
         self.queue: JobQueue = queue
         self.shared_store = queue.shared_store  # nothing shared is wiped here
         if policies is not None:

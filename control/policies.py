@@ -44,6 +44,7 @@ from state.dataset import is_label_set
 from state.store import check_name
 
 if TYPE_CHECKING:
+    from control.slots import ApplyResult
     from state.predlog_api import PredictionLogBackend
     from state.statedb import StateDB
     from control.serving import ServingState
@@ -117,12 +118,13 @@ def _write_atomic(path: str, data: Any) -> None:
 class Policies:
     def __init__(self, config: dict[str, Any], root: str, serving: "ServingState",
                  predlog: "PredictionLogBackend", db: "StateDB",
-                 apply: Callable[..., Awaitable[dict[str, Any]]]) -> None:
+                 apply: Callable[..., Awaitable["ApplyResult"]],
+                 submit: Callable[..., Awaitable[Any]]) -> None:
         """config: the `policies` section; root: the model store's folder;
-        apply: the applies' apply (a retrained version goes through the gate)."""
+        apply: the applies' apply (a retrained version goes through the gate);
+        submit: the jobs' submit (the job manager holds this object)."""
         self.serving, self.predlog, self.db, self.apply = serving, predlog, db, apply
-        # the jobs' submit (set at composition: the job manager holds this object)
-        self.submit: Callable[..., Awaitable[Any]]
+        self.submit = submit
         self.root = root
         self.path = os.path.join(self.root, FILENAME)
         self.dir = os.path.join(self.root, LOOP_DIR)

@@ -69,12 +69,11 @@ class WorkerPool:
     def stopping(self) -> bool:
         return self._stopping
 
-    @stopping.setter
-    def stopping(self, value: bool) -> None:
+    def stop_starting(self) -> None:
         """The service stops: no process starts any more, so the zygote stops
         too (running workers do not depend on it)."""
-        self._stopping = value
-        if value and self.zygote is not None:
+        self._stopping = True
+        if self.zygote is not None:
             self.zygote.close()
 
     # -- processes and the budget ----------------------------------------------

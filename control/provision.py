@@ -34,12 +34,14 @@ class Provisioner:
     """Obtains, readies and retires worker processes for the slots."""
 
     def __init__(self, state: "ServingState", cfg: "Config", loop: "IOLoop",
-                 store: "ModelStore", pool: "WorkerPool") -> None:
+                 store: "ModelStore", pool: "WorkerPool",
+                 end_probation: Callable[["Slot"], list[WorkerHandle]] = lambda slot: []
+                 ) -> None:
         self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg["worker"], loop
         self.store, self.pool = store, pool
         # a slot's probation ends early to make room: its workers, no longer
-        # kept (the rollouts' cancel_probation; set at composition)
-        self.end_probation: Callable[["Slot"], list[WorkerHandle]] = lambda slot: []
+        # kept (the serving controller's cancel_probation)
+        self.end_probation = end_probation
         self._loads = Semaphore(max(2, os.cpu_count() or 1))  # model loads at once
 
     def preload_guesses(self) -> list[tuple[str, int]]:
@@ -56,7 +58,7 @@ class Provisioner:
                 later = [v for v in self.store.versions(slot.name) if v > slot.version]
             except StoreError:
                 later = []
-            later = [v for v in later if not slot.rolled_back.get(v, {}).get("auto")
+            later = [v for v in later if not (v in slot.rolled_back and slot.rolled_back[v]["auto"])
                      and f"{slot.name} v{v}" not in self.state.failed_models]
             if later:
                 newer.append((slot.name, later[-1]))

@@ -25,7 +25,7 @@ from control.watcher import RecordWatcher
 from tornado.ioloop import IOLoop
 
 if TYPE_CHECKING:
-    from control.serving import ServingState
+    from control.servingctl import ServingController
 
 log = logging.getLogger("textswap.supervisor")
 
@@ -145,8 +145,8 @@ class RecordKeeper:
     record backend before the switch it describes (the only writer of the
     applied record; applies, rollouts and recovery commit through it)."""
 
-    def __init__(self, state: "ServingState", loop: IOLoop, records: RecordBackend) -> None:
-        self.state, self.loop, self.records = state, loop, records
+    def __init__(self, ctl: "ServingController", loop: IOLoop, records: RecordBackend) -> None:
+        self.ctl, self.state, self.loop, self.records = ctl, ctl.state, loop, records
         self._commit_lock = Lock()
         self.dirty = False  # the last record write failed: the sweep tries again
         self._commits = 0  # commits running or waiting for the lock
@@ -195,7 +195,7 @@ class RecordKeeper:
                 self.dirty = True
                 log.error("serving changed without a durable record: it is written again "
                           "once the store accepts writes")
-            self.state.record = record
+            self.ctl.note_record(record)
             if switch is not None:
                 switch()
 

@@ -5,8 +5,9 @@ loaded in probation after a swap (rollback within it is one assignment,
 automatic when the new version's error rate or p99 passes the limits), the
 golden-set quality gate of an apply or a promotion, and shadow/canary
 candidates (start, promote, abort). The figures themselves are
-`control/rollout_state.py`'s. It routes only through `Router.swap` and persists
-through `RecordKeeper.commit` (persist, then switch).
+`control/rollout_state.py`'s. Every change of a slot (probation, the swap
+back, candidates) is a call of the serving controller (control/servingctl.py);
+it persists through `RecordKeeper.commit` (persist, then switch).
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from state.errors import ApplyFailed, Conflict, ServiceError, StorageFailed
 from state.store import check_name
 from control.rollout_state import Candidate, Probation, label_changes
 from control.rollout_state import score as rollouts_score
-from control.slots import Slot
-from control.workerhandle import State, WorkerHandle
+from control.slots import RolledBack, Slot
+from control.workerhandle import WorkerHandle
 
 if TYPE_CHECKING:
     from tornado.ioloop import IOLoop
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from control.provision import Provisioner
     from control.rollout_state import GoldenSets
     from control.routing import Router
-    from control.serving import ServingState
+    from control.servingctl import ApplyResult, ModelRef, RollbackResult, ServingController
 
 log = logging.getLogger("textswap.supervisor")
 
@@ -42,23 +43,23 @@ log = logging.getLogger("textswap.supervisor")
 class RolloutControl:
     """Probation, rollback, the quality gate, shadow and canary, per slot."""
 
-    def __init__(self, state: "ServingState", cfg: "Config", loop: "IOLoop",
+    def __init__(self, ctl: "ServingController", cfg: "Config", loop: "IOLoop",
                  store: "ModelStore", pool: "WorkerPool", events: "Events",
                  golden: "GoldenSets", provision: "Provisioner", router: "Router",
-                 keeper: "RecordKeeper") -> None:
-        self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg["worker"], loop
+                 keeper: "RecordKeeper", apply: Callable[..., Awaitable["ApplyResult"]],
+                 gate_set: Callable[[str, dict[str, Any] | None], dict[str, Any] | None]
+                 = lambda name, golden: golden) -> None:
+        """apply: the applies' apply (a rollback past the probation is a new
+        apply); gate_set: the golden set plus a retrain policy's feedback
+        hold-out (the policies' gate_set)."""
+        self.ctl, self.state = ctl, ctl.state
+        self.cfg, self.wcfg, self.loop = cfg, cfg["worker"], loop
         self.store, self.pool, self.events, self.golden = store, pool, events, golden
         self.provision, self.router, self.keeper = provision, router, keeper
-        # the applies' apply: a rollback past the probation is a new apply
-        # (set at composition: the applies hold this object)
-        self.apply: Callable[..., Awaitable[dict[str, Any]]]
-        # the golden set plus a retrain policy's feedback hold-out (the
-        # policies' gate_set; set at composition)
-        self.gate_set: Callable[[str, dict[str, Any] | None], dict[str, Any] | None] = \
-            lambda name, golden: golden
+        self.apply, self.gate_set = apply, gate_set
 
     async def after_swap(self, slot: Slot, old: list[WorkerHandle],
-                          previous: dict[str, Any] | None, version: int
+                          previous: "ModelRef | None", version: int
                           ) -> list[dict[str, Any]]:
         """The previous version's workers: kept idle in probation (a rollback
         is then one assignment), or drained and stopped."""
@@ -69,12 +70,11 @@ class RolloutControl:
         if slot.probation is not None:  # one probation per slot: the newest
             self.loop.spawn_callback(self.provision.retire, self.cancel_probation(slot))
         old_p99 = slot.stats_before_swap
-        for w in old:
-            w.set_state(State.IDLE)
+        assert previous["version"] is not None  # workers served it
         p = Probation(version=previous["version"], workers=old, new_version=version,
                       until=time.monotonic() + probation_s, old_p99=old_p99)
+        self.ctl.start_probation(slot, p)
         p.timer = self.loop.call_later(probation_s, self.end_probation, slot, p)
-        slot.probation = p
         log.info("%s v%s stays loaded in probation for %.0fs (rollback is instant)",
                  slot.name, p.version, probation_s)
         # in-flight requests on the old workers still finish: wait for them
@@ -83,54 +83,36 @@ class RolloutControl:
                 for w, d in zip(old, drained)]
 
     def cancel_probation(self, slot: Slot) -> list[WorkerHandle]:
-        p, slot.probation = slot.probation, None
-        if p is None:
-            return []
-        if p.timer is not None:
-            self.loop.remove_timeout(p.timer)
-        return p.workers
+        return self.ctl.cancel_probation(slot)
 
     def end_probation(self, slot: Slot, p: Probation) -> None:
-        if slot.probation is not p:
+        if not self.ctl.end_probation(slot, p):
             return
-        slot.probation = None
         log.info("probation of %s v%s ended: its workers stop", slot.name, p.version)
         self.events.emit("probation_ended", name=slot.name, from_version=p.version,
                          to_version=p.new_version, details=p.new_stats.describe())
         self.loop.spawn_callback(self.provision.retire, p.workers)
 
     def switch_back(self, slot: Slot, reason: str, auto: bool,
-                    figures: dict[str, Any] | None = None) -> dict[str, Any]:
+                    figures: dict[str, Any] | None = None) -> RolledBack:
         """Within probation: the previous version serves again, in one
         assignment; the rolled-back version's workers drain and stop. Routing
         only: the callers persist (before it, or right after it)."""
-        p = slot.probation
-        if p is None or not p.workers:
-            raise Conflict(f"{slot.name} has no version in probation any more",
-                           code="no_previous")
-        self.cancel_probation(slot)
-        bad_version, bad = slot.version, list(slot.replicas)
-        for w in bad:
-            if w.state is State.SERVING:
-                w.set_state(State.DRAINING)  # no new requests from now on
-        self.router.swap(slot, p.workers, p.version, len(p.workers))
-        slot.previous = None
-        info = {"version": bad_version, "reason": reason, "auto": auto, "figures": figures,
-                "at": time.time(), "back_to": p.version}
-        slot.rolled_back[bad_version] = info  # type: ignore[index]  # a serving slot's version
+        info, bad = self.ctl.switch_back(slot, reason, auto, figures)
+        bad_version, back_to = info["version"], info["back_to"]
         (log.warning if auto else log.info)(
-            "%s rolled back from v%s to v%s (%s): %s", slot.name, bad_version, p.version,
+            "%s rolled back from v%s to v%s (%s): %s", slot.name, bad_version, back_to,
             "automatic" if auto else "manual", reason)
         self.events.emit("rollback", name=slot.name, source="auto" if auto else "api",
-                         from_version=bad_version, to_version=p.version, reason=reason,
+                         from_version=bad_version, to_version=back_to, reason=reason,
                          details=figures)
         self.loop.spawn_callback(self.provision.retire, bad)
-        if auto and bad_version is not None:  # nor may a standby that preloaded it keep it
+        if auto:  # nor may a standby that preloaded it keep it
             self.pool.forget(slot.name, bad_version)  # (and preload_guesses skip it)
         return info
 
     def rollback_now(self, slot: Slot, reason: str, auto: bool,
-                     figures: dict[str, Any] | None = None) -> dict[str, Any]:
+                     figures: dict[str, Any] | None = None) -> RolledBack:
         """The automatic rollback (errors, latency, a crash in probation):
         switch at once, since every moment on the bad version costs requests,
         then write the record (RecordKeeper.save_later; retried until it succeeds)."""
@@ -138,7 +120,7 @@ class RolloutControl:
         self.keeper.save_later(slot.name)
         return info
 
-    async def rollback(self, name: str, source: str = "api") -> dict[str, Any]:
+    async def rollback(self, name: str, source: str = "api") -> "RollbackResult":
         """POST /rollback: the previous version serves again. Within probation
         it is one routing assignment; after it, an apply of that version."""
         check_name(name)
@@ -150,10 +132,10 @@ class RolloutControl:
             if p.timer is not None:  # it must not end while the record is written
                 self.loop.remove_timeout(p.timer)
                 p.timer = None
-            done: dict[str, Any] = {}
+            done: list[RolledBack] = []
 
             def switch() -> None:
-                done["info"] = self.switch_back(slot, "manual rollback", auto=False)
+                done.append(self.switch_back(slot, "manual rollback", auto=False))
             try:
                 await self.keeper.commit(
                     name, {"version": p.version, "replicas": len(p.workers),
@@ -167,9 +149,10 @@ class RolloutControl:
             except Conflict:  # the probation ended while the record was written
                 self.keeper.save_later(name)
                 raise
-            info = done["info"]
-            out = {"name": name, "from_version": info["version"], "to_version": info["back_to"],
-                   "instant": True, "took_s": round(time.monotonic() - t0, 6)}
+            info = done[0]
+            out: RollbackResult = {"name": name, "from_version": info["version"],
+                                   "to_version": info["back_to"], "instant": True,
+                                   "took_s": round(time.monotonic() - t0, 6)}
             after = await self.keeper.records.after_change()  # cluster: written, replicated
             if after is not None:
                 out["cluster"] = after
@@ -177,9 +160,11 @@ class RolloutControl:
         if not slot.previous:
             raise Conflict(f"{name} has no previous version to roll back to", code="no_previous")
         target, bad = slot.previous, slot.version
+        assert bad is not None  # a slot with a previous version serves one
         result = await self.apply(name, target, default=False, source="rollback")
-        slot.rolled_back[bad] = {"version": bad, "reason": "manual rollback", "auto": False,  # type: ignore[index]  # serving: an int
-                                 "figures": None, "at": time.time(), "back_to": target}
+        self.ctl.note_rolled_back(slot, {"version": bad, "reason": "manual rollback",
+                                         "auto": False, "figures": None, "at": time.time(),
+                                         "back_to": target})
         self.events.emit("rollback", name=name, source=source, from_version=bad,
                          to_version=target, reason="manual rollback after probation",
                          phases=result.get("phases_s"))
@@ -234,7 +219,7 @@ class RolloutControl:
             if serving is None:
                 serving = rollouts_score(slot.labels, await self.score_on(slot.replicas[0],
                                                                            texts), truth)
-                slot.gate_cache[key] = serving
+                self.ctl.cache_gate(slot, key, serving)
         tol = self.cfg["rollout"]["gate_tolerance"]
         reasons = []
         if serving and cand["accuracy"] < serving["accuracy"] - tol:
@@ -259,7 +244,7 @@ class RolloutControl:
 
     async def start_candidate(self, slot: Slot, version: int, path: str, replicas: int,
                                mode: str, fraction: float | None, keep_examples: int,
-                               source: str, t_call: float) -> dict[str, Any]:
+                               source: str, t_call: float) -> "ApplyResult":
         if not slot.replicas:
             raise Conflict(f"nothing serves {slot.name} yet: apply a version normally "
                            "before a shadow or canary", code="not_serving")
@@ -285,12 +270,9 @@ class RolloutControl:
             self.pool.ensure(delay=1.0)
             raise
         workers = [w for w, _, _ in ready]
-        for w in workers:
-            w.slot, w.on_answer = slot, slot.on_answer
-            w.set_state(State.SERVING)
-            w.send({"t": "serve"})
-        slot.candidate = Candidate(version=version, workers=workers, mode=mode,
-                                   fraction=fraction, keep_examples=keep_examples)
+        self.ctl.set_candidate(slot, Candidate(version=version, workers=workers, mode=mode,
+                                               fraction=fraction,
+                                               keep_examples=keep_examples))
         log.info("%s v%s runs as a %s candidate beside v%s (fraction %.3f)", slot.name,
                  version, mode, slot.version, fraction)
         self.events.emit(mode, name=slot.name, source=source, from_version=slot.version,
@@ -303,13 +285,7 @@ class RolloutControl:
                 "total_s": round(time.monotonic() - t_call, 4)}
 
     def drop_candidate(self, slot: Slot) -> list[WorkerHandle]:
-        c, slot.candidate = slot.candidate, None
-        if c is None:
-            return []
-        for w in c.workers:
-            if w.state is State.SERVING:
-                w.set_state(State.DRAINING)
-        return c.workers
+        return self.ctl.drop_candidate(slot)
 
     async def promote(self, name: str, gate: bool = True) -> dict[str, Any]:
         """The shadow or canary candidate serves all traffic: one assignment."""
@@ -320,18 +296,12 @@ class RolloutControl:
                 raise Conflict(f"{name} has no shadow or canary candidate to promote",
                                code="no_candidate")
             gate_info = await self.quality_gate(slot, c.version, c.workers, gate, None)
-            seen: dict[str, Any] = {}
+            seen: list[tuple[list[WorkerHandle], ModelRef, float]] = []
 
             def switch() -> None:
-                if slot.candidate is not c or not c.workers:
-                    raise Conflict(f"the {c.mode} candidate of {name} is gone (its workers "
-                                   "died)", code="no_candidate")
-                seen["t0"] = time.monotonic()
-                slot.candidate = None
-                seen["old"] = list(slot.replicas)
-                seen["previous"] = {"name": name, "version": slot.version}
-                self.router.swap(slot, c.workers, c.version, len(c.workers))
-                seen["took"] = time.monotonic() - seen["t0"]
+                t0 = time.monotonic()
+                old, previous = self.ctl.promote(slot, c)
+                seen.append((old, previous, time.monotonic() - t0))
             try:  # persist, then switch
                 await self.keeper.commit(
                     name, {"version": c.version, "replicas": len(c.workers),
@@ -339,7 +309,7 @@ class RolloutControl:
             except Conflict:
                 self.keeper.save_later(name)
                 raise
-            old, previous, took = seen["old"], seen["previous"], seen["took"]
+            old, previous, took = seen[0]
             log.info("%s v%s promoted from %s", name, c.version, c.mode)
             self.events.emit("promote", name=name, source="api", from_version=previous["version"],
                              to_version=c.version, details={"mode": c.mode, **c.describe(),

@@ -4,9 +4,9 @@
 model name (or the default, read from the serving state), least-in-flight
 choice among its replicas, one retry when a worker dies with the request in
 flight, a canary's share and a shadow's mirrored copy, and the latency and
-error figures per version. It also owns `swap`, the single assignment that
-changes what a slot routes to. It touches slots' routing state and figures;
-it starts and stops nothing, and calls nothing of the control plane while a
+error figures per version. It reads the serving state and writes only the
+figures (the swap, one assignment, is the serving controller's:
+control/servingctl.py); it starts and stops nothing, and calls nothing of the control plane while a
 request is served: a version in probation failing fast is reported through
 `on_failing`, which runs after the request's step of the IOLoop.
 """
@@ -17,10 +17,10 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from state.errors import ServiceError
-from control.rollout_state import Candidate, VersionStats
+from control.rollout_state import Candidate
 from control.slots import Slot
-from control.workerhandle import (RequestFailed, RequestTimedOut, State, WorkerDied,
-                                  WorkerError, WorkerHandle)
+from control.workerhandle import (RequestFailed, RequestTimedOut, WorkerDied, WorkerError,
+                                  WorkerHandle)
 
 if TYPE_CHECKING:
     from tornado.ioloop import IOLoop
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 class Router:
-    """Sends predictions to a slot's workers; swaps a slot's routing."""
+    """Sends predictions to a slot's workers."""
 
     def __init__(self, state: "ServingState", cfg: "Config", loop: "IOLoop",
                  on_failing: Callable[[], object]) -> None:
@@ -52,9 +52,11 @@ class Router:
         slot = self.slot_for(model)
         deadline = self.loop.time() + self.wcfg["request_timeout"]
         cap = self.wcfg["max_inflight"]
-        cand = slot.candidate
+        # the request's path reads the slot's fields directly (read only, no
+        # property call): the supervisor's CPU per request stays what it was
+        cand = slot._candidate
         if cand is not None and cand.mode == "canary" and random.random() < cand.fraction:
-            w = least_busy(cand.workers, cap)
+            w = Slot.pick(cand.workers, cap)
             if w is not None:
                 t0 = time.monotonic()
                 try:
@@ -92,8 +94,8 @@ class Router:
                 self.count_error(slot, w)
                 raise ServiceError(str(exc), 504, "timeout") from None
             took = time.monotonic() - t0
-            slot.stats.observe(took)
-            p = slot.probation
+            slot._stats.observe(took)
+            p = slot._probation
             if p is not None and w.model and w.model["version"] == p.new_version:
                 p.new_stats.observe(took)
             if cand is not None and cand.mode == "canary":
@@ -118,7 +120,7 @@ class Router:
         """Send a copy to the shadow candidate; compare once both answered.
         Never awaited by the client's request, and skipped when the candidate
         is at its in-flight cap, so a slow shadow cannot slow serving."""
-        w = least_busy(cand.workers, self.wcfg["max_inflight"])
+        w = Slot.pick(cand.workers, self.wcfg["max_inflight"])
         if w is None:
             cand.dropped += 1
             return
@@ -143,33 +145,3 @@ class Router:
                 return
             cand.compare(texts, labels, w.labels, ours, theirs)
         self.loop.spawn_callback(compare)
-
-    def swap(self, slot: Slot, workers: list[WorkerHandle], version: int,
-              replicas: int) -> None:
-        """Route the slot to `workers`: one assignment. The caller decides what
-        becomes of the workers that served before."""
-        for w in workers:
-            w.slot, w.on_answer = slot, slot.on_answer
-            if w.state is not State.SERVING:
-                w.set_state(State.SERVING)
-        slot.replicas = workers  # the swap
-        for w in workers:
-            w.send({"t": "serve"})  # leaves the standby's low priority
-        if slot.version is not None and slot.version != version:
-            slot.previous = slot.version
-        slot.version, slot.labels, slot.wanted = version, list(workers[0].labels), replicas
-        # the old version's p99 is the yardstick of the automatic rollback: a
-        # version that served only a few requests (swapped right back) has none
-        enough = len(slot.stats.latencies) >= max(100, self.cfg["rollout"]["min_requests"])
-        slot.stats_before_swap = slot.stats.p(0.99) if enough else None
-        slot.stats = VersionStats()
-        slot.failed = None
-        slot.wake_all()
-
-
-def least_busy(workers: list[WorkerHandle], cap: int) -> WorkerHandle | None:
-    best = None
-    for w in workers:
-        if w.usable and w.inflight < cap and (best is None or w.inflight < best.inflight):
-            best = w
-    return best

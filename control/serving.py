@@ -2,72 +2,144 @@
 
 `ServingState` holds the slots by model name, the default model, the applied
 record as last written or followed, the models that failed, the last apply's
-answer and the service's lifetime counters. The control plane's transitions
-change it (apply, unload and following the record in control/applies.py;
-rollback, promote and probation in control/rollout_control.py; recovery in
-control/healing.py), always on the IOLoop; every other part reads it. The
-request path (control/routing.py) reads a slot and its replicas, once per
-request, and writes only the slot's figures.
+answer and the service's lifetime counters. Every field is a read-only
+property: one part writes them, the serving controller
+(control/servingctl.py `ServingController`), whose methods are the
+transitions (apply, unload, rollback, promote, recover, give up, follow the
+record), always on the IOLoop. Every other part reads. The request path
+(control/routing.py) reads a slot and its replicas, once per request, and
+writes only the slot's figures.
 """
 from __future__ import annotations
 
 import collections
 import time
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping, TypedDict
 
 from state.errors import NoModel, UnknownModel
-from control.slots import Slot
+from control.slots import ApplyResult, Slot
+
+
+class RecordEntry(TypedDict):
+    """One model of the applied record."""
+    version: int | None
+    replicas: int | None
+    explicit: bool
+
+
+class AppliedRecord(TypedDict):
+    """The applied record: what serves, per name, and the default model."""
+    default: str | None
+    models: dict[str, RecordEntry]
+    revision: int
+
+
+class FailedModel(TypedDict):
+    """A version marked FAILED (`ServingController.give_up`)."""
+    name: str
+    version: int
+    reason: str
+    at: float
+
+
+def empty_record() -> AppliedRecord:
+    return {"default": None, "models": {}, "revision": 0}
 
 
 class ServingState:
-    """Slots, the default model and the applied record."""
+    """Slots, the default model and the applied record (read-only here;
+    written by `ServingController` alone)."""
 
     def __init__(self) -> None:
-        self.slots: dict[str, Slot] = {}
-        self.default_name: str | None = None
-        self.previous_default: str | None = None  # the default before the last change
-        self.record: dict[str, Any] = {"default": None, "models": {}, "revision": 0}
-        self.failed_models: dict[str, dict[str, Any]] = {}
-        self.last_apply: dict[str, Any] | None = None
-        self.demo_training = False  # the first-start demo's job runs: its apply is not explicit
-        self.started = time.time()
-        self.stopping = False
-        self.restarts = 0
-        self.exits: collections.deque[Any] = collections.deque(maxlen=20)
+        self._slots: dict[str, Slot] = {}
+        self._slots_view: Mapping[str, Slot] = MappingProxyType(self._slots)
+        self._default_name: str | None = None
+        self._previous_default: str | None = None  # the default before the last change
+        self._record: AppliedRecord = empty_record()
+        self._failed_models: dict[str, FailedModel] = {}
+        self._last_apply: ApplyResult | None = None
+        self._demo_training = False  # the first-start demo's job runs: its apply is not explicit
+        self._started = time.time()
+        self._stopping = False
+        self._restarts = 0
+        self._exits: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
 
-    def set_default(self, name: str | None) -> None:
-        """The default model becomes `name`; the one before is remembered."""
-        if name != self.default_name:
-            self.previous_default, self.default_name = self.default_name, name
+    # -- the fields, read-only ----------------------------------------------------
+    @property
+    def slots(self) -> Mapping[str, Slot]:
+        return self._slots_view
 
+    @property
+    def default_name(self) -> str | None:
+        return self._default_name
+
+    @property
+    def previous_default(self) -> str | None:
+        return self._previous_default
+
+    @property
+    def record(self) -> AppliedRecord:
+        return self._record
+
+    @property
+    def failed_models(self) -> Mapping[str, FailedModel]:
+        return MappingProxyType(self._failed_models)
+
+    @property
+    def last_apply(self) -> ApplyResult | None:
+        return self._last_apply
+
+    @property
+    def demo_training(self) -> bool:
+        return self._demo_training
+
+    @property
+    def started(self) -> float:
+        return self._started
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def restarts(self) -> int:
+        return self._restarts
+
+    @property
+    def exits(self) -> tuple[dict[str, Any], ...]:
+        return tuple(self._exits)
+
+    # -- reads -------------------------------------------------------------------
     @property
     def ready(self) -> bool:
         """The default model serves (what /readyz reports)."""
-        slot = self.slots.get(self.default_name) if self.default_name else None
-        return slot is not None and bool(slot.replicas)
+        slot = self._slots.get(self._default_name) if self._default_name else None
+        return slot is not None and bool(slot._replicas)
 
     def serving_names(self) -> list[str]:
-        return sorted(n for n, s in self.slots.items() if s.replicas)
+        return sorted(n for n, s in self._slots.items() if s.replicas)
 
     def serving_model(self, name: str | None = None) -> dict[str, Any] | None:
         """{"name", "version", "labels", "replicas"} of what serves `name`
         (the default model when None), or None."""
-        slot = self.slots.get(name or self.default_name or "")
-        if slot is None or not slot.replicas:
+        slot = self._slots.get(name or self._default_name or "")
+        # on every request's path: the slot's fields read directly (no property call)
+        if slot is None or not slot._replicas:
             return None
-        return {"name": slot.name, "version": slot.version, "labels": list(slot.labels),
-                "replicas": len(slot.replicas)}
+        return {"name": slot._name, "version": slot._version, "labels": list(slot._labels),
+                "replicas": len(slot._replicas)}
 
     def slot_for(self, name: str | None) -> Slot:
         """The slot that answers for `name` (the default model when None)."""
         if name is None:
-            if self.default_name is None:
+            if self._default_name is None:
                 raise NoModel("no model is serving; apply one with POST /apply")
-            slot = self.slots.get(self.default_name)
+            slot = self._slots.get(self._default_name)
             if slot is None:
-                raise NoModel(f"the default model {self.default_name!r} is not loaded yet")
+                raise NoModel(f"the default model {self._default_name!r} is not loaded yet")
             return slot
-        slot = self.slots.get(name)
+        slot = self._slots.get(name)
         if slot is None:
             serving = ", ".join(self.serving_names()) or "none"
             raise UnknownModel(f"model {name!r} is not serving here (serving: {serving})",

@@ -72,6 +72,7 @@ from state.predlog_writer import (ID_MOD, ID_WINDOW_MS, MAX_SPAN_S, TRIM_SLACK, 
                                   top_list)
 from state.sqlitedb import ThreadConnections, connect, transaction
 from state.statedb import as_oserror
+from state.storage import Health
 
 log = logging.getLogger("textswap.predlog")
 
@@ -476,9 +477,10 @@ class PredictionLog(PredictionLogCore):
     """See the module docstring; the logic is state/predlog_core.py's."""
 
     def __init__(self, path: str, *, enabled: bool = True, max_rows: int = 100_000,
-                 feedback_rows: int = 100_000, example_rows: int = 100_000) -> None:
+                 feedback_rows: int = 100_000, example_rows: int = 100_000,
+                 health: Health | None = None) -> None:
         super().__init__(enabled=enabled, max_rows=max_rows, feedback_rows=feedback_rows,
-                         example_rows=example_rows)
+                         example_rows=example_rows, health=health)
         self.path = os.path.abspath(path)
         self._rows: dict[tuple[str, str], int] = {}  # (table, model) -> rows, at least
         os.makedirs(os.path.dirname(self.path), exist_ok=True)

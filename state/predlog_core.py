@@ -31,6 +31,8 @@ import random
 import time
 from typing import Any, Callable, Iterable, Sequence
 
+from state.storage import Health
+
 WHAT = "the prediction log"  # how storage health and errors name it
 
 
@@ -198,8 +200,8 @@ class PredictionLogCore:
     reads (get, recent, feedback_count, labels_seen), flush and close."""
 
     def __init__(self, *, enabled: bool, max_rows: int, feedback_rows: int,
-                 example_rows: int) -> None:
-        self.health: Any = None  # state/storage.py's Storage, set by the supervisor
+                 example_rows: int, health: Health | None = None) -> None:
+        self.health = health  # state/storage.py's Storage: write outcomes go there
         self.enabled = enabled
         self.max_rows = max_rows
         # per model, the feedback rows and free examples kept (the oldest go first)

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from state.keys import ACTOR
 from state.sqlitedb import ThreadConnections, connect, transaction
+from state.storage import Health
 
 log = logging.getLogger("textswap.statedb")
 
@@ -103,12 +104,13 @@ def _loads(text: str | None) -> Any:
 class StateDB:
     """The state database of one model store; see the module docstring."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, health: Health | None = None) -> None:
+        """health: where write outcomes go (state/storage.py's Storage)."""
         self.path = os.path.abspath(path)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._conns = ThreadConnections(self.path)  # the writer thread's
         self._closed = False
-        self.health: Any = None  # state/storage.py's Storage, set by the supervisor
+        self.health = health
         # schema first, synchronously: a start that cannot open its state fails loudly
         conn = self._connect()
         try:

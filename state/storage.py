@@ -23,7 +23,7 @@ import os
 import shutil
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from tornado.ioloop import IOLoop
 
@@ -43,6 +43,15 @@ def storage_error(what: str, path: str, exc: OSError) -> StorageFailed:
         status=507 if full else 503, code="insufficient_storage" if full else "store_unavailable",
         details={"what": what, "path": path, "errno": exc.errno,
                  "errno_name": errno.errorcode.get(exc.errno or 0)})
+
+
+class Health(Protocol):
+    """Where a writer reports its outcomes (the state db, the prediction
+    log); `Storage` shows them as the storage health."""
+
+    def failed(self, what: str, path: str, exc: OSError) -> None: ...
+
+    def succeeded(self, what: str) -> None: ...
 
 
 class Storage:

@@ -256,3 +256,198 @@ def test_the_serving_state_has_one_owner():
                         found.append(f"{mod}.{cls.name} sets self.{t.attr}")
     # the cluster client's cache of the Redis record is its own (cluster/record.py)
     assert [f for f in found if not f.startswith("cluster.record.Cluster ")] == [], found
+
+
+# -- one writer of the serving state -------------------------------------------------
+CONTROLLER = "control.servingctl"  # ServingController: the one writer
+SERVING = {"control.serving": "ServingState", "control.slots": "Slot"}
+WRITE_SCOPE = ("control", "cluster", "state", "supervisor")
+MUTATORS = {"append", "appendleft", "extend", "extendleft", "insert", "pop", "popleft",
+            "popitem", "remove", "clear", "update", "setdefault", "add", "discard", "sort",
+            "reverse", "rotate"}
+
+
+def _parse(path: str) -> ast.Module:
+    with open(path, encoding="utf-8") as f:
+        return ast.parse(f.read(), path)
+
+
+def _self_fields(tree: ast.Module) -> dict[str, set[str]]:
+    """class -> the attributes its methods set on `self`."""
+    out: dict[str, set[str]] = {}
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        names = out.setdefault(cls.name, set())
+        for node in ast.walk(cls):
+            for t in _targets(node):
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) \
+                        and t.value.id == "self":
+                    names.add(t.attr)
+    return out
+
+
+def _targets(node: ast.AST) -> list[ast.expr]:
+    """What an assignment, augmented assignment or del writes (tuples unpacked)."""
+    if isinstance(node, ast.Assign):
+        found = list(node.targets)
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        found = [node.target]
+    elif isinstance(node, ast.Delete):
+        found = list(node.targets)
+    else:
+        return []
+    out: list[ast.expr] = []
+    while found:
+        t = found.pop()
+        if isinstance(t, (ast.Tuple, ast.List)):
+            found.extend(t.elts)
+        elif isinstance(t, ast.Starred):
+            found.append(t.value)
+        else:
+            out.append(t)
+    return out
+
+
+def _serving_fields() -> set[str]:
+    """The attributes of ServingState and Slot: the names their __init__ sets on
+    self, with and without a leading underscore (a read-only property `x` is
+    backed by `_x`)."""
+    mods = _modules()
+    names: set[str] = set()
+    for mod, cls in SERVING.items():
+        for name in _self_fields(_parse(mods[mod]))[cls]:
+            names |= {name, name.lstrip("_"), "_" + name.lstrip("_")}
+    return names
+
+
+def _shared(fields: set[str], sources: dict[str, ast.Module]) -> set[str]:
+    """Public field names that another class sets on its own self too (a job's
+    `started`, a candidate's `version`): a write `x.version = ...` cannot be
+    told apart by its name, so for these the read-only property is the check
+    (a write raises AttributeError, and mypy refuses it:
+    test_serving_fields_are_read_only_properties)."""
+    shared: set[str] = set()
+    for mod, tree in sources.items():
+        for cls, names in _self_fields(tree).items():
+            if SERVING.get(mod) != cls:
+                shared |= {n for n in names & fields if not n.startswith("_")}
+    return shared
+
+
+def _serving_writes(sources: dict[str, ast.Module], fields: set[str]) -> list[str]:
+    """Writes of the serving state's fields outside the controller: an
+    assignment, augmented assignment or del of `x.<field>` or `x.<field>[k]`,
+    or a mutating call `x.<field>.append(...)`, where x is not `self`."""
+    watch = fields - _shared(fields, sources)
+    found = []
+
+    def field_of(e: ast.expr) -> str | None:
+        if isinstance(e, ast.Subscript):
+            e = e.value
+        if (isinstance(e, ast.Attribute) and e.attr in watch
+                and not (isinstance(e.value, ast.Name) and e.value.id == "self")):
+            return e.attr
+        return None
+
+    for mod, tree in sources.items():
+        if mod == CONTROLLER:
+            continue
+        for node in ast.walk(tree):
+            for t in _targets(node):
+                name = field_of(t)
+                if name is not None:
+                    found.append(f"{mod}:{node.lineno} writes {ast.unparse(t)}")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in MUTATORS and field_of(node.func.value)):
+                found.append(f"{mod}:{node.lineno} changes {ast.unparse(node.func.value)}")
+    return found
+
+
+def _write_scope() -> dict[str, ast.Module]:
+    return {m: _parse(p) for m, p in _modules().items() if _layer(m) in WRITE_SCOPE}
+
+
+def test_only_the_controller_writes_the_serving_state():
+    """ServingState's and Slot's fields are written by ServingController alone
+    (control/servingctl.py): nowhere else in control/, cluster/, state/ or
+    supervisor.py is one assigned, deleted, or changed in place."""
+    fields = _serving_fields()
+    assert {"replicas", "_replicas", "default_name", "probation", "slots", "record"} <= fields
+    found = _serving_writes(_write_scope(), fields)
+    assert found == [], "serving state written outside the controller:\n" + "\n".join(found)
+
+
+def test_serving_fields_are_read_only_properties():
+    """Every field of ServingState and Slot reads through a property with no
+    setter (backed by `_name`): for everyone but the controller, read-only."""
+    from control.serving import ServingState
+    from control.slots import Slot
+
+    mods = _modules()
+    loose = []
+    for mod, cls in ((m, c) for m, c in SERVING.items()):
+        klass = {"ServingState": ServingState, "Slot": Slot}[cls]
+        for name in sorted(_self_fields(_parse(mods[mod]))[cls]):
+            public = name.lstrip("_")
+            if public == "slots_view":  # the slots' read-only view, built once
+                continue
+            attr = getattr(klass, public, None)
+            if not name.startswith("_") or not isinstance(attr, property) or attr.fset:
+                loose.append(f"{cls}.{public}")
+    assert loose == [], f"fields writable from outside: {loose}"
+
+
+def test_the_write_check_can_fail():
+    """The scan finds what the old code did: a slot's swap in the router, a
+    counter bumped by the healer, a slot made by the applies, a field deleted."""
+    fields = _serving_fields()
+    old = ast.parse(
+        "class Router:\n"
+        "    def swap(self, slot, workers):\n"
+        "        slot.replicas = workers\n"
+        "        slot._stats_before_swap, x = None, 1\n"
+        "class Healer:\n"
+        "    def on_exit(self, w):\n"
+        "        w.slot.replacing += 1\n"
+        "        self.state.exits.append(w)\n"
+        "        slot = self.state.slots[w.name] = object()\n"
+        "        del self.state.slots[w.name]\n"
+        "        self.applying = 0\n")  # its own field: not the serving state's
+    found = _serving_writes({"control.example": old}, fields)
+    assert sorted(f.split(" ", 1)[1] for f in found) == [
+        "changes self.state.exits", "writes self.state.slots[w.name]",
+        "writes self.state.slots[w.name]", "writes slot._stats_before_swap",
+        "writes slot.replicas", "writes w.slot.replacing"], found
+
+
+# -- composition: no part patched after construction ----------------------------------
+def _patched_parts(tree: ast.Module) -> list[str]:
+    """In supervisor.py: the names bound to a constructed part (`x = Cls(...)`,
+    `self.x = y = f(...)`), then every assignment to an attribute of one."""
+    parts: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            for t in _targets(node):
+                if isinstance(t, (ast.Name, ast.Attribute)):
+                    parts.add(ast.unparse(t))
+    parts.discard("self")
+    found = []
+    for node in ast.walk(tree):
+        for t in _targets(node):
+            if isinstance(t, ast.Attribute) and ast.unparse(t.value) in parts:
+                found.append(f"supervisor.py:{node.lineno} sets {ast.unparse(t)}")
+    return found
+
+
+def test_no_part_is_patched_after_construction():
+    """supervisor.py builds each part with what it uses: no `node.jobs = ...`,
+    `sup.keys = ...` or `self.rollouts.apply = ...` afterwards."""
+    found = _patched_parts(_parse(_modules()["supervisor"]))
+    assert found == [], "\n".join(found)
+    # the check finds such a patch
+    assert _patched_parts(ast.parse(
+        "class S:\n"
+        "    def __init__(self):\n"
+        "        self.rollouts = RolloutControl()\n"
+        "        node = ClusterNode()\n"
+        "        self.rollouts.apply = f\n"
+        "        node.jobs, node.pool = 1, 2\n")) != []

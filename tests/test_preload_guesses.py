@@ -20,6 +20,7 @@ from tornado.ioloop import IOLoop
 from control.pool import WorkerPool
 from control.provision import Provisioner
 from control.serving import ServingState
+from control.servingctl import ServingController
 from control.slots import Slot
 from control.workerhandle import State
 from state.config import load_config
@@ -50,9 +51,12 @@ def _parts(root: str):
 
 
 def _serving(state: ServingState, name: str, version: int) -> Slot:
-    slot = state.slots[name] = Slot(name)
-    slot.version, slot.replicas = version, [object()]  # type: ignore[list-item]
-    state.default_name = name
+    """A slot serving `version` on a stand-in replica, set up directly (the
+    fields are the serving controller's to change; no worker swaps in here)."""
+    ServingController(state, {}, IOLoop.current()).open_slot(name)  # type: ignore[arg-type]
+    slot = state.slots[name]
+    slot._version, slot._replicas = version, (object(),)  # type: ignore[assignment]
+    state._default_name = name
     return slot
 
 
@@ -71,18 +75,18 @@ def test_guesses_skip_versions_rolled_back_automatically_or_failed(tiny_store, t
         state, _pool, provision = _parts(root)
         slot = _serving(state, "m", 1)
         assert provision.preload_guesses() == [("m", 4)]
-        slot.rolled_back[4] = {"auto": True, "reason": "crashed"}
+        slot._rolled_back[4] = {"auto": True, "reason": "crashed"}  # type: ignore[typeddict-item]
         assert provision.preload_guesses() == [("m", 3)]
-        state.failed_models["m v3"] = {"name": "m", "version": 3}
+        state._failed_models["m v3"] = {"name": "m", "version": 3}  # type: ignore[typeddict-item]
         assert provision.preload_guesses() == [("m", 2)]
-        slot.rolled_back[2] = {"auto": False, "reason": "an operator's"}  # asked for: may return
+        slot._rolled_back[2] = {"auto": False, "reason": "an operator's"}  # type: ignore[typeddict-item]  # asked for: may return
         assert provision.preload_guesses() == [("m", 2)]
         # the version served before (a rollback's target), unless it FAILED
-        slot.version, slot.previous = 4, 2
-        slot.rolled_back.clear()
-        state.failed_models.clear()
+        slot._version, slot._previous = 4, 2
+        slot._rolled_back.clear()
+        state._failed_models.clear()
         assert provision.preload_guesses() == [("m", 2)]
-        state.failed_models["m v2"] = {"name": "m", "version": 2}
+        state._failed_models["m v2"] = {"name": "m", "version": 2}  # type: ignore[typeddict-item]
         assert provision.preload_guesses() == []
 
     IOLoop.current().run_sync(run)

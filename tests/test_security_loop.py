@@ -355,7 +355,7 @@ def test_the_age_limit_reaches_the_holdout_and_the_inline_data_copy(tmp_path):
     os.makedirs(root)
     plog = PredictionLog(os.path.join(root, PREDLOG))
     try:
-        policies = Policies({}, root, None, plog, None, None)  # type: ignore[arg-type]
+        policies = Policies({}, root, None, plog, None, None, None)  # type: ignore[arg-type]
         old, new = "旧的文字 " + os.urandom(3).hex(), "新的文字 " + os.urandom(3).hex()
         data = Dataset([old, new, "其他"], ["pos", "neg", "pos"], "inline",
                        {"pos": 2, "neg": 1})
