@@ -314,3 +314,16 @@ def test_spans_are_classified_by_shape():
         "meta.json", "Router.swap", "apply_locked")] == [
         "route", "error", "env", "config", "config", "literal", "path", "command",
         "file", "code", "code"]
+
+
+def test_the_document_is_short_and_self_contained():
+    """At most 250 lines, and every reference stays inside the repository:
+    no parent-folder paths, no issue numbers, no links out."""
+    with open(DOC, encoding="utf-8") as fh:
+        text = fh.read()
+    assert len(text.splitlines()) <= 250
+    assert "../" not in text
+    assert not re.search(r"\bissue\s*#?\d", text, re.I)
+    for target in re.findall(r"\]\(([^)]+)\)", text):
+        assert "://" not in target, target
+        assert os.path.exists(os.path.join(ROOT, target.split("#")[0])), target
