@@ -87,18 +87,18 @@ class ClusterNode:
     def __init__(self, config: "Config", ctl: "ServingController", store: "ModelStore",
                  events: "Events", provision: "Provisioner", pool: "WorkerPool",
                  node_id: str | None = None) -> None:
-        cfg = config["cluster"]
+        cfg = config.cluster
         self.cfg, self.ctl, self.state, self.store = config, ctl, ctl.state, store
         self.events, self.provision, self.pool = events, provision, pool
-        self.node_id = node_id or cfg["node_id"] or default_node_id(config["server"]["port"])
+        self.node_id = node_id or cfg.node_id or default_node_id(config.server.port)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.node_id)
         self.cluster = Cluster(
-            RedisTarget.of(cfg), self.node_id, prefix=cfg["key_prefix"],
+            RedisTarget.of(cfg), self.node_id, prefix=cfg.key_prefix,
             cache_path=os.path.join(store.root, ".cluster", f"{safe}.record.json"),
-            poll_interval=cfg["poll_interval"], heartbeat_interval=cfg["poll_interval"],
-            heartbeat_ttl=cfg["heartbeat_ttl"])
-        self.training = ClusterTraining(self, ClusterJobs(self.cluster, cfg["job_lease"],
-                                                          config["training"]["keep_jobs"]))
+            poll_interval=cfg.poll_interval, heartbeat_interval=cfg.poll_interval,
+            heartbeat_ttl=cfg.heartbeat_ttl)
+        self.training = ClusterTraining(self, ClusterJobs(self.cluster, cfg.job_lease,
+                                                          config.training.keep_jobs))
         self.twophase = TwoPhase(self.cluster, config, store, ctl.state, provision, pool)
         self._writes: asyncio.Queue[Any] = asyncio.Queue()
         self._writer: asyncio.Task[Any] | None = None
@@ -272,8 +272,8 @@ class ClusterNode:
         self._check_applied()  # apply, unload, rollback, crash...: still on the record?
 
     def _describe(self) -> dict[str, Any]:
-        s = self.cfg["server"]
-        return {"inference": f"{s['host']}:{s['port']}", "pid": os.getpid(),
+        s = self.cfg.server
+        return {"inference": f"{s.host}:{s.port}", "pid": os.getpid(),
                 "default": self.state.default_name,
                 "serving": {n: {"version": sl.version, "replicas": len(sl.replicas)}
                             for n, sl in sorted(self.state.slots.items()) if sl.replicas},
@@ -403,7 +403,7 @@ class ClusterTraining:
             if self.node.state.stopping:
                 return
             while sum(1 for j in mgr.jobs.values() if j.state == "running") < \
-                    mgr.cfg["max_concurrent"]:
+                    mgr.cfg.max_concurrent:
                 doc = await self.q.claim()
                 if doc is None:
                     break

@@ -88,7 +88,7 @@ class TwoPhase:
                  state: "ServingState", provision: "Provisioner", pool: "WorkerPool") -> None:
         self.store, self.state, self.provision, self.pool = store, state, provision, pool
         self.c: Cluster = cluster
-        self.timeout = float(cfg["cluster"]["prepare_timeout"])
+        self.timeout = float(cfg.cluster.prepare_timeout)
         self.k_open = self.c.key("preps")
         self._seen: dict[str, float] = {}           # prepare ids this node handled
         self._inflight: dict[tuple[str, int, int], asyncio.Future[Any]] = {}

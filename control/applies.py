@@ -47,7 +47,7 @@ class Applies:
                  records: "RecordBackend", keeper: "RecordKeeper", provision: "Provisioner",
                  router: "Router", rollouts: "RolloutControl") -> None:
         self.ctl, self.state = ctl, ctl.state
-        self.cfg, self.wcfg, self.loop = cfg, cfg["worker"], loop
+        self.cfg, self.wcfg, self.loop = cfg, cfg.worker, loop
         self.store, self.pool, self.events = store, pool, events
         self.records, self.keeper, self.provision = records, keeper, provision
         self.router, self.rollouts = router, rollouts
@@ -111,7 +111,7 @@ class Applies:
         created = name not in self.state.slots
         slot = self.ctl.open_slot(name)
         if replicas is None:
-            replicas = slot.wanted if not created else self.cfg["serving"]["replicas"]
+            replicas = slot.wanted if not created else self.cfg.serving.replicas
         if persist and source == "api":
             await self.records.check()  # cluster: 503 while its store is unreachable
         self.ctl.begin_apply(slot)

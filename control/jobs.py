@@ -271,8 +271,8 @@ class JobManager:
         """state: the db shared with the rollout history; apply: the applies'
         apply (a job that asks for it applies its version); queue: LocalJobs
         unless given."""
-        self.cfg = cfg["training"]
-        self.log_level = cfg["log_level"]
+        self.cfg = cfg.training
+        self.log_level = cfg.log_level
         self.store, self.serving, self.pool = store, serving, pool
         self.policies, self.predlog, self.apply = policies, predlog, apply
         self.jobs: "collections.OrderedDict[str, Job]" = collections.OrderedDict()
@@ -293,7 +293,7 @@ class JobManager:
         """Where /train may read files: the store's data/ folder (a relative
         path is read from there) and training.data_roots; never the working
         directory (it holds the service's own files)."""
-        return [os.path.join(self.store.root, "data"), *self.cfg["data_roots"]]
+        return [os.path.join(self.store.root, "data"), *self.cfg.data_roots]
 
     @property
     def reuse_roots(self) -> list[str]:
@@ -435,7 +435,7 @@ class JobManager:
             full = validate_params(params or {})
         except ParamError as exc:
             raise JobError(400, "invalid_params", f"params.{exc.field}: {exc.message}") from None
-        if not self.cfg["pretrained"]:
+        if not self.cfg.pretrained:
             # training.pretrained: false: for a service that cannot take the
             # Llama 2 licence of the pretrained vectors, no job may use them
             if params and params.get("pretrained") is True:
@@ -483,11 +483,11 @@ class JobManager:
             full = validate_params({**(params or {}), "architecture": "zero_shot"})
         except ParamError as exc:
             raise JobError(400, "invalid_params", f"params.{exc.field}: {exc.message}") from None
-        if not self.cfg["pretrained"] or not full["pretrained"]:
+        if not self.cfg.pretrained or not full["pretrained"]:
             raise JobError(422, "zero_shot_unavailable",
                            "a zero-shot version embeds the descriptions with the pretrained "
                            "view, which is off " + ("on this service (training.pretrained: "
-                                                    "false)" if not self.cfg["pretrained"]
+                                                    "false)" if not self.cfg.pretrained
                                                     else "(params.pretrained: false)")
                            + "; give 'data' with labelled examples")
         if detect_tokenize(list(descriptions.values())) == "char":
@@ -571,7 +571,7 @@ class JobManager:
         try:
             check_name(doc.get("name"))
             params = validate_params(doc.get("params"))
-            if not self.cfg["pretrained"]:  # this node's own licence switch
+            if not self.cfg.pretrained:  # this node's own licence switch
                 params["pretrained"] = False
         except (InvalidName, ParamError) as exc:
             raise JobError(400, "invalid_job", f"job {doc['id']}: {exc}") from None
@@ -637,7 +637,7 @@ class JobManager:
     def _trim(self) -> None:
         """Keep training.keep_jobs finished jobs, in memory and in the db."""
         done = [j for j in self.jobs.values() if j.state in FINISHED]
-        drop = done[:max(0, len(done) - self.cfg["keep_jobs"])]
+        drop = done[:max(0, len(done) - self.cfg.keep_jobs)]
         for j in drop:
             del self.jobs[j.id]
         if drop:
@@ -649,7 +649,7 @@ class JobManager:
     def _schedule(self) -> None:
         running = sum(1 for j in self.jobs.values() if j.state == "running")
         for job in self.jobs.values():
-            if running >= self.cfg["max_concurrent"] or self.serving.stopping:
+            if running >= self.cfg.max_concurrent or self.serving.stopping:
                 return
             if job.state == "queued":
                 self._start(job)
@@ -662,8 +662,8 @@ class JobManager:
                 "data_file": os.path.join(job.dir, "data.jsonl"),
                 "log_file": os.path.join(job.dir, "train.log"),
                 "data_summary": job.data_summary, "models_dir": self.store.root,
-                "nice": self.cfg["nice"],
-                "idle_priority": self.cfg["idle_priority"], "threads": self.cfg["threads"], "root": ROOT,
+                "nice": self.cfg.nice,
+                "idle_priority": self.cfg.idle_priority, "threads": self.cfg.threads, "root": ROOT,
                 "parent_pid": os.getpid(),
                 "log_level": self.log_level}
         # forked from the workers' zygote like them: the trainer sets its own

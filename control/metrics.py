@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 if TYPE_CHECKING:
+    from state.config import Config
     from state.storage import Storage
     from control.events import Events
     from control.jobs import JobManager
@@ -359,13 +360,8 @@ def _hist(name: str, doc: str, labels: list[str], data: dict[Any, Hist]) -> Any:
     return fam
 
 
-def build(config: Any, events: "Events | None" = None) -> Metrics:
+def build(config: "Config", events: "Events | None" = None) -> Metrics:
     """The service's Metrics from its config (`metrics.enabled`); its
     sources are set once the parts they are made of exist."""
-    section: dict[str, Any] = {}
-    try:
-        section = config["metrics"]
-    except KeyError:
-        pass
-    return Metrics(None, events, enabled=bool(section.get("enabled", True)))
+    return Metrics(None, events, enabled=bool(config.metrics.enabled))
 

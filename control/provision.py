@@ -37,7 +37,7 @@ class Provisioner:
                  store: "ModelStore", pool: "WorkerPool",
                  end_probation: Callable[["Slot"], list[WorkerHandle]] = lambda slot: []
                  ) -> None:
-        self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg["worker"], loop
+        self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg.worker, loop
         self.store, self.pool = store, pool
         # a slot's probation ends early to make room: its workers, no longer
         # kept (the serving controller's cancel_probation)
@@ -89,7 +89,7 @@ class Provisioner:
                           ) -> tuple[WorkerHandle, dict[str, Any], bool]:
         """Boot (if needed) and load (unless preloaded) one worker.
         Returns (worker, ready frame, preloaded)."""
-        deadline = self.loop.time() + self.wcfg["boot_timeout"]
+        deadline = self.loop.time() + self.wcfg.boot_timeout
         try:
             await gen.with_timeout(deadline, w.booted, quiet_exceptions=(WorkerDied,))
             if w.state is State.LOADING:  # a preload is under way: let it finish
@@ -110,14 +110,14 @@ class Provisioner:
             # the cores until every one of them missed its load_timeout); the
             # deadline counts from the load's start
             async with self._loads:
-                ready = await gen.with_timeout(self.loop.time() + self.wcfg["load_timeout"],
+                ready = await gen.with_timeout(self.loop.time() + self.wcfg.load_timeout,
                                                w.load(path, name, version),
                                                quiet_exceptions=(WorkerDied, RequestFailed))
         except (gen.TimeoutError, WorkerError) as exc:
             status = None
             why = str(exc) or "load deadline passed"
             if isinstance(exc, gen.TimeoutError):
-                why = f"model did not load and warm up within {self.wcfg['load_timeout']}s"
+                why = f"model did not load and warm up within {self.wcfg.load_timeout}s"
                 status = 504
             w.error = why
             self.loop.spawn_callback(w.stop, 1.0)
@@ -160,8 +160,8 @@ class Provisioner:
             if w.alive:
                 if w.state in (State.SERVING, State.IDLE):
                     w.set_state(State.DRAINING)
-                drained = await w.wait_idle(self.wcfg["drain_timeout"])
-            ended = await w.stop(self.wcfg["stop_timeout"])
+                drained = await w.wait_idle(self.wcfg.drain_timeout)
+            ended = await w.stop(self.wcfg.stop_timeout)
             return {"generation": w.generation, "pid": w.pid, "drained": drained, "ended": ended}
         return list(await gen.multi([one(w) for w in ws]))
 
@@ -195,7 +195,7 @@ class Provisioner:
         log.info("%s waits for %d draining worker(s) to exit", what, len(leaving))
         try:
             await gen.with_timeout(
-                self.loop.time() + self.wcfg["drain_timeout"] + self.wcfg["stop_timeout"],
+                self.loop.time() + self.wcfg.drain_timeout + self.wcfg.stop_timeout,
                 gen.multi(leaving))
         except gen.TimeoutError:
             pass

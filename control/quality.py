@@ -48,6 +48,7 @@ from state.errors import NotFound
 from state.store import StoreError
 
 if TYPE_CHECKING:
+    from state.config import DriftSettings
     from state.predlog_api import PredictionLogBackend
     from state.store import ModelStore
     from control.serving import ServingState
@@ -169,7 +170,7 @@ def _top_score(scores: Any) -> float | None:
 
 
 def drift_signals(rows: list[dict[str, Any]], profile: dict[str, Any], known: frozenset[int],
-                  cfg: dict[str, Any]) -> dict[str, Any]:
+                  cfg: "DriftSettings") -> dict[str, Any]:
     """The drift signals of a window of logged predictions against a profile."""
     shares = prof.known_shares((r["text"] for r in rows), known)
     expected_unknown = (None if profile["known_share"].get("mean") is None
@@ -196,8 +197,8 @@ def drift_signals(rows: list[dict[str, Any]], profile: dict[str, Any], known: fr
             top_js = prof.js_divergence(prof.histogram(top), ref["counts"])
     out: dict[str, Any] = {
         "texts": len(rows),
-        "window": cfg["window"],
-        "min_texts": cfg["min_texts"],
+        "window": cfg.window,
+        "min_texts": cfg.min_texts,
         "unknown_ngram_share": _round(unknown),
         "expected_unknown_ngram_share": _round(expected_unknown),
         "unknown_ngram_excess": (_round(unknown - expected_unknown)
@@ -209,11 +210,11 @@ def drift_signals(rows: list[dict[str, Any]], profile: dict[str, Any], known: fr
         "top_score_js": _round(top_js),
         "top_score_mean": _round(top_mean),
         "top_score_histogram": {"bins": prof.TOP_SCORE_BINS, "counts": prof.histogram(top)},
-        "thresholds": {key: cfg[key] for _, key in SIGNALS},
+        "thresholds": {key: getattr(cfg, key) for _, key in SIGNALS},
     }
-    over = [name for name, key in SIGNALS if out[name] is not None and out[name] > cfg[key]]
+    over = [name for name, key in SIGNALS if out[name] is not None and out[name] > getattr(cfg, key)]
     out["over"] = over
-    out["alert"] = bool(len(rows) >= cfg["min_texts"] and over)
+    out["alert"] = bool(len(rows) >= cfg.min_texts and over)
     return out
 
 
@@ -227,19 +228,19 @@ class Quality:
     model for /metrics (refreshed every drift.refresh_s for the serving models,
     and by each GET /models/<name>/quality)."""
 
-    def __init__(self, cfg: dict[str, Any], store: "ModelStore",
+    def __init__(self, cfg: "DriftSettings", store: "ModelStore",
                  predlog: "PredictionLogBackend | None", serving: "ServingState",
                  loop: Any) -> None:
-        self.cfg = dict(cfg)  # the `drift` section
+        self.cfg = cfg  # the `drift` section
         self.store, self.predlog, self.serving, self.loop = store, predlog, serving, loop
         self.latest: dict[str, dict[str, Any]] = {}  # name -> last report (for metrics)
         self._profiles: dict[tuple[str, int], tuple[float, Any, Any]] = {}
         self._lock = threading.Lock()
         self._refreshing = False
         self._timer = None
-        if self.cfg["refresh_s"] > 0:
+        if self.cfg.refresh_s > 0:
             from tornado.ioloop import PeriodicCallback
-            self._timer = PeriodicCallback(self._tick, self.cfg["refresh_s"] * 1000)
+            self._timer = PeriodicCallback(self._tick, self.cfg.refresh_s * 1000)
             self._timer.start()
 
     async def report(self, name: str) -> dict[str, Any]:
@@ -365,7 +366,7 @@ class Quality:
             profile, known = (self._profile(name, version) if version in store_versions
                               else (None, None))
             if profile is not None:
-                rows = (plog.recent(name, version, limit=self.cfg["window"])
+                rows = (plog.recent(name, version, limit=self.cfg.window)
                         if plog is not None and c["predictions"] else [])
                 entry["drift"] = drift_signals(rows, profile, known, self.cfg)
             out.append(entry)

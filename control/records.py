@@ -26,6 +26,7 @@ from tornado.ioloop import IOLoop
 
 if TYPE_CHECKING:
     from control.servingctl import ServingController
+    from state.config import WatcherSettings
 
 log = logging.getLogger("textswap.supervisor")
 
@@ -81,11 +82,11 @@ class FileRecords:
     wipe_tmp = True
 
     def __init__(self, store: ModelStore, storage: Storage, loop: IOLoop,
-                 watcher_cfg: dict[str, Any]) -> None:
+                 watcher_cfg: "WatcherSettings") -> None:
         self.store, self.storage, self.loop = store, storage, loop
         self.watcher: RecordWatcher | None = None
-        self._watch = bool(watcher_cfg["enabled"])
-        self._interval = float(watcher_cfg["interval"])
+        self._watch = bool(watcher_cfg.enabled)
+        self._interval = float(watcher_cfg.interval)
         self._last: dict[str, Any] | None = None  # the last record written or loaded
 
     async def load(self) -> dict[str, Any] | None:

@@ -53,7 +53,7 @@ class RolloutControl:
         apply); gate_set: the golden set plus a retrain policy's feedback
         hold-out (the policies' gate_set)."""
         self.ctl, self.state = ctl, ctl.state
-        self.cfg, self.wcfg, self.loop = cfg, cfg["worker"], loop
+        self.cfg, self.wcfg, self.loop = cfg, cfg.worker, loop
         self.store, self.pool, self.events, self.golden = store, pool, events, golden
         self.provision, self.router, self.keeper = provision, router, keeper
         self.apply, self.gate_set = apply, gate_set
@@ -63,7 +63,7 @@ class RolloutControl:
                           ) -> list[dict[str, Any]]:
         """The previous version's workers: kept idle in probation (a rollback
         is then one assignment), or drained and stopped."""
-        probation_s = self.cfg["rollout"]["probation_s"]
+        probation_s = self.cfg.rollout.probation_s
         if self.state.stopping or not old or previous is None or previous["version"] == version \
                 or probation_s <= 0:
             return await self.provision.retire(old)
@@ -78,7 +78,7 @@ class RolloutControl:
         log.info("%s v%s stays loaded in probation for %.0fs (rollback is instant)",
                  slot.name, p.version, probation_s)
         # in-flight requests on the old workers still finish: wait for them
-        drained = await gen.multi([w.wait_idle(self.wcfg["drain_timeout"]) for w in old])
+        drained = await gen.multi([w.wait_idle(self.wcfg.drain_timeout) for w in old])
         return [{"generation": w.generation, "pid": w.pid, "drained": d, "ended": "probation"}
                 for w, d in zip(old, drained)]
 
@@ -174,26 +174,26 @@ class RolloutControl:
     def check_probations(self) -> None:
         """Once a second: roll back a version in probation whose error rate or
         tail latency went past the configured limits."""
-        r = self.cfg["rollout"]
+        r = self.cfg.rollout
         for slot in list(self.state.slots.values()):
             p = slot.probation
             if p is None or p.new_version != slot.version:
                 continue
             s = p.new_stats
-            if s.requests < r["min_requests"]:
+            if s.requests < r.min_requests:
                 continue
             figures = {"new_version": s.describe(),
                        "previous_p99_ms": None if p.old_p99 is None else round(1000 * p.old_p99, 3)}
-            if s.error_rate > r["max_error_rate"]:
+            if s.error_rate > r.max_error_rate:
                 self.rollback_now(slot, f"error rate {s.error_rate:.1%} above "
-                                   f"rollout.max_error_rate {r['max_error_rate']:.1%}",
+                                   f"rollout.max_error_rate {r.max_error_rate:.1%}",
                                    auto=True, figures=figures)
                 continue
             p99 = s.p(0.99)
-            if p.old_p99 and p99 and p99 > r["max_latency_ratio"] * p.old_p99 and (
-                    p99 - p.old_p99) * 1000 > r["latency_slack_ms"]:
+            if p.old_p99 and p99 and p99 > r.max_latency_ratio * p.old_p99 and (
+                    p99 - p.old_p99) * 1000 > r.latency_slack_ms:
                 self.rollback_now(slot, f"p99 latency {1000 * p99:.1f} ms above "
-                                   f"{r['max_latency_ratio']}x the previous version's "
+                                   f"{r.max_latency_ratio}x the previous version's "
                                    f"{1000 * p.old_p99:.1f} ms", auto=True, figures=figures)
 
     async def quality_gate(self, slot: Slot, version: int, workers: list[WorkerHandle],
@@ -220,7 +220,7 @@ class RolloutControl:
                 serving = rollouts_score(slot.labels, await self.score_on(slot.replicas[0],
                                                                            texts), truth)
                 self.ctl.cache_gate(slot, key, serving)
-        tol = self.cfg["rollout"]["gate_tolerance"]
+        tol = self.cfg.rollout.gate_tolerance
         reasons = []
         if serving and cand["accuracy"] < serving["accuracy"] - tol:
             reasons.append(f"accuracy {cand['accuracy']:.4f} on the golden set is below the "
@@ -238,7 +238,7 @@ class RolloutControl:
         return info
 
     async def score_on(self, w: WorkerHandle, texts: list[str]) -> list[Any]:
-        step = self.wcfg["max_batch"]
+        step = self.wcfg.max_batch
         parts = await gen.multi([w.predict(texts[i:i + step]) for i in range(0, len(texts), step)])
         return [row for part in parts for row in part]
 

@@ -160,7 +160,7 @@ class ServingController:
         slot._version, slot._labels, slot._wanted = version, list(workers[0].labels), replicas
         # the old version's p99 is the yardstick of the automatic rollback: a
         # version that served only a few requests (swapped right back) has none
-        enough = len(slot._stats.latencies) >= max(100, self.cfg["rollout"]["min_requests"])
+        enough = len(slot._stats.latencies) >= max(100, self.cfg.rollout.min_requests)
         slot._stats_before_swap = slot._stats.p(0.99) if enough else None
         slot._stats = VersionStats()
         slot._failed = None
