@@ -16,6 +16,7 @@ the parts, giving each only what it uses:
     rollouts    control/rollout_control.py  probation, rollback, gate, shadow, canary
     healer      control/healing.py          worker exits, recovery, sweep, recycling
     statusview  control/status.py           /status and the durable history
+    db          state/statedb.py            jobs and the history, on disk (its writer thread)
 
 All state changes happen on the IOLoop (rule 2 of ARCHITECTURE.md): HTTP
 handlers, worker exit callbacks, the watcher thread and signal handlers only
@@ -85,11 +86,11 @@ class Supervisor:
         self.store = ModelStore(config.models_dir)
         self.storage = Storage(self.store.root)  # durable writes off the IOLoop; health
         self.loop = loop = IOLoop.current()
-        self.serving = state = ServingState()  # slots, the default model, the record
-        self.ctl = ctl = ServingController(state, config, loop)  # its one writer
+        self.serving = serving = ServingState()  # slots, the default model, the record
+        self.ctl = ctl = ServingController(serving, config, loop)  # its one writer
         self.pool = pool = WorkerPool(config, self.store, lambda w: self.healer.on_worker_exit(w),
                                       lambda: self.provision.preload_guesses())
-        self.provision = Provisioner(state, config, loop, self.store, pool,
+        self.provision = Provisioner(serving, config, loop, self.store, pool,
                                      end_probation=ctl.cancel_probation)
         self.events = Events()
         self.golden = GoldenSets(self.store.root)
@@ -124,15 +125,15 @@ class Supervisor:
                                          feedback_rows=config.feedback.max_rows,
                                          example_rows=config.feedback.max_example_rows,
                                          health=self.storage)
-        self.state = StateDB(state_path, health=self.storage)  # jobs, history
+        self.db = StateDB(state_path, health=self.storage)  # jobs, history
         # the parts of the control plane, each given what it uses; the applies
         # and the rollouts, and the policies and the jobs, call each other:
         # the one built first is given a function of the other
         self.metrics = metrics.build(config, self.events)  # Prometheus (control/metrics.py)
-        self.router = Router(state, config, loop, lambda: self.rollouts.check_probations())
+        self.router = Router(serving, config, loop, lambda: self.rollouts.check_probations())
         self.keeper = keeper = RecordKeeper(ctl, loop, self.records)  # persist, then switch
-        self.policies = Policies(config.raw.get("policies") or {}, self.store.root, state,
-                                 self.predlog, self.state,
+        self.policies = Policies(config.policies or {}, self.store.root, serving,
+                                 self.predlog, self.db,
                                  lambda *a, **kw: self.applies.apply(*a, **kw),
                                  lambda *a, **kw: self.jobs.submit(*a, **kw))
         self.rollouts = RolloutControl(ctl, config, loop, self.store, pool, self.events,
@@ -143,20 +144,20 @@ class Supervisor:
                                self.records, keeper, self.provision, self.router, self.rollouts)
         self.healer = Healer(ctl, config, loop, self.store, pool, self.events,
                              self.provision, self.applies, self.rollouts, keeper)
-        self.quality = Quality(config.drift, self.store, self.predlog, state, loop)
-        self.jobs = JobManager(config, self.store, state, self.state, pool, self.policies,
+        self.quality = Quality(config.drift, self.store, self.predlog, serving, loop)
+        self.jobs = JobManager(config, self.store, serving, self.db, pool, self.policies,
                                self.predlog, self.applies.apply, queue)
-        self.statusview = StatusView(state, self.store, pool, self.state, self.storage,
+        self.statusview = StatusView(serving, self.store, pool, self.db, self.storage,
                                      keeper, self.jobs, self.records, self.predlog)
         self.events.subscribe(self.statusview.to_history)
-        self.metrics.attach(metrics.Sources(state, pool, self.storage, self.jobs, self.quality))
+        self.metrics.attach(metrics.Sources(serving, pool, self.storage, self.jobs, self.quality))
         self._sweeper = PeriodicCallback(self.healer.sweep, 1000)
         self.retention = Retention(self.predlog, config.predictions,  # max_age_days
                                    policies=self.policies)
         # what the predict pipeline routes through (frontend/pipeline.py Serving);
         # the other routes get the parts themselves (frontend/app.py)
         self.predict = self.router.predict
-        self.serving_names, self.serving_model = state.serving_names, state.serving_model
+        self.serving_names, self.serving_model = serving.serving_names, serving.serving_model
 
     # -- start and stop -----------------------------------------------------------
     async def start(self) -> None:
@@ -218,7 +219,7 @@ class Supervisor:
         await gen.multi([w.wait_idle(min(self.wcfg.drain_timeout, 5.0)) for w in serving])
         await gen.multi([w.stop(timeout) for w in list(self.pool.workers.values())])
         self.ctl.clear_routing()
-        self.state.close()  # commits the pending job and history writes
+        self.db.close()  # commits the pending job and history writes
         self.predlog.close()  # and the queued predictions and feedback
         self.storage.close()
         self.stopped.set()

@@ -88,7 +88,7 @@ class ClusterNode:
                  events: "Events", provision: "Provisioner", pool: "WorkerPool",
                  node_id: str | None = None) -> None:
         cfg = config.cluster
-        self.cfg, self.ctl, self.state, self.store = config, ctl, ctl.state, store
+        self.cfg, self.ctl, self.serving, self.store = config, ctl, ctl.serving, store
         self.events, self.provision, self.pool = events, provision, pool
         self.node_id = node_id or cfg.node_id or default_node_id(config.server.port)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.node_id)
@@ -99,7 +99,7 @@ class ClusterNode:
             heartbeat_ttl=cfg.heartbeat_ttl)
         self.training = ClusterTraining(self, ClusterJobs(self.cluster, cfg.job_lease,
                                                           config.training.keep_jobs))
-        self.twophase = TwoPhase(self.cluster, config, store, ctl.state, provision, pool)
+        self.twophase = TwoPhase(self.cluster, config, store, ctl.serving, provision, pool)
         self._writes: asyncio.Queue[Any] = asyncio.Queue()
         self._writer: asyncio.Task[Any] | None = None
         self._write_error: BaseException | None = None
@@ -232,11 +232,11 @@ class ClusterNode:
             self._on_change(rec)
 
     def _busy(self) -> bool:
-        return any(s.busy or s.applying for s in self.state.slots.values())
+        return any(s.busy or s.applying for s in self.serving.slots.values())
 
     def matches(self, rec: dict[str, Any]) -> bool:
         """This node serves exactly what rec asks for."""
-        slots = {n: s for n, s in self.state.slots.items() if s.replicas}
+        slots = {n: s for n, s in self.serving.slots.items() if s.replicas}
         if set(slots) != set(rec["models"]):
             return False
         for name, entry in rec["models"].items():
@@ -245,7 +245,7 @@ class ClusterNode:
                 return False
             if entry["replicas"] and len(s.replicas) != entry["replicas"]:
                 return False
-        return rec["default"] == self.state.default_name
+        return rec["default"] == self.serving.default_name
 
     def stale(self, name: str, version: int) -> bool:
         """A queued watcher apply of (name, version) that the newest record
@@ -274,9 +274,9 @@ class ClusterNode:
     def _describe(self) -> dict[str, Any]:
         s = self.cfg.server
         return {"inference": f"{s.host}:{s.port}", "pid": os.getpid(),
-                "default": self.state.default_name,
+                "default": self.serving.default_name,
                 "serving": {n: {"version": sl.version, "replicas": len(sl.replicas)}
-                            for n, sl in sorted(self.state.slots.items()) if sl.replicas},
+                            for n, sl in sorted(self.serving.slots.items()) if sl.replicas},
                 "training": self.training.running_ids()}
 
     # -- hooks for /apply ------------------------------------------------------------------
@@ -400,7 +400,7 @@ class ClusterTraining:
                     if job.process is not None:
                         await job.process.stop(2.0)
             await self.q.reap()
-            if self.node.state.stopping:
+            if self.node.serving.stopping:
                 return
             while sum(1 for j in mgr.jobs.values() if j.state == "running") < \
                     mgr.cfg.max_concurrent:
@@ -441,7 +441,7 @@ class ClusterTraining:
 
     async def enqueue(self, job: Any) -> bool:
         doc = job.describe()
-        if self.node.state.demo_training and job.name == "demo":
+        if self.node.serving.demo_training and job.name == "demo":
             # the first-start demo: the node that runs it marks its slot as the
             # demo (retired once another model is the default), not this one
             doc["first_start_demo"] = True

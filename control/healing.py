@@ -46,7 +46,7 @@ class Healer:
                  store: "ModelStore", pool: "WorkerPool", events: "Events",
                  provision: "Provisioner", applies: "Applies",
                  rollouts: "RolloutControl", keeper: "RecordKeeper") -> None:
-        self.ctl, self.state = ctl, ctl.state
+        self.ctl, self.serving = ctl, ctl.serving
         self.cfg, self.wcfg, self.loop = cfg, cfg.worker, loop
         self.store, self.pool, self.events = store, pool, events
         self.provision, self.applies, self.rollouts = provision, applies, rollouts
@@ -95,7 +95,7 @@ class Healer:
         version = dead.model["version"]
         window = self.wcfg.restart_window
         try:
-            while not self.state.stopping and not slot.unloaded and slot.version == version:
+            while not self.serving.stopping and not slot.unloaded and slot.version == version:
                 n = self.ctl.count_crash(slot, version, window)
                 if n > self.wcfg.max_restarts:
                     await self.give_up(slot, version, f"worker crashed {n} times within "
@@ -149,9 +149,9 @@ class Healer:
         if fallback and fallback != version:
             log.info("falling back to %s v%s, served before", slot.name, fallback)
             await self.applies.apply_logged(slot.name, fallback, "fallback", default=False)
-        elif (self.state.default_name == slot.name
-              and (back := self.state.previous_default) is not None
-              and back in self.state.slots and self.state.slots[back].replicas):
+        elif (self.serving.default_name == slot.name
+              and (back := self.serving.previous_default) is not None
+              and back in self.serving.slots and self.serving.slots[back].replicas):
             # no earlier version to go back to: the model that was the default
             # before it (still serving in its own slot) answers again
             log.info("default model %s FAILED: %s is the default again", slot.name, back)
@@ -178,7 +178,7 @@ class Healer:
         if not (max_requests or max_rss):
             return
         now = time.monotonic()
-        for slot in self.state.slots.values():
+        for slot in self.serving.slots.values():
             for w in slot.replicas:
                 if getattr(w, "recycle_after", 0.0) > now:
                     continue

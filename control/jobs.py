@@ -264,11 +264,11 @@ class LocalJobs:
 
 class JobManager:
     def __init__(self, cfg: "Config", store: "ModelStore", serving: "ServingState",
-                 state: StateDB, pool: "WorkerPool", policies: "Policies",
+                 db: StateDB, pool: "WorkerPool", policies: "Policies",
                  predlog: "PredictionLogBackend",
                  apply: Callable[..., Awaitable["ApplyResult"]],
                  queue: JobQueue | None = None) -> None:
-        """state: the db shared with the rollout history; apply: the applies'
+        """db: the state db shared with the rollout history; apply: the applies'
         apply (a job that asks for it applies its version); queue: LocalJobs
         unless given."""
         self.cfg = cfg.training
@@ -278,7 +278,7 @@ class JobManager:
         self.jobs: "collections.OrderedDict[str, Job]" = collections.OrderedDict()
         self.loop = IOLoop.current()
         self.root = os.path.join(store.root, TMP, "jobs")
-        self.state = state
+        self.db = db
         if queue is None:
             queue = LocalJobs()
         queue.attach(self)
@@ -335,8 +335,8 @@ class JobManager:
     def _recover(self) -> None:
         """Reload kept jobs; the ones a dead process left queued or running are
         `interrupted`. Runs before the store wipes .tmp/, to read their logs."""
-        rows = self.state.jobs()
-        epochs = self.state.all_epochs()
+        rows = self.db.jobs()
+        epochs = self.db.all_epochs()
         now = time.time()
         seq = 0
         for row in rows:
@@ -370,8 +370,8 @@ class JobManager:
         """Hand the job's row (and a new history entry) to the db's writer thread."""
         try:
             if figures is not None:
-                self.state.add_epoch(job.id, len(job.history) - 1, figures)
-            self.state.save_job(job.record())
+                self.db.add_epoch(job.id, len(job.history) - 1, figures)
+            self.db.save_job(job.record())
         except Exception as exc:  # the db is closed or broken: serve on, say so
             log.error("job %s: cannot persist: %s", job.id, exc)
         self.queue.changed(job)  # cluster: every node's GET /train/<id> reads it there
@@ -642,7 +642,7 @@ class JobManager:
             del self.jobs[j.id]
         if drop:
             try:
-                self.state.delete_jobs([j.id for j in drop])
+                self.db.delete_jobs([j.id for j in drop])
             except Exception as exc:
                 log.error("cannot trim old jobs from the state db: %s", exc)
 

@@ -83,7 +83,7 @@ def _noop(*args: Any, **kwargs: Any) -> None:
 @dataclass
 class Sources:
     """What a scrape reads besides the counters (given at composition)."""
-    state: "ServingState"  # slots: requests queued per model
+    serving: "ServingState"  # slots: requests queued per model
     pool: "WorkerPool"  # worker processes: state, memory, requests in flight
     storage: "Storage"  # durable writes' health
     jobs: "JobManager"  # training jobs by state
@@ -257,7 +257,7 @@ class Metrics:
         yield g
         g = GaugeMetricFamily(PREFIX + "requests_queued", "requests waiting for room on a "
                               "worker (all replicas at max_inflight)", labels=["model"])
-        for name, n in sorted((n, s.waiters) for n, s in src.state.slots.items()):
+        for name, n in sorted((n, s.waiters) for n, s in src.serving.slots.items()):
             g.add_metric([name], n)
         yield g
         yield from self._storage_families(src)

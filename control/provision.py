@@ -33,11 +33,11 @@ log = logging.getLogger("textswap.supervisor")
 class Provisioner:
     """Obtains, readies and retires worker processes for the slots."""
 
-    def __init__(self, state: "ServingState", cfg: "Config", loop: "IOLoop",
+    def __init__(self, serving: "ServingState", cfg: "Config", loop: "IOLoop",
                  store: "ModelStore", pool: "WorkerPool",
                  end_probation: Callable[["Slot"], list[WorkerHandle]] = lambda slot: []
                  ) -> None:
-        self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg.worker, loop
+        self.serving, self.cfg, self.wcfg, self.loop = serving, cfg, cfg.worker, loop
         self.store, self.pool = store, pool
         # a slot's probation ends early to make room: its workers, no longer
         # kept (the serving controller's cancel_probation)
@@ -49,7 +49,7 @@ class Provisioner:
         model (just trained), then the version each served before (a rollback).
         The default model's guesses come first; a version rolled back
         automatically or marked FAILED is no guess (pool.forget)."""
-        order = sorted(self.state.slots.values(), key=lambda s: s.name != self.state.default_name)
+        order = sorted(self.serving.slots.values(), key=lambda s: s.name != self.serving.default_name)
         newer, back = [], []
         for slot in order:
             if slot.version is None or not slot.replicas:
@@ -59,12 +59,12 @@ class Provisioner:
             except StoreError:
                 later = []
             later = [v for v in later if not (v in slot.rolled_back and slot.rolled_back[v]["auto"])
-                     and f"{slot.name} v{v}" not in self.state.failed_models]
+                     and f"{slot.name} v{v}" not in self.serving.failed_models]
             if later:
                 newer.append((slot.name, later[-1]))
             if slot.previous and slot.previous != slot.version and (
                     slot.probation is None or slot.probation.version != slot.previous) and (
-                    f"{slot.name} v{slot.previous}" not in self.state.failed_models):
+                    f"{slot.name} v{slot.previous}" not in self.serving.failed_models):
                 back.append((slot.name, slot.previous))
         return newer + back
 
@@ -171,7 +171,7 @@ class Provisioner:
         if not self.pool.max_workers:
             return
         need = n - len([w for w in self.pool.standby if w.alive])
-        for slot in sorted(self.state.slots.values(), key=lambda s: s.probation.started
+        for slot in sorted(self.serving.slots.values(), key=lambda s: s.probation.started
                            if s.probation else 0.0):
             if need <= 0 or self.pool.has_room(need):
                 return

@@ -147,7 +147,7 @@ class RecordKeeper:
     applied record; applies, rollouts and recovery commit through it)."""
 
     def __init__(self, ctl: "ServingController", loop: IOLoop, records: RecordBackend) -> None:
-        self.ctl, self.state, self.loop, self.records = ctl, ctl.state, loop, records
+        self.ctl, self.serving, self.loop, self.records = ctl, ctl.serving, loop, records
         self._commit_lock = Lock()
         self.dirty = False  # the last record write failed: the sweep tries again
         self._commits = 0  # commits running or waiting for the lock
@@ -176,17 +176,17 @@ class RecordKeeper:
                       switch: Callable[[], None] | None = None, strict: bool = True) -> None:
         async with self._commit_lock:
             models = {n: {"version": s.version, "replicas": s.wanted, "explicit": s.explicit}
-                      for n, s in sorted(self.state.slots.items()) if s.version is not None}
+                      for n, s in sorted(self.serving.slots.items()) if s.version is not None}
             if changed is not None and entry is not KEEP:
                 if entry is None:
                     models.pop(changed, None)
                 else:
                     models[changed] = dict(entry)
-            want = self.state.default_name if default is KEEP else (
+            want = self.serving.default_name if default is KEEP else (
                 default() if callable(default) else default)
             record = {"default": want if want in models else None,
                       "models": dict(sorted(models.items())),
-                      "revision": self.state.record.get("revision", 0) + 1}
+                      "revision": self.serving.record.get("revision", 0) + 1}
             try:
                 await self.records.write(record, changed, strict)
                 self.dirty = False

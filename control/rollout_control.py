@@ -52,7 +52,7 @@ class RolloutControl:
         """apply: the applies' apply (a rollback past the probation is a new
         apply); gate_set: the golden set plus a retrain policy's feedback
         hold-out (the policies' gate_set)."""
-        self.ctl, self.state = ctl, ctl.state
+        self.ctl, self.serving = ctl, ctl.serving
         self.cfg, self.wcfg, self.loop = cfg, cfg.worker, loop
         self.store, self.pool, self.events, self.golden = store, pool, events, golden
         self.provision, self.router, self.keeper = provision, router, keeper
@@ -64,7 +64,7 @@ class RolloutControl:
         """The previous version's workers: kept idle in probation (a rollback
         is then one assignment), or drained and stopped."""
         probation_s = self.cfg.rollout.probation_s
-        if self.state.stopping or not old or previous is None or previous["version"] == version \
+        if self.serving.stopping or not old or previous is None or previous["version"] == version \
                 or probation_s <= 0:
             return await self.provision.retire(old)
         if slot.probation is not None:  # one probation per slot: the newest
@@ -175,7 +175,7 @@ class RolloutControl:
         """Once a second: roll back a version in probation whose error rate or
         tail latency went past the configured limits."""
         r = self.cfg.rollout
-        for slot in list(self.state.slots.values()):
+        for slot in list(self.serving.slots.values()):
             p = slot.probation
             if p is None or p.new_version != slot.version:
                 continue

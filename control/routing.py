@@ -32,13 +32,13 @@ if TYPE_CHECKING:
 class Router:
     """Sends predictions to a slot's workers."""
 
-    def __init__(self, state: "ServingState", cfg: "Config", loop: "IOLoop",
+    def __init__(self, serving: "ServingState", cfg: "Config", loop: "IOLoop",
                  on_failing: Callable[[], object]) -> None:
-        self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg.worker, loop
+        self.serving, self.cfg, self.wcfg, self.loop = serving, cfg, cfg.worker, loop
         self.on_failing = on_failing  # a probation version failing: judge it now
 
     def slot_for(self, name: str | None) -> Slot:
-        return self.state.slot_for(name)
+        return self.serving.slot_for(name)
 
     async def predict(self, texts: list[str], model: str | None = None,
                       options: dict[str, Any] | None = None
