@@ -46,7 +46,7 @@ from cluster.connect import NotReplicated, RedisTarget
 from cluster.record import Cluster, ClusterUnreachable
 from cluster.job_queue import ClusterJobs
 from cluster.twophase import PREPARED, TwoPhase
-from control.jobs import JobError
+from control.jobs import JobDoc, JobError, listed
 
 if TYPE_CHECKING:
     from state.config import Config
@@ -490,17 +490,16 @@ class ClusterTraining:
             # a new version in the shared store: every node preloads it
             await self.node.twophase.published(result["name"], int(result["version"]))
 
-    async def get(self, job_id: str) -> dict[str, Any] | None:
+    async def get(self, job_id: str) -> JobDoc | None:
         local = self.jobs.jobs.get(job_id)
         if local is not None and local.state == "running":
             return {**local.describe(), "node": self.node.node_id}
         return await self.q.get(job_id)
 
-    async def list(self) -> list[dict[str, Any]]:
-        return [{k: v for k, v in d.items() if k not in ("history", "params")}
-                for d in await self.q.list()]
+    async def list(self) -> list[JobDoc]:
+        return [listed(d) for d in await self.q.list()]
 
-    async def cancel(self, job_id: str) -> tuple[str, dict[str, Any] | None]:
+    async def cancel(self, job_id: str) -> tuple[str, JobDoc | None]:
         local = self.jobs.jobs.get(job_id)
         if local is not None and local.state == "running":
             await self.jobs.cancel(job_id)

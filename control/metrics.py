@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from control.events import Events
     from control.jobs import JobManager
     from control.pool import WorkerPool
+    from control.workerhandle import LoadedModel
     from control.quality import Quality
     from control.serving import ServingState
 
@@ -147,7 +148,7 @@ class Metrics:
         h.counts[bisect.bisect_left(h.bounds, seconds)] += 1
         h.sum += seconds
 
-    def observe_batch(self, model: dict[str, Any] | None, texts: int, seconds: float) -> None:
+    def observe_batch(self, model: "LoadedModel | None", texts: int, seconds: float) -> None:
         key = (model["name"], str(model["version"])) if model else ("", "")
         h = self.model_time.get(key)
         if h is None:
@@ -233,8 +234,7 @@ class Metrics:
         for w in workers:
             state = w.state.value
             by_state[state] += 1
-            model = w.model or {}
-            key = (str(model.get("name", "")), str(model.get("version", "")))
+            key = (w.model["name"], str(w.model["version"])) if w.model else ("", "")
             if w.inflight:
                 inflight[key] += w.inflight
             labels = [str(w.generation), state, *key]
@@ -284,14 +284,15 @@ class Metrics:
         for job in listing:
             states[job["state"]] += 1
             # a job finished while this process runs counts once in the histogram
-            if (job["state"] in _FINISHED and job.get("elapsed_s") is not None
+            elapsed = job.get("elapsed_s")
+            if (job["state"] in _FINISHED and elapsed is not None
                     and (job.get("finished_at") or 0) >= self.started
                     and job["id"] not in self._jobs_seen):
                 self._jobs_seen.add(job["id"])
                 h = self.train_seconds.get(job["state"])
                 if h is None:
                     h = self.train_seconds[job["state"]] = Hist(TRAIN_BUCKETS)
-                h.observe(float(job["elapsed_s"]))
+                h.observe(float(elapsed))
         g = GaugeMetricFamily(PREFIX + "training_jobs", "training jobs known, by state",
                               labels=["state"])
         for state, n in sorted(states.items()):
