@@ -169,7 +169,7 @@ class Supervisor:
             log.error("%s; starting without a model", exc)
             record = None
         if record:
-            self.ctl.start_from(record)  # type: ignore[arg-type]  # checked when read
+            self.ctl.start_from(record)  # checked when read
         self.records.start(record, self.applies.on_record_change)
         self._sweeper.start()
         self.retention.start()

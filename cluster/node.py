@@ -40,7 +40,7 @@ import re
 import shutil
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cluster.connect import NotReplicated, RedisTarget
 from cluster.record import Cluster, ClusterUnreachable
@@ -50,6 +50,7 @@ from control.jobs import JobDoc, JobError, listed
 
 if TYPE_CHECKING:
     from state.config import Config
+    from control.serving import AppliedRecord
     from state.store import ModelStore
     from control.events import Events
     from control.jobs import JobManager
@@ -110,7 +111,7 @@ class ClusterNode:
         self._on_change: Any = None
 
     # -- the record backend (what the file watcher is in single-node mode) ---------
-    async def load(self) -> dict[str, Any] | None:
+    async def load(self) -> "AppliedRecord | None":
         try:
             rec = await self.cluster.read_record()
         except ClusterUnreachable as exc:
@@ -121,9 +122,9 @@ class ClusterNode:
             rec = self.cluster.record
         if rec is not None:
             self._delivered = rec["revision"]  # start() applies it; no second delivery
-        return rec
+        return cast("AppliedRecord | None", rec)  # cluster/record.py read it in this format
 
-    def start(self, record: dict[str, Any] | None, on_change: "OnChange") -> None:
+    def start(self, record: "AppliedRecord | None", on_change: "OnChange") -> None:
         self._on_change = on_change
         self._writer = asyncio.ensure_future(self._write_loop())
         self.events.subscribe(self._on_event)
@@ -159,7 +160,7 @@ class ClusterNode:
             self._writer.cancel()
         await self.cluster.stop()
 
-    async def write(self, record: dict[str, Any], changed: str | None, strict: bool) -> None:
+    async def write(self, record: "AppliedRecord", changed: str | None, strict: bool) -> None:
         """Queued for the writer task (after_change waits for it); the switch
         goes ahead at once: the node follows the cluster's record."""
         self.note_record(record, changed)
@@ -167,7 +168,7 @@ class ClusterNode:
     def status(self) -> dict[str, Any]:
         return self.cluster.status()
 
-    def note_record(self, record: dict[str, Any], changed: str | None = None) -> None:
+    def note_record(self, record: "AppliedRecord", changed: str | None = None) -> None:
         """The node changed the slot `changed` (None: everything, e.g. a
         fallback): merge that into the cluster's record."""
         entry = record["models"].get(changed) if changed else None
@@ -203,7 +204,7 @@ class ClusterNode:
                         raise
                 self._written = rec["revision"]  # holds this node's change
                 self._written_record = rec
-                self.ctl.note_record(rec)
+                self.ctl.note_record(cast("AppliedRecord", rec))  # read in this format
                 self._delivered = max(self._delivered, rec["revision"])
                 self._check_applied()
             except ClusterUnreachable as exc:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from control.records import RecordBackend, RecordKeeper
     from control.rollout_control import RolloutControl
     from control.routing import Router
-    from control.serving import RecordEntry
+    from control.serving import AppliedRecord, RecordEntry
     from control.servingctl import ApplyResult, ModelRef, ServingController
     from state.store import ModelStore
     from tornado.ioloop import IOLoop
@@ -52,7 +52,7 @@ class Applies:
         self.records, self.keeper, self.provision = records, keeper, provision
         self.router, self.rollouts = router, rollouts
 
-    def on_record_change(self, record: dict[str, Any]) -> None:
+    def on_record_change(self, record: "AppliedRecord") -> None:
         """The record was edited from outside: converge on it, name by name.
         A record naming a model or version the store lacks is logged and
         ignored as a whole: half-following it could unload what serves."""
@@ -368,8 +368,9 @@ class Applies:
             self.events.emit("unload", name=name, version=slot.version, source=source)
             ended = await self.provision.retire(old)
         self.pool.ensure()
-        out = {"unloaded": {"name": name, "version": slot.version}, "workers": ended,
-               "default": self.serving.default_name, "was_default": was_default}
+        out: dict[str, object] = {
+            "unloaded": {"name": name, "version": slot.version}, "workers": ended,
+            "default": self.serving.default_name, "was_default": was_default}
         if persist:
             after = await self.records.after_change()
             if after is not None:

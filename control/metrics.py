@@ -26,7 +26,7 @@ import bisect
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence, cast
 
 if TYPE_CHECKING:
     from state.config import Config
@@ -157,7 +157,7 @@ class Metrics:
         h.observe(seconds)
         self.batch_size[key].observe(texts)
 
-    def on_event(self, kind: str, fields: dict[str, Any]) -> None:
+    def on_event(self, kind: str, fields: dict[str, object]) -> None:
         name = str(fields.get("name") or "")
         version = "" if fields.get("version") is None else str(fields["version"])
         if kind == "crash":
@@ -167,7 +167,7 @@ class Metrics:
         elif kind in ("apply", "apply_failed"):
             outcome = "ok" if kind == "apply" else "failed"
             self.applies[(name, str(fields.get("source") or ""), outcome)] += 1
-            for phase, seconds in (fields.get("phases") or {}).items():
+            for phase, seconds in cast("dict[str, object]", fields.get("phases") or {}).items():
                 if isinstance(seconds, (int, float)):
                     h = self.apply_phases.get(phase)
                     if h is None:

@@ -80,7 +80,7 @@ class WorkerPool:
             self.zygote.close()
 
     # -- processes and the budget ----------------------------------------------
-    def options(self, nice: bool) -> dict[str, Any]:
+    def options(self, nice: bool) -> dict[str, object]:
         w = self.wcfg
         return {"max_batch": w.max_batch, "batch_wait_ms": w.batch_wait_ms,
                 "intra_op_threads": w.intra_op_threads,
@@ -216,5 +216,5 @@ class WorkerPool:
         except WorkerError:
             self.bad_guesses.add(guess)  # it exits; the pool replaces it
 
-    def describe(self) -> list[dict[str, Any]]:
+    def describe(self) -> list[dict[str, object]]:
         return [w.describe() for w in self.standby if w.alive]

@@ -86,7 +86,7 @@ class Provisioner:
         return taken + [self.pool.spawn(nice=False) for _ in range(need)]
 
     async def make_ready(self, w: WorkerHandle, name: str, version: int, path: str
-                          ) -> tuple[WorkerHandle, dict[str, Any], bool]:
+                          ) -> tuple[WorkerHandle, dict[str, object], bool]:
         """Boot (if needed) and load (unless preloaded) one worker.
         Returns (worker, ready frame, preloaded)."""
         deadline = self.loop.time() + self.wcfg.boot_timeout
@@ -153,9 +153,9 @@ class Provisioner:
         self.pool.give_back(workers)
         return workers
 
-    async def retire(self, ws: list[WorkerHandle]) -> list[dict[str, Any]]:
+    async def retire(self, ws: list[WorkerHandle]) -> list[dict[str, object]]:
         """Drain then stop workers that no longer receive requests."""
-        async def one(w: WorkerHandle) -> dict[str, Any]:
+        async def one(w: WorkerHandle) -> dict[str, object]:
             drained = True
             if w.alive:
                 if w.state in (State.SERVING, State.IDLE):

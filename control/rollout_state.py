@@ -16,7 +16,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from state.store import write_json_atomic
 
@@ -138,7 +138,19 @@ class Candidate:
         return out
 
 
-def score(labels: list[str], scores: list[Any], truth: list[str]) -> dict[str, Any]:
+class LabelScore(TypedDict):
+    recall: float
+    support: int
+
+
+class GateScore(TypedDict):
+    """A version's score on a golden set (score)."""
+    accuracy: Any  # a float; None for no examples (a golden set always has some)
+    examples: int
+    per_label: dict[str, LabelScore]
+
+
+def score(labels: list[str], scores: list[Any], truth: list[str]) -> GateScore:
     """Accuracy and per-label recall of predictions against a golden set."""
     per: dict[str, list[int]] = {}
     correct = 0
@@ -155,10 +167,10 @@ def score(labels: list[str], scores: list[Any], truth: list[str]) -> dict[str, A
                           for lab, (c, t) in sorted(per.items())}}
 
 
-def label_changes(serving: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
-    out = {}
+def label_changes(serving: GateScore, candidate: GateScore) -> dict[str, dict[str, float | None]]:
+    out: dict[str, dict[str, float | None]] = {}
     for lab, cand in candidate["per_label"].items():
-        before = serving["per_label"].get(lab, {}).get("recall")
+        before = serving["per_label"][lab]["recall"] if lab in serving["per_label"] else None
         out[lab] = {"serving": before, "candidate": cand["recall"],
                     "change": None if before is None else round(cand["recall"] - before, 6)}
     return out

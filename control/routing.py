@@ -41,8 +41,8 @@ class Router:
         return self.serving.slot_for(name)
 
     async def predict(self, texts: list[str], model: str | None = None,
-                      options: dict[str, Any] | None = None
-                      ) -> tuple[dict[str, Any], list[str], list[Any]]:
+                      options: dict[str, object] | None = None
+                      ) -> tuple[dict[str, object], list[str], list[Any]]:
         """(model, labels, scores) for texts; retried once on a sibling or a
         replacement if the worker dies with the request in flight.
 

@@ -30,7 +30,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from state.errors import Conflict, UnknownModel
-from control.rollout_state import Candidate, Probation, VersionStats
+from control.rollout_state import Candidate, GateScore, Probation, VersionStats
 from control.serving import AppliedRecord, FailedModel, ServingState
 from control.slots import ApplyResult, ModelRef, RollbackResult, RolledBack, Slot
 from control.workerhandle import State, WorkerHandle
@@ -84,11 +84,11 @@ class ServingController:
             slot._replicas = ()
 
     # -- the record and the default ------------------------------------------------
-    def note_record(self, record: dict[str, Any] | AppliedRecord) -> None:
+    def note_record(self, record: AppliedRecord) -> None:
         """The record as last written (RecordKeeper.commit, the cluster's write)."""
-        self.serving._record = cast(AppliedRecord, record)
+        self.serving._record = record
 
-    def follow_record(self, record: dict[str, Any] | AppliedRecord) -> None:
+    def follow_record(self, record: AppliedRecord) -> None:
         """A record changed from outside is the truth: its default serves
         (its slots converge through applies and unloads)."""
         self.note_record(record)
@@ -235,7 +235,7 @@ class ServingController:
         return True
 
     def switch_back(self, slot: Slot, reason: str, auto: bool,
-                    figures: dict[str, Any] | None = None
+                    figures: dict[str, object] | None = None
                     ) -> tuple[RolledBack, list[WorkerHandle]]:
         """Within probation: the previous version serves again, in one
         assignment. Returns what was rolled back and its workers (draining)."""
@@ -260,7 +260,7 @@ class ServingController:
         """A rollback past the probation (an apply of the version before)."""
         slot._rolled_back[info["version"]] = info
 
-    def cache_gate(self, slot: Slot, key: tuple[Any, ...], score: dict[str, Any]) -> None:
+    def cache_gate(self, slot: Slot, key: tuple[Any, ...], score: GateScore) -> None:
         """The serving version's score on a golden set, kept for the next gate."""
         slot._gate_cache[key] = score
 
@@ -300,7 +300,7 @@ class ServingController:
         return old, previous
 
     # -- recovery ----------------------------------------------------------------------
-    def worker_exited(self, w: WorkerHandle, info: dict[str, Any]) -> tuple[Slot | None, str]:
+    def worker_exited(self, w: WorkerHandle, info: dict[str, object]) -> tuple[Slot | None, str]:
         """A worker process ended: it leaves whatever it had in the slot.
         Returns its slot and its role: "probation", "candidate",
         "candidate_gone" (its last worker), "replica" (out of routing now),
