@@ -21,7 +21,7 @@ from tornado import gen
 from state.errors import ApplyFailed, Conflict, ServiceError, StorageFailed, UnknownModel
 from state.store import InvalidArtifact, StoreError, check_name
 from control.slots import Slot
-from control.workerhandle import State, WorkerHandle
+from control.workerhandle import Frame, State, WorkerHandle
 
 if TYPE_CHECKING:
     from state.config import Config
@@ -302,7 +302,7 @@ class Applies:
         return seen[0]
 
     def answer(self, run: "ApplyRun", slot: Slot, previous: "ModelRef | None",
-               ended: list[dict[str, Any]], source: str, t_call: float) -> "ApplyResult":
+               ended: list[dict[str, object]], source: str, t_call: float) -> "ApplyResult":
         """Step 5: the apply's answer, kept by the slot and in the history."""
         name, version, workers = slot.name, run.version, run.workers
         preloaded = all(p for _, _, p in run.ready)
@@ -344,7 +344,7 @@ class Applies:
             self.loop.spawn_callback(self.unload_logged, name, "demo_retired")
 
     async def unload(self, name: str, *, source: str = "api", persist: bool = True
-                     ) -> dict[str, Any]:
+                     ) -> dict[str, object]:
         """Stop serving a model: out of routing at once, then drain and stop.
         The store keeps every version."""
         check_name(name)
@@ -384,9 +384,9 @@ class ApplyRun:
     version: int
     path: str
     serving_now: str  # what serves before it, for its errors
-    ready: list[tuple[WorkerHandle, dict[str, Any], bool]] = field(default_factory=list)
+    ready: list[tuple[WorkerHandle, Frame, bool]] = field(default_factory=list)
     reused: bool = False  # the workers of the version in probation
-    gate_info: dict[str, Any] | None = None
+    gate_info: dict[str, object] | None = None
     phases: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -26,7 +26,7 @@ import bisect
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence, cast
+from typing import TYPE_CHECKING, Any, Iterator, Sequence, TypeVar, cast
 
 if TYPE_CHECKING:
     from state.config import Config
@@ -39,10 +39,12 @@ if TYPE_CHECKING:
     from control.serving import ServingState
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric)
 from prometheus_client.exposition import choose_encoder
 
 PREFIX = "textswap_"
+_Key = TypeVar("_Key", bound=tuple[str, ...])  # a family's label values
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0)
@@ -77,7 +79,7 @@ class Hist:
         return out
 
 
-def _noop(*args: Any, **kwargs: Any) -> None:
+def _noop(*args: object, **kwargs: object) -> None:
     return None
 
 
@@ -107,7 +109,7 @@ class Metrics:
         self.enabled = enabled
         self.started = time.time()
         # (api, model, version) -> [answers by status code, end-to-end latency]
-        self.requests: dict[tuple[str, str, Any], list[Any]] = {}
+        self.requests: dict[tuple[str, str, object], list[Any]] = {}
         self.model_time: dict[tuple[str, str], Hist] = {}
         self.batch_size: dict[tuple[str, str], Hist] = {}
         self.crashes: dict[tuple[str, str], int] = defaultdict(int)
@@ -137,7 +139,7 @@ class Metrics:
             WorkerHandle.on_batch = self.observe_batch
 
     # -- counting (hot path: keep it plain) ----------------------------------------------
-    def observe_request(self, api: str, model: str, version: Any, status: int,
+    def observe_request(self, api: str, model: str, version: object, status: int,
                         seconds: float) -> None:
         # one dict lookup, one bisect: labels are turned into strings at scrape time
         rec = self.requests.get((api, model, version))
@@ -181,7 +183,7 @@ class Metrics:
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         """prometheus_client's collector protocol: every family, built now."""
         counts: dict[tuple[str, str, str, str], int] = defaultdict(int)
         latency: dict[tuple[str, str, str], Hist] = {}
@@ -222,7 +224,7 @@ class Metrics:
             yield from self._supervisor_gauges(self.sources)
             yield from self._quality_families(self.sources)
 
-    def _supervisor_gauges(self, src: Sources) -> Iterator[Any]:
+    def _supervisor_gauges(self, src: Sources) -> Iterator[Metric]:
         workers = list(src.pool.workers.values())
         by_state: dict[str, int] = defaultdict(int)
         inflight: dict[tuple[str, str], int] = defaultdict(int)
@@ -263,7 +265,7 @@ class Metrics:
         yield from self._storage_families(src)
         yield from self._job_families(src)
 
-    def _storage_families(self, src: Sources) -> Iterator[Any]:
+    def _storage_families(self, src: Sources) -> Iterator[Metric]:
         h = src.storage.health()
         g = GaugeMetricFamily(PREFIX + "storage_ok", "1 while the last durable write "
                               "(record, state db, golden sets) succeeded, 0 after a failure")
@@ -278,7 +280,7 @@ class Metrics:
         c.add_metric([], h["failures"])
         yield c
 
-    def _job_families(self, src: Sources) -> Iterator[Any]:
+    def _job_families(self, src: Sources) -> Iterator[Metric]:
         listing = src.jobs.list()
         states: dict[str, int] = defaultdict(int)
         for job in listing:
@@ -301,7 +303,7 @@ class Metrics:
         yield _hist("training_seconds", "run time of training jobs finished since start, "
                     "by final state", ["state"], {(k,): h for k, h in self.train_seconds.items()})
 
-    def _quality_families(self, src: Sources) -> Iterator[Any]:
+    def _quality_families(self, src: Sources) -> Iterator[Metric]:
         """Live quality and drift per version: control/quality.py's latest reports
         (refreshed every drift.refresh_s and by GET /models/<name>/quality)."""
         latest = dict(src.quality.latest)
@@ -354,7 +356,8 @@ class Metrics:
         yield from fams.values()
 
 
-def _hist(name: str, doc: str, labels: list[str], data: dict[Any, Hist]) -> Any:
+def _hist(name: str, doc: str, labels: list[str], data: dict[_Key, Hist]
+          ) -> HistogramMetricFamily:
     fam = HistogramMetricFamily(PREFIX + name, doc, labels=labels)
     for key, h in sorted(data.items()):
         fam.add_metric(list(key), h.buckets(), h.sum)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from tornado import gen
 from tornado.locks import Semaphore
 
 from state.errors import ApplyFailed
 from state.store import StoreError
-from control.workerhandle import RequestFailed, State, WorkerDied, WorkerError, WorkerHandle
+from control.workerhandle import Frame, RequestFailed, State, WorkerDied, WorkerError, WorkerHandle
 
 if TYPE_CHECKING:
     from tornado.ioloop import IOLoop
@@ -86,7 +86,7 @@ class Provisioner:
         return taken + [self.pool.spawn(nice=False) for _ in range(need)]
 
     async def make_ready(self, w: WorkerHandle, name: str, version: int, path: str
-                          ) -> tuple[WorkerHandle, dict[str, object], bool]:
+                          ) -> tuple[WorkerHandle, Frame, bool]:
         """Boot (if needed) and load (unless preloaded) one worker.
         Returns (worker, ready frame, preloaded)."""
         deadline = self.loop.time() + self.wcfg.boot_timeout

@@ -40,7 +40,7 @@ import os
 import threading
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from model_worker import profile as prof
 from state.dataset import decode_truth
@@ -59,16 +59,41 @@ SIGNALS = (("unknown_ngram_excess", "max_unknown_excess"), ("label_js", "max_lab
            ("top_score_js", "max_top_score_js"))
 
 
+class MultiRow(TypedDict):
+    """A fed-back row of a multi-label version: the true and the predicted set."""
+    truth: list[str]
+    label: list[str]
+
+
+class VersionQuality(TypedDict):
+    """One version's entry in a quality report."""
+    version: int | None
+    serving: bool
+    predictions: int
+    feedback: int
+    live: dict[str, Any]  # live_figures / live_figures_multi: figures, per label, confusion
+    training: dict[str, object] | None
+    drift: dict[str, Any] | None  # drift_signals
+
+
+class QualityReport(TypedDict):
+    """GET /models/<name>/quality (Quality.compute)."""
+    model: str
+    at: float
+    serving_version: int | None
+    versions: list[VersionQuality]
+
+
 # -- live figures ---------------------------------------------------------------------------
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 6) if b else None
 
 
-def live_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def live_figures(rows: list[dict[str, Any]]) -> dict[str, object]:
     """Accuracy, macro-F1, per-label figures and confusion on fed-back rows
     ({"label": predicted or None when abstained, "truth"})."""
     answered = [r for r in rows if r.get("label") is not None and not r.get("abstained")]
-    out: dict[str, Any] = {"feedback": len(rows), "answered": len(answered),
+    out: dict[str, object] = {"feedback": len(rows), "answered": len(answered),
                            "coverage": _ratio(len(answered), len(rows)),
                            "accuracy": None, "macro_f1": None, "per_label": {},
                            "confusion": None}
@@ -98,7 +123,7 @@ def live_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def predicted_set(scores: dict[str, float], thresholds: dict[str, float], min_labels: int,
-                  fallback: Any = None) -> list[str]:
+                  fallback: object = None) -> list[str]:
     """The label set a multi-label version answered, from the logged scores
     ({label: score}, the answer's `top`) and its meta.json thresholds: every
     label at or above its threshold, else (min_labels 1) the best one. Exact
@@ -114,7 +139,7 @@ def predicted_set(scores: dict[str, float], thresholds: dict[str, float], min_la
     return chosen
 
 
-def as_set(value: Any) -> list[str]:
+def as_set(value: object) -> list[str]:
     """A stored label (an encoded set, one label, or None) as a sorted label set."""
     value = decode_truth(value)
     if isinstance(value, list):
@@ -122,13 +147,13 @@ def as_set(value: Any) -> list[str]:
     return [value] if isinstance(value, str) and value else []
 
 
-def live_figures_multi(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def live_figures_multi(rows: list[MultiRow]) -> dict[str, object]:
     """Multi-label figures on fed-back rows ({"label": predicted set, "truth":
     true set}, both lists): micro-F1 (over every label decision), macro-F1
     (mean over every label true or predicted somewhere), samples-F1 (mean per
     text; a text with both sets empty scores 1, as the training report does),
     exact-match accuracy, per-label counts."""
-    out: dict[str, Any] = {"multi_label": True, "feedback": len(rows), "answered": len(rows),
+    out: dict[str, object] = {"multi_label": True, "feedback": len(rows), "answered": len(rows),
                            "coverage": 1.0 if rows else None, "accuracy": None,
                            "micro_f1": None, "macro_f1": None, "samples_f1": None,
                            "labels_per_text": None, "per_label": {}, "confusion": None}
@@ -161,7 +186,7 @@ def live_figures_multi(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # -- drift ------------------------------------------------------------------------------------
-def _top_score(scores: Any) -> float | None:
+def _top_score(scores: object) -> float | None:
     if isinstance(scores, dict) and scores:
         return max(float(v) for v in scores.values())
     if isinstance(scores, list) and scores:
@@ -170,7 +195,7 @@ def _top_score(scores: Any) -> float | None:
 
 
 def drift_signals(rows: list[dict[str, Any]], profile: dict[str, Any], known: frozenset[int],
-                  cfg: "DriftSettings") -> dict[str, Any]:
+                  cfg: "DriftSettings") -> dict[str, object]:
     """The drift signals of a window of logged predictions against a profile."""
     shares = prof.known_shares((r["text"] for r in rows), known)
     expected_unknown = (None if profile["known_share"].get("mean") is None
@@ -195,7 +220,7 @@ def drift_signals(rows: list[dict[str, Any]], profile: dict[str, Any], known: fr
         ref = profile.get("top_score")
         if ref and ref.get("bins") == prof.TOP_SCORE_BINS:
             top_js = prof.js_divergence(prof.histogram(top), ref["counts"])
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "texts": len(rows),
         "window": cfg.window,
         "min_texts": cfg.min_texts,
@@ -233,7 +258,7 @@ class Quality:
                  loop: Any) -> None:
         self.cfg = cfg  # the `drift` section
         self.store, self.predlog, self.serving, self.loop = store, predlog, serving, loop
-        self.latest: dict[str, dict[str, Any]] = {}  # name -> last report (for metrics)
+        self.latest: dict[str, QualityReport] = {}  # name -> last report (for metrics)
         self._profiles: dict[tuple[str, int], tuple[float, Any, Any]] = {}
         self._lock = threading.Lock()
         self._refreshing = False
@@ -243,7 +268,7 @@ class Quality:
             self._timer = PeriodicCallback(self._tick, self.cfg.refresh_s * 1000)
             self._timer.start()
 
-    async def report(self, name: str) -> dict[str, Any]:
+    async def report(self, name: str) -> QualityReport:
         """The quality report of a model (NotFound when neither the store nor
         the log knows it). Counts what was answered before this call: the log's
         queue is flushed first."""
@@ -251,7 +276,7 @@ class Quality:
         self.latest[name] = result
         return result
 
-    def _flushed_compute(self, name: str) -> dict[str, Any]:
+    def _flushed_compute(self, name: str) -> QualityReport:
         plog = self.predlog
         if plog is not None and getattr(plog, "enabled", False):
             plog.flush(10)
@@ -306,7 +331,7 @@ class Quality:
         except (StoreError, OSError, ValueError):
             return None
 
-    def _training(self, meta: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _training(self, meta: dict[str, Any] | None) -> dict[str, object] | None:
         if meta is None:
             return None
         metrics = meta.get("metrics") or {}
@@ -327,7 +352,7 @@ class Quality:
                                          "coverage", "answered")}
         thresholds = (meta or {}).get("thresholds") or {}
         min_labels = int((meta or {}).get("min_labels", 1))
-        rows = []
+        rows: list[MultiRow] = []
         for r in fed:
             stored = decode_truth(r.get("label"))
             predicted = (sorted(set(stored)) if isinstance(stored, list) else
@@ -337,7 +362,7 @@ class Quality:
         live.pop("feedback")
         return live
 
-    def compute(self, name: str) -> dict[str, Any]:
+    def compute(self, name: str) -> QualityReport:
         store_versions = self.store.versions(name)  # InvalidName on a bad name
         plog = self.predlog
         counts = plog.counts(name) if plog is not None else {}
@@ -350,12 +375,12 @@ class Quality:
         versions = sorted((v for v in counts if v is not None), reverse=True)
         if serving is not None and serving not in versions:
             versions.insert(0, serving)
-        out = []
+        out: list[VersionQuality] = []
         for version in versions:
             c = counts.get(version, {"predictions": 0, "feedback": 0})
             fed = plog.fed_back(name, version) if plog is not None and c["feedback"] else []
             meta = self._meta(name, version) if version in store_versions else None
-            entry: dict[str, Any] = {
+            entry: VersionQuality = {
                 "version": version, "serving": version == serving,
                 "predictions": c["predictions"], "feedback": c["feedback"],
                 "live": self._live(fed, meta),

@@ -4,13 +4,14 @@ its settings only."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tornado.ioloop import IOLoop, PeriodicCallback
 
 from state.predlog_api import PredictionLogBackend
 
 if TYPE_CHECKING:
+    from control.policies import Policies
     from state.config import PredictionsSettings
 
 log = logging.getLogger("textswap.retention")
@@ -18,7 +19,7 @@ log = logging.getLogger("textswap.retention")
 
 class Retention:
     def __init__(self, predlog: PredictionLogBackend, predictions: "PredictionsSettings",
-                 every_s: float = 60.0, policies: Any = None) -> None:
+                 every_s: float = 60.0, policies: "Policies | None" = None) -> None:
         """policies: control/policies.py's Policies, whose copies under .loop/
         (the feedback hold-out, inline-data copies) lose the expired texts too."""
         self.predlog = predlog

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from control.events import Events
     from control.pool import WorkerPool
     from control.provision import Provisioner
-    from control.rollout_state import GoldenSets
+    from control.rollout_state import GoldenSet, GoldenSets
     from control.routing import Router
     from control.servingctl import ApplyResult, ModelRef, RollbackResult, ServingController
 
@@ -47,7 +47,7 @@ class RolloutControl:
                  store: "ModelStore", pool: "WorkerPool", events: "Events",
                  golden: "GoldenSets", provision: "Provisioner", router: "Router",
                  keeper: "RecordKeeper", apply: Callable[..., Awaitable["ApplyResult"]],
-                 gate_set: Callable[[str, dict[str, Any] | None], dict[str, Any] | None]
+                 gate_set: Callable[[str, "GoldenSet | None"], "GoldenSet | None"]
                  = lambda name, golden: golden) -> None:
         """apply: the applies' apply (a rollback past the probation is a new
         apply); gate_set: the golden set plus a retrain policy's feedback
@@ -60,7 +60,7 @@ class RolloutControl:
 
     async def after_swap(self, slot: Slot, old: list[WorkerHandle],
                           previous: "ModelRef | None", version: int
-                          ) -> list[dict[str, Any]]:
+                          ) -> list[dict[str, object]]:
         """The previous version's workers: kept idle in probation (a rollback
         is then one assignment), or drained and stopped."""
         probation_s = self.cfg.rollout.probation_s
@@ -94,7 +94,7 @@ class RolloutControl:
         self.loop.spawn_callback(self.provision.retire, p.workers)
 
     def switch_back(self, slot: Slot, reason: str, auto: bool,
-                    figures: dict[str, Any] | None = None) -> RolledBack:
+                    figures: dict[str, object] | None = None) -> RolledBack:
         """Within probation: the previous version serves again, in one
         assignment; the rolled-back version's workers drain and stop. Routing
         only: the callers persist (before it, or right after it)."""
@@ -112,7 +112,7 @@ class RolloutControl:
         return info
 
     def rollback_now(self, slot: Slot, reason: str, auto: bool,
-                     figures: dict[str, Any] | None = None) -> RolledBack:
+                     figures: dict[str, object] | None = None) -> RolledBack:
         """The automatic rollback (errors, latency, a crash in probation):
         switch at once, since every moment on the bad version costs requests,
         then write the record (RecordKeeper.save_later; retried until it succeeds)."""
@@ -182,8 +182,9 @@ class RolloutControl:
             s = p.new_stats
             if s.requests < r.min_requests:
                 continue
-            figures = {"new_version": s.describe(),
-                       "previous_p99_ms": None if p.old_p99 is None else round(1000 * p.old_p99, 3)}
+            figures: dict[str, object] = {
+                "new_version": s.describe(),
+                "previous_p99_ms": None if p.old_p99 is None else round(1000 * p.old_p99, 3)}
             if s.error_rate > r.max_error_rate:
                 self.rollback_now(slot, f"error rate {s.error_rate:.1%} above "
                                    f"rollout.max_error_rate {r.max_error_rate:.1%}",
@@ -197,7 +198,7 @@ class RolloutControl:
                                    f"{1000 * p.old_p99:.1f} ms", auto=True, figures=figures)
 
     async def quality_gate(self, slot: Slot, version: int, workers: list[WorkerHandle],
-                            enabled: bool, min_accuracy: float | None) -> dict[str, Any] | None:
+                            enabled: bool, min_accuracy: float | None) -> dict[str, object] | None:
         golden = self.golden.get(slot.name)
         # a policy retrain: its feedback hold-out too (docs/loop.md)
         golden = self.gate_set(slot.name, golden)
@@ -228,10 +229,11 @@ class RolloutControl:
                            f"rollout.gate_tolerance {tol}")
         if floor is not None and cand["accuracy"] < floor:
             reasons.append(f"accuracy {cand['accuracy']:.4f} is below min_accuracy {floor}")
-        info = {"passed": not reasons, "golden_examples": len(texts), "tolerance": tol,
-                "min_accuracy": floor, "candidate": {"version": version, **cand},
-                "serving": None if serving is None else {"version": slot.version, **serving},
-                "per_label_changes": label_changes(serving, cand) if serving else None}
+        info: dict[str, object] = {
+            "passed": not reasons, "golden_examples": len(texts), "tolerance": tol,
+            "min_accuracy": floor, "candidate": {"version": version, **cand},
+            "serving": None if serving is None else {"version": slot.version, **serving},
+            "per_label_changes": label_changes(serving, cand) if serving else None}
         if reasons:
             raise Conflict(f"quality gate refused {slot.name} v{version}: "
                            + "; ".join(reasons), code="quality_gate", details={"gate": info})
@@ -287,7 +289,7 @@ class RolloutControl:
     def drop_candidate(self, slot: Slot) -> list[WorkerHandle]:
         return self.ctl.drop_candidate(slot)
 
-    async def promote(self, name: str, gate: bool = True) -> dict[str, Any]:
+    async def promote(self, name: str, gate: bool = True) -> dict[str, object]:
         """The shadow or canary candidate serves all traffic: one assignment."""
         slot = self.router.slot_for(name)
         async with slot.lock:
@@ -316,14 +318,15 @@ class RolloutControl:
                                                             "gate": gate_info})
             ended = await self.after_swap(slot, old, previous, c.version)
         after = await self.keeper.records.after_change()  # cluster: written, replicated
-        out = {"name": name, "from_version": previous["version"], "to_version": c.version,
-               "mode": c.mode, "swap_s": round(took, 6), "gate": gate_info,
-               "old_workers": ended, "figures": c.describe()}
+        out: dict[str, object] = {
+            "name": name, "from_version": previous["version"], "to_version": c.version,
+            "mode": c.mode, "swap_s": round(took, 6), "gate": gate_info,
+            "old_workers": ended, "figures": c.describe()}
         if after is not None:
             out["cluster"] = after
         return out
 
-    async def abort(self, name: str) -> dict[str, Any]:
+    async def abort(self, name: str) -> dict[str, object]:
         slot = self.router.slot_for(name)
         c = slot.candidate
         if c is None:
@@ -338,7 +341,7 @@ class RolloutControl:
         return {"name": name, "aborted_version": c.version, "mode": c.mode, "figures": figures,
                 "workers": ended}
 
-    def rollout_status(self, name: str) -> dict[str, Any]:
+    def rollout_status(self, name: str) -> dict[str, object]:
         slot = self.router.slot_for(name)
         return {"name": name, "version": slot.version, "previous_version": slot.previous,
                 "probation": slot.probation.describe() if slot.probation else None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import time
 from types import MappingProxyType
-from typing import Any, Mapping, TypedDict
+from typing import Mapping, TypedDict
 
 from state.errors import NoModel, UnknownModel
 from control.slots import ApplyResult, Slot

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from state.errors import Conflict, UnknownModel
 from control.rollout_state import Candidate, GateScore, Probation, VersionStats
@@ -260,7 +260,7 @@ class ServingController:
         """A rollback past the probation (an apply of the version before)."""
         slot._rolled_back[info["version"]] = info
 
-    def cache_gate(self, slot: Slot, key: tuple[Any, ...], score: GateScore) -> None:
+    def cache_gate(self, slot: Slot, key: tuple[int | None, str], score: GateScore) -> None:
         """The serving version's score on a golden set, kept for the next gate."""
         slot._gate_cache[key] = score
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import time
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence, TypedDict
+from typing import Mapping, Sequence, TypedDict
 
 from tornado.locks import Condition, Lock
 
@@ -119,7 +119,7 @@ class Slot:
         self._probation: Probation | None = None
         self._candidate: Candidate | None = None
         self._rolled_back: dict[int, RolledBack] = {}
-        self._gate_cache: dict[tuple[Any, ...], GateScore] = {}
+        self._gate_cache: dict[tuple[int | None, str], GateScore] = {}
 
     # -- the fields, read-only ---------------------------------------------------
     @property
@@ -214,7 +214,7 @@ class Slot:
         return MappingProxyType(self._rolled_back)
 
     @property
-    def gate_cache(self) -> Mapping[tuple[Any, ...], GateScore]:
+    def gate_cache(self) -> Mapping[tuple[int | None, str], GateScore]:
         return MappingProxyType(self._gate_cache)
 
     # -- routing ---------------------------------------------------------------

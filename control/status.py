@@ -54,7 +54,7 @@ class StatusView:
             to_version=f.get("to_version", f.get("version")), phases=f.get("phases"),
             reason=f.get("reason"), details=details or None, at=f.get("at"))
 
-    def history(self, name: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    def history(self, name: str | None = None, limit: int = 100) -> list[dict[str, object]]:
         """Not for the IOLoop (GET /history runs it in an executor): it waits for
         the writes handed over so far, so an answered apply is in what it reads."""
         try:
@@ -63,13 +63,13 @@ class StatusView:
             log.warning("GET /history answers without the pending writes: the state db is slow")
         return self.db.history(name, limit)
 
-    def _predlog(self) -> dict[str, Any] | None:
+    def _predlog(self) -> dict[str, int] | None:
         """The prediction log's counts (texts logged, dropped, queued), or None."""
         if not self.predlog.enabled:
             return None
         return self.predlog.stats()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         me = psutil.Process()
         described = {g: w.describe() for g, w in sorted(self.pool.workers.items())}
         models = {n: s.describe([described[w.generation] for w in s.replicas

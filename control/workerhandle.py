@@ -52,6 +52,8 @@ class Frame(TypedDict, total=False):
     labels: list[str]
     code: str
     message: str
+    load_s: float  # a worker's ready frame
+    warm_s: float
     version: int  # a trainer's done frame
     warnings: list[str]
     metrics: dict[str, object]
@@ -360,7 +362,7 @@ class WorkerHandle(ChildProcess):
         self.recycle_after = 0.0
         self.loads = 0  # models loaded by this process (a standby may preload a guess)
         self.booted: Future[Any] = Future()
-        self.ready: Future[Any] = Future()
+        self.ready: Future[Frame] = Future()
         self._ids = itertools.count(1)
         self._idle_waiters: list[Future[None]] = []
         super().__init__(target, options, "worker", on_exit, zygote)
@@ -458,7 +460,7 @@ class WorkerHandle(ChildProcess):
         now = time.monotonic()
         return max(now - t for _, t in self.pending.values())
 
-    def load(self, path: str, name: str, version: int, preload: bool = False) -> Future[Any]:
+    def load(self, path: str, name: str, version: int, preload: bool = False) -> Future[Frame]:
         """Send a load order; the returned future resolves with the ready frame."""
         if self.ready.done():
             self.ready = Future()
