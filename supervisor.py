@@ -16,6 +16,7 @@ the parts, giving each only what it uses:
     rollouts    control/rollout_control.py  probation, rollback, gate, shadow, canary
     healer      control/healing.py          worker exits, recovery, sweep, recycling
     statusview  control/status.py           /status and the durable history
+    db          state/statedb.py            jobs and the history, on disk (its writer thread)
 
 All state changes happen on the IOLoop (rule 2 of ARCHITECTURE.md): HTTP
 handlers, worker exit callbacks, the watcher thread and signal handlers only
@@ -81,15 +82,15 @@ class Supervisor:
     def __init__(self, config: Config, keys: KeyRing | None = None) -> None:
         """keys: the API keys (None: auth is off)."""
         self.cfg = config
-        self.wcfg = config["worker"]
+        self.wcfg = config.worker
         self.store = ModelStore(config.models_dir)
         self.storage = Storage(self.store.root)  # durable writes off the IOLoop; health
         self.loop = loop = IOLoop.current()
-        self.serving = state = ServingState()  # slots, the default model, the record
-        self.ctl = ctl = ServingController(state, config, loop)  # its one writer
+        self.serving = serving = ServingState()  # slots, the default model, the record
+        self.ctl = ctl = ServingController(serving, config, loop)  # its one writer
         self.pool = pool = WorkerPool(config, self.store, lambda w: self.healer.on_worker_exit(w),
                                       lambda: self.provision.preload_guesses())
-        self.provision = Provisioner(state, config, loop, self.store, pool,
+        self.provision = Provisioner(serving, config, loop, self.store, pool,
                                      end_probation=ctl.cancel_probation)
         self.events = Events()
         self.golden = GoldenSets(self.store.root)
@@ -98,41 +99,41 @@ class Supervisor:
         # the backends, chosen once: the applied record and the job queue (a
         # file and this service's own, or Redis shared by the cluster's nodes),
         # the state db, the prediction log (SQLite and its writer, or Redis)
-        pcfg = config["predictions"]  # the learning loop (docs/loop.md)
+        pcfg = config.predictions  # the learning loop (docs/loop.md)
         self.records: RecordBackend
         self.predlog: PredictionLogBackend
         queue: JobQueue | None = None
         node = None
-        if config["cluster"]["redis_url"]:
+        if config.cluster.redis_url:
             from cluster.node import ClusterNode, node_state_path
             from cluster.connect import RedisTarget
             from cluster.redis_predlog import RedisPredictionLog
             node = ClusterNode(config, ctl, self.store, self.events, self.provision, pool)
             self.records, queue = node, node.training
             state_path = node_state_path(self.store.root, node.node_id)  # the store is shared
-            ccfg = config["cluster"]  # one log: feedback sent to any node finds the prediction
-            self.predlog = RedisPredictionLog(RedisTarget.of(ccfg), prefix=ccfg["key_prefix"],
-                                              enabled=pcfg["log"], max_rows=pcfg["max_rows"],
-                                              feedback_rows=config["feedback"]["max_rows"],
-                                              example_rows=config["feedback"]["max_example_rows"],
+            ccfg = config.cluster  # one log: feedback sent to any node finds the prediction
+            self.predlog = RedisPredictionLog(RedisTarget.of(ccfg), prefix=ccfg.key_prefix,
+                                              enabled=pcfg.log, max_rows=pcfg.max_rows,
+                                              feedback_rows=config.feedback.max_rows,
+                                              example_rows=config.feedback.max_example_rows,
                                               health=self.storage)
         else:
-            self.records = FileRecords(self.store, self.storage, loop, config["watcher"])
+            self.records = FileRecords(self.store, self.storage, loop, config.watcher)
             state_path = os.path.join(self.store.root, STATE_DB)
             self.predlog = PredictionLog(os.path.join(self.store.root, PREDLOG_DB),
-                                         enabled=pcfg["log"], max_rows=pcfg["max_rows"],
-                                         feedback_rows=config["feedback"]["max_rows"],
-                                         example_rows=config["feedback"]["max_example_rows"],
+                                         enabled=pcfg.log, max_rows=pcfg.max_rows,
+                                         feedback_rows=config.feedback.max_rows,
+                                         example_rows=config.feedback.max_example_rows,
                                          health=self.storage)
-        self.state = StateDB(state_path, health=self.storage)  # jobs, history
+        self.db = StateDB(state_path, health=self.storage)  # jobs, history
         # the parts of the control plane, each given what it uses; the applies
         # and the rollouts, and the policies and the jobs, call each other:
         # the one built first is given a function of the other
         self.metrics = metrics.build(config, self.events)  # Prometheus (control/metrics.py)
-        self.router = Router(state, config, loop, lambda: self.rollouts.check_probations())
+        self.router = Router(serving, config, loop, lambda: self.rollouts.check_probations())
         self.keeper = keeper = RecordKeeper(ctl, loop, self.records)  # persist, then switch
-        self.policies = Policies(config.raw.get("policies") or {}, self.store.root, state,
-                                 self.predlog, self.state,
+        self.policies = Policies(config.policies or {}, self.store.root, serving,
+                                 self.predlog, self.db,
                                  lambda *a, **kw: self.applies.apply(*a, **kw),
                                  lambda *a, **kw: self.jobs.submit(*a, **kw))
         self.rollouts = RolloutControl(ctl, config, loop, self.store, pool, self.events,
@@ -143,20 +144,20 @@ class Supervisor:
                                self.records, keeper, self.provision, self.router, self.rollouts)
         self.healer = Healer(ctl, config, loop, self.store, pool, self.events,
                              self.provision, self.applies, self.rollouts, keeper)
-        self.quality = Quality(config["drift"], self.store, self.predlog, state, loop)
-        self.jobs = JobManager(config, self.store, state, self.state, pool, self.policies,
+        self.quality = Quality(config.drift, self.store, self.predlog, serving, loop)
+        self.jobs = JobManager(config, self.store, serving, self.db, pool, self.policies,
                                self.predlog, self.applies.apply, queue)
-        self.statusview = StatusView(state, self.store, pool, self.state, self.storage,
+        self.statusview = StatusView(serving, self.store, pool, self.db, self.storage,
                                      keeper, self.jobs, self.records, self.predlog)
         self.events.subscribe(self.statusview.to_history)
-        self.metrics.attach(metrics.Sources(state, pool, self.storage, self.jobs, self.quality))
+        self.metrics.attach(metrics.Sources(serving, pool, self.storage, self.jobs, self.quality))
         self._sweeper = PeriodicCallback(self.healer.sweep, 1000)
-        self.retention = Retention(self.predlog, config["predictions"],  # max_age_days
+        self.retention = Retention(self.predlog, config.predictions,  # max_age_days
                                    policies=self.policies)
         # what the predict pipeline routes through (frontend/pipeline.py Serving);
         # the other routes get the parts themselves (frontend/app.py)
         self.predict = self.router.predict
-        self.serving_names, self.serving_model = state.serving_names, state.serving_model
+        self.serving_names, self.serving_model = serving.serving_names, serving.serving_model
 
     # -- start and stop -----------------------------------------------------------
     async def start(self) -> None:
@@ -168,7 +169,7 @@ class Supervisor:
             log.error("%s; starting without a model", exc)
             record = None
         if record:
-            self.ctl.start_from(record)  # type: ignore[arg-type]  # checked when read
+            self.ctl.start_from(record)  # checked when read
         self.records.start(record, self.applies.on_record_change)
         self._sweeper.start()
         self.retention.start()
@@ -177,7 +178,7 @@ class Supervisor:
                 self.loop.spawn_callback(
                     self.applies.apply_logged, name, entry["version"], "startup",
                     replicas=entry["replicas"], explicit=entry["explicit"])
-        elif not self.store.names() and self.cfg["training"]["demo_on_empty_store"]:
+        elif not self.store.names() and self.cfg.training.demo_on_empty_store:
             self.loop.spawn_callback(self._train_demo)
         else:
             log.info("no applied model yet: /readyz answers 503 until one is applied")
@@ -211,14 +212,14 @@ class Supervisor:
         self.records.stop()
         await self.jobs.shutdown()
         await self.records.close()
-        timeout = self.wcfg["stop_timeout"]
+        timeout = self.wcfg.stop_timeout
         serving = [w for s in self.serving.slots.values() for w in s.replicas]
         for w in serving:
             w.set_state(State.DRAINING)
-        await gen.multi([w.wait_idle(min(self.wcfg["drain_timeout"], 5.0)) for w in serving])
+        await gen.multi([w.wait_idle(min(self.wcfg.drain_timeout, 5.0)) for w in serving])
         await gen.multi([w.stop(timeout) for w in list(self.pool.workers.values())])
         self.ctl.clear_routing()
-        self.state.close()  # commits the pending job and history writes
+        self.db.close()  # commits the pending job and history writes
         self.predlog.close()  # and the queued predictions and feedback
         self.storage.close()
         self.stopped.set()
@@ -262,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     # the store, the logs' databases, the records: this user's alone (files
     # 0600, folders 0700), in this process and every child it starts
     os.umask(0o077)
-    logformat.setup(config["log_level"], config["log_format"])
-    if config["cluster"]["redis_url"]:  # nodes share the store: it must be writable
+    logformat.setup(config.log_level, config.log_format)
+    if config.cluster.redis_url:  # nodes share the store: it must be writable
         from cluster.node import check_store_writable
         try:
             check_store_writable(config.models_dir)
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     from frontend.app import start_servers  # Tornado apps; no TensorFlow anywhere
 
     # uvloop (where it imports) or asyncio's loop, before the IOLoop wraps one
-    loop_kind = eventloop.install(config["server"]["event_loop"])
+    loop_kind = eventloop.install(config.server.event_loop)
     loop = IOLoop.current()
     try:
         sup = Supervisor(config, keys)
@@ -306,20 +307,20 @@ def main(argv: list[str] | None = None) -> int:
             loop.stop()
             return
         await sup.start()
-        s = config["server"]
+        s = config.server
         log.info("inference API on http://%s:%d, management API on http://%s:%d "
-                 "(event loop: %s)", s["host"], s["port"], s["manage_host"], s["manage_port"],
+                 "(event loop: %s)", s.host, s.port, s.manage_host, s.manage_port,
                  loop_kind)
         if keys is not None:  # one-time code: the page trades it for a session
             # an any-address bind is shown as localhost (no bind here)
             anywhere = ("0.0.0.0", "::", "")  # nosec B104 # names compared, nothing bound
-            host = s["manage_host"] if s["manage_host"] not in anywhere else "localhost"
+            host = s.manage_host if s.manage_host not in anywhere else "localhost"
             host = f"[{host}]" if ":" in host else host
             # once, at WARNING (seen at every log level); the code works once,
             # within auth.code_minutes: `textswap dashboard` makes a new one
             log.warning("dashboard (the link logs you in once, within %g minutes): "
-                        "http://%s:%d/#code=%s", config["auth"]["code_minutes"],
-                        host, s["manage_port"], keys.new_code())
+                        "http://%s:%d/#code=%s", config.auth.code_minutes,
+                        host, s.manage_port, keys.new_code())
 
     # Long-lived startup objects out of the collector's way, and fewer young
     # collections: the request path allocates many short-lived objects.

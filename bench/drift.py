@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import os
 import random
@@ -36,7 +37,10 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from state.config import DriftSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -134,7 +138,7 @@ def _q(values: list[float], f: float) -> float:
 
 
 def window_table(answers: dict[str, list[dict[str, Any]]], profile: dict[str, Any],
-                 cfg: dict[str, Any], windows: int, seed: int = 7) -> list[str]:
+                 cfg: "DriftSettings", windows: int, seed: int = 7) -> list[str]:
     from control.quality import drift_signals
     from model_worker import profile as prof
 
@@ -156,7 +160,7 @@ def window_table(answers: dict[str, list[dict[str, Any]]], profile: dict[str, An
                     if len(answers[kind]) < size:
                         break
                     w = rng.sample(answers[kind], size)
-                out = drift_signals(w, profile, known, {**cfg, "min_texts": 0})
+                out = drift_signals(w, profile, known, dataclasses.replace(cfg, min_texts=0))
                 for s in SIGNALS:
                     vals[s].append(out[s])
                 alerts += out["alert"]
@@ -177,8 +181,7 @@ def main() -> None:
     from tests.helpers import Service, wait_for
     from state.config import DEFAULTS, DriftSettings
 
-    cfg = dict(DEFAULTS["drift"])  # a mapping: what control/quality.py drift_signals takes
-    drift = DriftSettings(**cfg)
+    drift = DriftSettings(**DEFAULTS["drift"])
     print(f"thresholds: max_unknown_excess {drift.max_unknown_excess}, max_label_js "
           f"{drift.max_label_js}, max_top_score_js {drift.max_top_score_js}, "
           f"min_texts {drift.min_texts}, window {drift.window}")
@@ -202,7 +205,7 @@ def main() -> None:
         answers = {k: _answers(svc, v, "demo") for k, v in traffic.items()}
         print(f"\nsignals on random windows ({args.windows} per row; texts per kind: "
               + ", ".join(f"{k} {len(v)}" for k, v in answers.items()) + ")")
-        print("\n".join(window_table(answers, profile, cfg, args.windows)))
+        print("\n".join(window_table(answers, profile, drift, args.windows)))
 
         # end to end on a fresh version: a copy of demo v1 as "drift"
         src, dst = (os.path.join(tmp, "models", n, "1") for n in ("demo", "drift"))

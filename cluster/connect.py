@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import urllib.parse
 from dataclasses import dataclass, field
-from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -48,11 +47,9 @@ class RedisTarget:
     ack_timeout: float = 1.0
 
     @classmethod
-    def of(cls, ccfg: ClusterSettings | Mapping[str, Any]) -> "RedisTarget":
-        """From the config's cluster section (state/config.py resolved it):
-        cfg.cluster, or that section as a mapping (config["cluster"])."""
-        if not isinstance(ccfg, ClusterSettings):
-            ccfg = ClusterSettings(**ccfg)
+    def of(cls, ccfg: ClusterSettings) -> "RedisTarget":
+        """From the config's cluster section, cfg.cluster (state/config.py
+        resolved it)."""
         sentinels = []
         for item in ccfg.sentinels or []:
             host, _, port = str(item).rpartition(":")

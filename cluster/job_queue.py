@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster.record import Cluster
+
+if TYPE_CHECKING:
+    from control.jobs import JobDoc
 
 _CLAIM = """
 local ids = redis.call('LRANGE', KEYS[1], 0, -1)
@@ -140,7 +143,7 @@ class ClusterJobs:
             ("PUBLISH", self.c.k_events, "jobs")], f"training job {doc['id']}")
         await self._trim()
 
-    async def claim(self) -> dict[str, Any] | None:
+    async def claim(self) -> "JobDoc | None":
         """The oldest queued job, now ours under a lease; None when none waits."""
         job_id = await self.c.call(lambda: self._claim(
             keys=[self.k_queue, self.k_running],
@@ -171,7 +174,7 @@ class ClusterJobs:
         return out
 
     @staticmethod
-    def _merge(fields: dict[str, str]) -> dict[str, Any] | None:
+    def _merge(fields: dict[str, str]) -> "JobDoc | None":
         if not fields or "doc" not in fields:
             return None
         doc = json.loads(fields["doc"])
@@ -187,10 +190,10 @@ class ClusterJobs:
         doc["node"] = fields.get("node") or None
         return doc
 
-    async def get(self, job_id: str) -> dict[str, Any] | None:
+    async def get(self, job_id: str) -> "JobDoc | None":
         return self._merge(await self.c.call(lambda: self.r.hgetall(self._jk(job_id))))
 
-    async def list(self) -> list[dict[str, Any]]:
+    async def list(self) -> "list[JobDoc]":
         async def run() -> list[dict[str, str]]:
             ids = await self.r.lrange(self.k_list, 0, -1)
             async with self.r.pipeline(transaction=False) as pipe:

@@ -40,16 +40,17 @@ import re
 import shutil
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cluster.connect import NotReplicated, RedisTarget
 from cluster.record import Cluster, ClusterUnreachable
 from cluster.job_queue import ClusterJobs
 from cluster.twophase import PREPARED, TwoPhase
-from control.jobs import JobError
+from control.jobs import JobDoc, JobError, listed
 
 if TYPE_CHECKING:
     from state.config import Config
+    from control.serving import AppliedRecord
     from state.store import ModelStore
     from control.events import Events
     from control.jobs import JobManager
@@ -87,19 +88,19 @@ class ClusterNode:
     def __init__(self, config: "Config", ctl: "ServingController", store: "ModelStore",
                  events: "Events", provision: "Provisioner", pool: "WorkerPool",
                  node_id: str | None = None) -> None:
-        cfg = config["cluster"]
-        self.cfg, self.ctl, self.state, self.store = config, ctl, ctl.state, store
+        cfg = config.cluster
+        self.cfg, self.ctl, self.serving, self.store = config, ctl, ctl.serving, store
         self.events, self.provision, self.pool = events, provision, pool
-        self.node_id = node_id or cfg["node_id"] or default_node_id(config["server"]["port"])
+        self.node_id = node_id or cfg.node_id or default_node_id(config.server.port)
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self.node_id)
         self.cluster = Cluster(
-            RedisTarget.of(cfg), self.node_id, prefix=cfg["key_prefix"],
+            RedisTarget.of(cfg), self.node_id, prefix=cfg.key_prefix,
             cache_path=os.path.join(store.root, ".cluster", f"{safe}.record.json"),
-            poll_interval=cfg["poll_interval"], heartbeat_interval=cfg["poll_interval"],
-            heartbeat_ttl=cfg["heartbeat_ttl"])
-        self.training = ClusterTraining(self, ClusterJobs(self.cluster, cfg["job_lease"],
-                                                          config["training"]["keep_jobs"]))
-        self.twophase = TwoPhase(self.cluster, config, store, ctl.state, provision, pool)
+            poll_interval=cfg.poll_interval, heartbeat_interval=cfg.poll_interval,
+            heartbeat_ttl=cfg.heartbeat_ttl)
+        self.training = ClusterTraining(self, ClusterJobs(self.cluster, cfg.job_lease,
+                                                          config.training.keep_jobs))
+        self.twophase = TwoPhase(self.cluster, config, store, ctl.serving, provision, pool)
         self._writes: asyncio.Queue[Any] = asyncio.Queue()
         self._writer: asyncio.Task[Any] | None = None
         self._write_error: BaseException | None = None
@@ -110,7 +111,7 @@ class ClusterNode:
         self._on_change: Any = None
 
     # -- the record backend (what the file watcher is in single-node mode) ---------
-    async def load(self) -> dict[str, Any] | None:
+    async def load(self) -> "AppliedRecord | None":
         try:
             rec = await self.cluster.read_record()
         except ClusterUnreachable as exc:
@@ -121,9 +122,9 @@ class ClusterNode:
             rec = self.cluster.record
         if rec is not None:
             self._delivered = rec["revision"]  # start() applies it; no second delivery
-        return rec
+        return cast("AppliedRecord | None", rec)  # cluster/record.py read it in this format
 
-    def start(self, record: dict[str, Any] | None, on_change: "OnChange") -> None:
+    def start(self, record: "AppliedRecord | None", on_change: "OnChange") -> None:
         self._on_change = on_change
         self._writer = asyncio.ensure_future(self._write_loop())
         self.events.subscribe(self._on_event)
@@ -159,7 +160,7 @@ class ClusterNode:
             self._writer.cancel()
         await self.cluster.stop()
 
-    async def write(self, record: dict[str, Any], changed: str | None, strict: bool) -> None:
+    async def write(self, record: "AppliedRecord", changed: str | None, strict: bool) -> None:
         """Queued for the writer task (after_change waits for it); the switch
         goes ahead at once: the node follows the cluster's record."""
         self.note_record(record, changed)
@@ -167,7 +168,7 @@ class ClusterNode:
     def status(self) -> dict[str, Any]:
         return self.cluster.status()
 
-    def note_record(self, record: dict[str, Any], changed: str | None = None) -> None:
+    def note_record(self, record: "AppliedRecord", changed: str | None = None) -> None:
         """The node changed the slot `changed` (None: everything, e.g. a
         fallback): merge that into the cluster's record."""
         entry = record["models"].get(changed) if changed else None
@@ -203,7 +204,7 @@ class ClusterNode:
                         raise
                 self._written = rec["revision"]  # holds this node's change
                 self._written_record = rec
-                self.ctl.note_record(rec)
+                self.ctl.note_record(cast("AppliedRecord", rec))  # read in this format
                 self._delivered = max(self._delivered, rec["revision"])
                 self._check_applied()
             except ClusterUnreachable as exc:
@@ -232,11 +233,11 @@ class ClusterNode:
             self._on_change(rec)
 
     def _busy(self) -> bool:
-        return any(s.busy or s.applying for s in self.state.slots.values())
+        return any(s.busy or s.applying for s in self.serving.slots.values())
 
     def matches(self, rec: dict[str, Any]) -> bool:
         """This node serves exactly what rec asks for."""
-        slots = {n: s for n, s in self.state.slots.items() if s.replicas}
+        slots = {n: s for n, s in self.serving.slots.items() if s.replicas}
         if set(slots) != set(rec["models"]):
             return False
         for name, entry in rec["models"].items():
@@ -245,7 +246,7 @@ class ClusterNode:
                 return False
             if entry["replicas"] and len(s.replicas) != entry["replicas"]:
                 return False
-        return rec["default"] == self.state.default_name
+        return rec["default"] == self.serving.default_name
 
     def stale(self, name: str, version: int) -> bool:
         """A queued watcher apply of (name, version) that the newest record
@@ -272,11 +273,11 @@ class ClusterNode:
         self._check_applied()  # apply, unload, rollback, crash...: still on the record?
 
     def _describe(self) -> dict[str, Any]:
-        s = self.cfg["server"]
-        return {"inference": f"{s['host']}:{s['port']}", "pid": os.getpid(),
-                "default": self.state.default_name,
+        s = self.cfg.server
+        return {"inference": f"{s.host}:{s.port}", "pid": os.getpid(),
+                "default": self.serving.default_name,
                 "serving": {n: {"version": sl.version, "replicas": len(sl.replicas)}
-                            for n, sl in sorted(self.state.slots.items()) if sl.replicas},
+                            for n, sl in sorted(self.serving.slots.items()) if sl.replicas},
                 "training": self.training.running_ids()}
 
     # -- hooks for /apply ------------------------------------------------------------------
@@ -400,10 +401,10 @@ class ClusterTraining:
                     if job.process is not None:
                         await job.process.stop(2.0)
             await self.q.reap()
-            if self.node.state.stopping:
+            if self.node.serving.stopping:
                 return
             while sum(1 for j in mgr.jobs.values() if j.state == "running") < \
-                    mgr.cfg["max_concurrent"]:
+                    mgr.cfg.max_concurrent:
                 doc = await self.q.claim()
                 if doc is None:
                     break
@@ -441,7 +442,7 @@ class ClusterTraining:
 
     async def enqueue(self, job: Any) -> bool:
         doc = job.describe()
-        if self.node.state.demo_training and job.name == "demo":
+        if self.node.serving.demo_training and job.name == "demo":
             # the first-start demo: the node that runs it marks its slot as the
             # demo (retired once another model is the default), not this one
             doc["first_start_demo"] = True
@@ -490,17 +491,16 @@ class ClusterTraining:
             # a new version in the shared store: every node preloads it
             await self.node.twophase.published(result["name"], int(result["version"]))
 
-    async def get(self, job_id: str) -> dict[str, Any] | None:
+    async def get(self, job_id: str) -> JobDoc | None:
         local = self.jobs.jobs.get(job_id)
         if local is not None and local.state == "running":
             return {**local.describe(), "node": self.node.node_id}
         return await self.q.get(job_id)
 
-    async def list(self) -> list[dict[str, Any]]:
-        return [{k: v for k, v in d.items() if k not in ("history", "params")}
-                for d in await self.q.list()]
+    async def list(self) -> list[JobDoc]:
+        return [listed(d) for d in await self.q.list()]
 
-    async def cancel(self, job_id: str) -> tuple[str, dict[str, Any] | None]:
+    async def cancel(self, job_id: str) -> tuple[str, JobDoc | None]:
         local = self.jobs.jobs.get(job_id)
         if local is not None and local.state == "running":
             await self.jobs.cancel(job_id)

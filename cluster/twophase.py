@@ -85,10 +85,10 @@ class TwoPhase:
     Given what it uses (no back-reference to the node that holds it)."""
 
     def __init__(self, cluster: Cluster, cfg: "Config", store: "ModelStore",
-                 state: "ServingState", provision: "Provisioner", pool: "WorkerPool") -> None:
-        self.store, self.state, self.provision, self.pool = store, state, provision, pool
+                 serving: "ServingState", provision: "Provisioner", pool: "WorkerPool") -> None:
+        self.store, self.serving, self.provision, self.pool = store, serving, provision, pool
         self.c: Cluster = cluster
-        self.timeout = float(cfg["cluster"]["prepare_timeout"])
+        self.timeout = float(cfg.cluster.prepare_timeout)
         self.k_open = self.c.key("preps")
         self._seen: dict[str, float] = {}           # prepare ids this node handled
         self._inflight: dict[tuple[str, int, int], asyncio.Future[Any]] = {}
@@ -353,7 +353,7 @@ class TwoPhase:
         'serving' (a follower already serves exactly that: its apply is a
         no-op), 'probation' (still loaded from before: the apply reuses it)
         or 'prepared' (workers held READY among the standbys)."""
-        slot = self.state.slots.get(name)
+        slot = self.serving.slots.get(name)
         if (not coordinator and slot is not None and slot.replicas
                 and slot.version == version and len(slot.replicas) == replicas):
             return "serving"
@@ -399,7 +399,7 @@ class TwoPhase:
             if not live:
                 continue  # taken by the apply (or gone)
             if h.published and now < h.until:
-                slot = self.state.slots.get(h.name)
+                slot = self.serving.slots.get(h.name)
                 try:
                     newest = self.store.versions(h.name)[-1]
                 except (StoreError, IndexError):
@@ -424,8 +424,8 @@ class TwoPhase:
     async def _on_published(self, name: str, version: int) -> None:
         """A version reached the shared store: a node serving an older one of
         that name preloads it within its free budget (ends no probation)."""
-        slot = self.state.slots.get(name)
-        if (self.state.stopping or slot is None or not slot.replicas or slot.version is None
+        slot = self.serving.slots.get(name)
+        if (self.serving.stopping or slot is None or not slot.replicas or slot.version is None
                 or version <= slot.version):
             return
         replicas = slot.wanted or len(slot.replicas)

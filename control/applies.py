@@ -21,7 +21,7 @@ from tornado import gen
 from state.errors import ApplyFailed, Conflict, ServiceError, StorageFailed, UnknownModel
 from state.store import InvalidArtifact, StoreError, check_name
 from control.slots import Slot
-from control.workerhandle import State, WorkerHandle
+from control.workerhandle import Frame, State, WorkerHandle
 
 if TYPE_CHECKING:
     from state.config import Config
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from control.records import RecordBackend, RecordKeeper
     from control.rollout_control import RolloutControl
     from control.routing import Router
-    from control.serving import RecordEntry
+    from control.serving import AppliedRecord, RecordEntry
     from control.servingctl import ApplyResult, ModelRef, ServingController
     from state.store import ModelStore
     from tornado.ioloop import IOLoop
@@ -46,13 +46,13 @@ class Applies:
                  store: "ModelStore", pool: "WorkerPool", events: "Events",
                  records: "RecordBackend", keeper: "RecordKeeper", provision: "Provisioner",
                  router: "Router", rollouts: "RolloutControl") -> None:
-        self.ctl, self.state = ctl, ctl.state
-        self.cfg, self.wcfg, self.loop = cfg, cfg["worker"], loop
+        self.ctl, self.serving = ctl, ctl.serving
+        self.cfg, self.wcfg, self.loop = cfg, cfg.worker, loop
         self.store, self.pool, self.events = store, pool, events
         self.records, self.keeper, self.provision = records, keeper, provision
         self.router, self.rollouts = router, rollouts
 
-    def on_record_change(self, record: dict[str, Any]) -> None:
+    def on_record_change(self, record: "AppliedRecord") -> None:
         """The record was edited from outside: converge on it, name by name.
         A record naming a model or version the store lacks is logged and
         ignored as a whole: half-following it could unload what serves."""
@@ -64,7 +64,7 @@ class Applies:
                 log.error("ignoring the applied-model record: %s", exc)
                 return
         for name, entry in wanted.items():
-            slot = self.state.slots.get(name)
+            slot = self.serving.slots.get(name)
             replicas = entry["replicas"] or (slot.wanted if slot else None)
             if (slot is None or not slot.replicas or slot.version != entry["version"]
                     or (replicas and replicas != slot.wanted)):
@@ -73,7 +73,7 @@ class Applies:
                     continue  # "latest" of a serving model: no change asked
                 self.loop.spawn_callback(self.apply_logged, name, entry["version"], "watcher",
                                          replicas=entry["replicas"], explicit=entry["explicit"])
-        for name in list(self.state.slots):
+        for name in list(self.serving.slots):
             if name not in wanted:
                 self.loop.spawn_callback(self.unload_logged, name, "watcher")
         self.ctl.follow_record(record)
@@ -108,10 +108,10 @@ class Applies:
         check_name(name)
         self.store.resolve(name, version)  # fail fast: 404 before queueing
         t_call = time.monotonic()
-        created = name not in self.state.slots
+        created = name not in self.serving.slots
         slot = self.ctl.open_slot(name)
         if replicas is None:
-            replicas = slot.wanted if not created else self.cfg["serving"]["replicas"]
+            replicas = slot.wanted if not created else self.cfg.serving.replicas
         if persist and source == "api":
             await self.records.check()  # cluster: 503 while its store is unreachable
         self.ctl.begin_apply(slot)
@@ -170,7 +170,7 @@ class Applies:
         """Step 1: may this apply run? The version resolved and its artifact
         checked; an operator's apply forgets the version's past failures."""
         name = slot.name
-        if self.state.stopping:
+        if self.serving.stopping:
             raise ServiceError("service is shutting down", 503, "stopping")
         if slot.unloaded:
             raise ServiceError(f"model {name!r} was unloaded while this apply waited", 409,
@@ -260,19 +260,19 @@ class Applies:
         new_explicit = slot.explicit
         if explicit is not None:
             new_explicit = explicit
-        elif source == "api" or (source == "train" and not self.state.demo_training):
+        elif source == "api" or (source == "train" and not self.serving.demo_training):
             new_explicit = True
         elif source == "train":
             new_explicit = False
         end_demo = source == "train" and explicit is None and not new_explicit
         make_default = default if default is not None else source in ("api", "train")
-        old_default = self.state.default_name
+        old_default = self.serving.default_name
 
         def new_default() -> str | None:
-            if make_default or self.state.default_name is None and source not in (
+            if make_default or self.serving.default_name is None and source not in (
                     "startup", "watcher"):
                 return name
-            return self.state.default_name
+            return self.serving.default_name
         seen: list[tuple[list[WorkerHandle], ModelRef | None]] = []
 
         def switch() -> None:
@@ -297,12 +297,12 @@ class Applies:
                  len(workers), ", ".join(str(w.pid) for w in workers), source)
         self.pool.ensure(delay=2.0)
         self.pool.refresh()
-        if self.state.default_name != old_default and old_default:
+        if self.serving.default_name != old_default and old_default:
             self.retire_demo(old_default)
         return seen[0]
 
     def answer(self, run: "ApplyRun", slot: Slot, previous: "ModelRef | None",
-               ended: list[dict[str, Any]], source: str, t_call: float) -> "ApplyResult":
+               ended: list[dict[str, object]], source: str, t_call: float) -> "ApplyResult":
         """Step 5: the apply's answer, kept by the slot and in the history."""
         name, version, workers = slot.name, run.version, run.workers
         preloaded = all(p for _, _, p in run.ready)
@@ -311,7 +311,7 @@ class Applies:
             "previous": previous,
             "current": {"name": name, "version": version},
             "replicas": len(workers),
-            "default": self.state.default_name == name,
+            "default": self.serving.default_name == name,
             "worker": {"generation": workers[0].generation, "pid": workers[0].pid},
             "workers": [{"generation": w.generation, "pid": w.pid} for w in workers],
             "phases_s": {k: round(v, 4) for k, v in run.phases.items()},
@@ -337,14 +337,14 @@ class Applies:
     def retire_demo(self, name: str) -> None:
         """The first-start demo is a convenience, not a tenant: once another
         model is the default, its slot goes (unless someone applied it)."""
-        slot = self.state.slots.get(name)
+        slot = self.serving.slots.get(name)
         if slot is not None and not slot.explicit:
             log.info("the first-start demo model %r is no longer the default: unloading it "
                      "(apply it explicitly to keep it)", name)
             self.loop.spawn_callback(self.unload_logged, name, "demo_retired")
 
     async def unload(self, name: str, *, source: str = "api", persist: bool = True
-                     ) -> dict[str, Any]:
+                     ) -> dict[str, object]:
         """Stop serving a model: out of routing at once, then drain and stop.
         The store keeps every version."""
         check_name(name)
@@ -352,7 +352,7 @@ class Applies:
         if persist and source == "api":
             await self.records.check()  # cluster: 503 while its store is unreachable
         async with slot.lock:
-            if self.state.slots.get(name) is not slot:
+            if self.serving.slots.get(name) is not slot:
                 raise UnknownModel(f"model {name!r} is not serving here")
             seen: list[tuple[list[WorkerHandle], bool]] = []
 
@@ -360,7 +360,7 @@ class Applies:
                 seen.append(self.ctl.unload(slot))
             if persist:
                 await self.keeper.commit(name, None, switch=switch, default=lambda: (
-                    None if self.state.default_name == name else self.state.default_name))
+                    None if self.serving.default_name == name else self.serving.default_name))
             else:
                 switch()
             old, was_default = seen[0]
@@ -368,8 +368,9 @@ class Applies:
             self.events.emit("unload", name=name, version=slot.version, source=source)
             ended = await self.provision.retire(old)
         self.pool.ensure()
-        out = {"unloaded": {"name": name, "version": slot.version}, "workers": ended,
-               "default": self.state.default_name, "was_default": was_default}
+        out: dict[str, object] = {
+            "unloaded": {"name": name, "version": slot.version}, "workers": ended,
+            "default": self.serving.default_name, "was_default": was_default}
         if persist:
             after = await self.records.after_change()
             if after is not None:
@@ -383,9 +384,9 @@ class ApplyRun:
     version: int
     path: str
     serving_now: str  # what serves before it, for its errors
-    ready: list[tuple[WorkerHandle, dict[str, Any], bool]] = field(default_factory=list)
+    ready: list[tuple[WorkerHandle, Frame, bool]] = field(default_factory=list)
     reused: bool = False  # the workers of the version in probation
-    gate_info: dict[str, Any] | None = None
+    gate_info: dict[str, object] | None = None
     phases: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 log = logging.getLogger("textswap.events")
 
-Listener = Callable[[str, dict[str, Any]], None]
+Listener = Callable[[str, dict[str, object]], None]
 
 
 class Events:

@@ -29,7 +29,7 @@ import asyncio
 import concurrent.futures
 import re
 import sqlite3
-from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypedDict, TypeVar
 
 from control.quality import predicted_set
 from state.dataset import encode_label_set, is_label_set
@@ -56,11 +56,11 @@ T = TypeVar("T")
 
 
 def refused(status: int, code: str, message: str,
-            details: dict[str, Any] | None = None) -> ServiceError:
+            details: dict[str, object] | None = None) -> ServiceError:
     return ServiceError(message, status, code, details)
 
 
-async def off_loop(fn: Callable[..., T], *args: Any, what: str = "the prediction log",
+async def off_loop(fn: Callable[..., T], *args: object, what: str = "the prediction log",
                    path: str = "") -> T:
     """fn(*args) in this module's executor, awaited; a failed durable write
     (disk full, I/O error) is a 507 or 503 StorageFailed."""
@@ -82,6 +82,14 @@ async def _written(fut: concurrent.futures.Future[Any], path: str) -> None:
                       "nothing is known to be stored") from None
 
 
+class VersionInfo(TypedDict):
+    """What feedback needs of a version (its meta.json; FeedbackService._meta_of)."""
+    labels: set[str]
+    multi_label: bool
+    thresholds: dict[str, float]
+    min_labels: int
+
+
 class LabelsArrived(Protocol):
     """What feedback tells the retrain policies (control/policies.py)."""
 
@@ -100,7 +108,7 @@ class FeedbackService:
         self.max_items = max_items
         self.max_examples = max_examples  # free examples in one body (feedback.max_examples)
         self.max_text_chars = max_text_chars
-        self._meta: dict[tuple[str, int | None], dict[str, Any]] = {}
+        self._meta: dict[tuple[str, int | None], VersionInfo] = {}
 
     @property
     def path(self) -> str:
@@ -149,7 +157,7 @@ class FeedbackService:
                                                  f"the limit is {min(cap, self.max_examples)} "
                                                  f"(feedback.{setting})")
 
-        def lookup() -> dict[str, Any]:
+        def lookup() -> VersionInfo:
             try:
                 self.store.resolve(name)
             except (NotFound, InvalidName):
@@ -243,7 +251,7 @@ class FeedbackService:
                 for i, x in enumerate(labels):
                     label(x, f"'labels[{i}]'")
 
-        def look_up() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        def look_up() -> tuple[list[dict[str, Any]], VersionInfo]:
             rows = plog.get(rid)
             if not rows:  # maybe still queued for the writer
                 plog.flush(WRITE_TIMEOUT_S)
@@ -267,7 +275,7 @@ class FeedbackService:
         return answer
 
     def _singles(self, rid: str, rows: list[dict[str, Any]], data: dict[str, Any],
-                 index: int | None, info: dict[str, Any]
+                 index: int | None, info: VersionInfo
                  ) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
         """The feedback rows and the answer for a single-label version's predictions."""
         if "labels" in data:
@@ -302,7 +310,7 @@ class FeedbackService:
         return batch, out
 
     def _sets(self, rid: str, rows: list[dict[str, Any]], data: dict[str, Any],
-              index: int | None, info: dict[str, Any]
+              index: int | None, info: VersionInfo
               ) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
         """The feedback rows and the answer for a multi-label version's
         predictions: a label set per text."""
@@ -345,7 +353,7 @@ class FeedbackService:
         return batch, out
 
     # -- the review queue -------------------------------------------------------------------
-    async def review(self, name: str, limit: int, strategy: str) -> dict[str, Any]:
+    async def review(self, name: str, limit: int, strategy: str) -> dict[str, object]:
         """Up to `limit` logged predictions of `name` that have no label yet,
         by `strategy` (one of STRATEGIES; limit 1..MAX_REVIEW)."""
         if not 1 <= limit <= MAX_REVIEW:
@@ -381,7 +389,7 @@ class FeedbackService:
         return {"model": name, "strategy": strategy, "count": len(items), "items": items}
 
     # -- what a version knows ---------------------------------------------------------------
-    def _meta_of(self, name: str, version: Any) -> dict[str, Any]:
+    def _meta_of(self, name: str, version: int | None) -> VersionInfo:
         """What feedback needs of a version of a model (its meta.json): the
         labels it knows, multi_label, thresholds, min_labels; the latest
         version when version is None. Blocking: called in the executor. A
@@ -410,7 +418,7 @@ class FeedbackService:
         return info
 
 
-def label(value: Any, where: str) -> str:
+def label(value: object, where: str) -> str:
     """One label, checked: a non-empty string (or a number, as text) of at most
     MAX_LABEL_CHARS characters, not written as a label set."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -432,7 +440,7 @@ def label(value: Any, where: str) -> str:
     return out
 
 
-def label_set(value: Any, where: str) -> list[str]:
+def label_set(value: object, where: str) -> list[str]:
     """One text's label set: a list of labels, sorted and distinct; [] (the text
     truly has none of the model's labels) is allowed."""
     if not isinstance(value, list):
@@ -466,6 +474,6 @@ def _one(rid: str, rows: list[dict[str, Any]], index: int | None, value: T
     return [(hit[0], value)]
 
 
-def _top(scores: dict[str, float]) -> list[dict[str, Any]]:
+def _top(scores: dict[str, float]) -> list[dict[str, object]]:
     return [{"label": k, "score": v}
             for k, v in sorted(scores.items(), key=lambda kv: kv[1], reverse=True)]

@@ -46,8 +46,8 @@ class Healer:
                  store: "ModelStore", pool: "WorkerPool", events: "Events",
                  provision: "Provisioner", applies: "Applies",
                  rollouts: "RolloutControl", keeper: "RecordKeeper") -> None:
-        self.ctl, self.state = ctl, ctl.state
-        self.cfg, self.wcfg, self.loop = cfg, cfg["worker"], loop
+        self.ctl, self.serving = ctl, ctl.serving
+        self.cfg, self.wcfg, self.loop = cfg, cfg.worker, loop
         self.store, self.pool, self.events = store, pool, events
         self.provision, self.applies, self.rollouts = provision, applies, rollouts
         self.keeper = keeper
@@ -93,11 +93,11 @@ class Healer:
         if any, is applied instead."""
         assert dead.model is not None
         version = dead.model["version"]
-        window = self.wcfg["restart_window"]
+        window = self.wcfg.restart_window
         try:
-            while not self.state.stopping and not slot.unloaded and slot.version == version:
+            while not self.serving.stopping and not slot.unloaded and slot.version == version:
                 n = self.ctl.count_crash(slot, version, window)
-                if n > self.wcfg["max_restarts"]:
+                if n > self.wcfg.max_restarts:
                     await self.give_up(slot, version, f"worker crashed {n} times within "
                                         f"{window:.0f}s (last: exit code {dead.exitcode}, "
                                         f"{dead.error})")
@@ -129,7 +129,7 @@ class Healer:
         (w,) = self.provision.obtain(slot.name, version, 1, f"a {why} of {slot.name} v{version}")
         w, _, _ = await self.provision.make_ready(w, slot.name, version, path)
         if not self.ctl.add_replica(slot, w, version):  # the slot moved on meanwhile
-            self.loop.spawn_callback(w.stop, self.wcfg["stop_timeout"])
+            self.loop.spawn_callback(w.stop, self.wcfg.stop_timeout)
             return None
         w.send({"t": "serve"})
         log.info("%s v%s: replica gen %d (pid %d) serves (%s)", slot.name, version,
@@ -149,9 +149,9 @@ class Healer:
         if fallback and fallback != version:
             log.info("falling back to %s v%s, served before", slot.name, fallback)
             await self.applies.apply_logged(slot.name, fallback, "fallback", default=False)
-        elif (self.state.default_name == slot.name
-              and (back := self.state.previous_default) is not None
-              and back in self.state.slots and self.state.slots[back].replicas):
+        elif (self.serving.default_name == slot.name
+              and (back := self.serving.previous_default) is not None
+              and back in self.serving.slots and self.serving.slots[back].replicas):
             # no earlier version to go back to: the model that was the default
             # before it (still serving in its own slot) answers again
             log.info("default model %s FAILED: %s is the default again", slot.name, back)
@@ -165,20 +165,20 @@ class Healer:
         judge versions in probation, recycle workers past their limits."""
         self.rollouts.check_probations()
         self.keeper.retry_dirty()
-        limit = self.wcfg["hang_timeout"]
+        limit = self.wcfg.hang_timeout
         for w in list(self.pool.workers.values()):
-            w.expire(self.wcfg["request_timeout"])
+            w.expire(self.wcfg.request_timeout)
             if w.state in (State.SERVING, State.DRAINING, State.IDLE) and (
                     w.oldest_request_age() > limit):
                 log.error("worker gen %d has not answered for %.0fs: killing it as hung",
                           w.generation, limit)
                 w.error = f"hung: no answer for {limit:.0f}s"
                 w.kill()
-        max_requests, max_rss = self.wcfg["max_requests"], self.wcfg["max_rss_mb"]
+        max_requests, max_rss = self.wcfg.max_requests, self.wcfg.max_rss_mb
         if not (max_requests or max_rss):
             return
         now = time.monotonic()
-        for slot in self.state.slots.values():
+        for slot in self.serving.slots.values():
             for w in slot.replicas:
                 if getattr(w, "recycle_after", 0.0) > now:
                     continue

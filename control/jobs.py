@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, Protocol, Required, TypedDict, cast
 
 from tornado.ioloop import IOLoop
 
@@ -33,7 +33,7 @@ from model_worker.params import ParamError, detect_tokenize, multi_label_refusal
 from state.errors import InvalidName
 from state.store import TMP, check_name
 from control.childlog import is_tensorflow_line
-from control.workerhandle import ChildProcess
+from control.workerhandle import ChildProcess, Frame
 
 if TYPE_CHECKING:
     from control.slots import ApplyResult
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from control.policies import Policies
     from control.pool import WorkerPool
     from control.serving import ServingState
+    from control.zygote_client import Zygote
+    from tornado.concurrent import Future
 
 log = logging.getLogger("textswap.jobs")
 
@@ -53,6 +55,71 @@ FINISHED = ("succeeded", "failed", "cancelled", "interrupted")
 ACTIVE = ("queued", "running")
 # the ids this service makes (Job, cluster/job_queue.py new_id): a time, a counter
 JOB_ID = re.compile(r"[0-9]{14}-[1-9][0-9]{0,17}")
+
+
+# a progress frame's figures (an epoch's, or a model-search candidate's): one
+# history entry each, kept as the trainer sent them
+Figures = dict[str, object]
+
+
+class JobResult(TypedDict, total=False):
+    """The version a succeeded job published."""
+    name: Required[str]
+    version: Required[int]
+    warnings: list[str]
+
+
+class JobDoc(TypedDict, total=False):
+    """A job as GET /train/<id> shows it (Job.describe); the list leaves out
+    `history` and `params`; in cluster mode `node` says which node runs it."""
+    id: str
+    name: str
+    state: str
+    apply: bool
+    params: dict[str, object]
+    data: dict[str, object]
+    progress: Figures
+    history: list[Figures]
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    elapsed_s: float | None
+    result: JobResult | None
+    metrics: dict[str, object] | None
+    error: str | None
+    exitcode: int | None
+    log_tail: str | None
+    applied: "ApplyResult | dict[str, object] | None"
+    pid: int | None
+    node: str | None
+
+
+class JobRow(TypedDict):
+    """A job's row in the state db (Job.record)."""
+    id: str
+    name: str
+    state: str
+    apply: bool
+    params: dict[str, object]
+    data: dict[str, object]
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    progress: Figures
+    result_version: int | None
+    metrics: dict[str, object] | None
+    error: str | None
+    exitcode: int | None
+    log_tail: str | None
+    applied: "ApplyResult | dict[str, object] | None"
+
+
+def listed(doc: JobDoc) -> JobDoc:
+    """A job as the list shows it: without its history and params."""
+    out = doc.copy()
+    out.pop("history", None)
+    out.pop("params", None)
+    return out
 
 
 _TRAIN_AGAIN = ("train {name} once with 'data' (POST /train {{\"name\": \"{name}\", "
@@ -75,21 +142,21 @@ class JobError(Exception):
 
 
 class TrainerProcess(ChildProcess):
-    def __init__(self, job: "Job", spec: dict[str, Any], on_exit: Any,
-                 zygote: Any = None) -> None:
+    def __init__(self, job: "Job", spec: dict[str, object],
+                 on_exit: Callable[["TrainerProcess"], None], zygote: "Zygote | None" = None) -> None:
         from model_worker.trainer import main as target
 
         self.job = job
         super().__init__(target, spec, "trainer", on_exit, zygote)
 
-    def on_frame(self, msg: dict[str, Any]) -> None:
+    def on_frame(self, msg: Frame) -> None:
         self.job.on_frame(msg)
 
 
 class Job:
     _ids = itertools.count(1)
 
-    def __init__(self, name: str, params: dict[str, Any], data_summary: dict[str, Any],
+    def __init__(self, name: str, params: dict[str, object], data_summary: dict[str, object],
                  apply: bool, job_id: str | None = None) -> None:
         self.id = job_id or f"{time.strftime('%Y%m%d%H%M%S')}-{next(self._ids)}"
         self.name = name
@@ -100,20 +167,21 @@ class Job:
         self.created = time.time()
         self.started: float | None = None
         self.finished: float | None = None
-        self.progress: dict[str, Any] = {}
-        self.history: list[dict[str, Any]] = []
-        self.result: dict[str, Any] | None = None
-        self.metrics: dict[str, Any] | None = None
+        self.progress: Figures = {}
+        self.history: list[Figures] = []
+        self.result: JobResult | None = None
+        self.metrics: dict[str, object] | None = None
         self.error: str | None = None
         self.exitcode: int | None = None
         self.log_tail: str | None = None
-        self.applied: "ApplyResult | dict[str, Any] | None" = None  # or {"error"}
+        self.applied: "ApplyResult | dict[str, object] | None" = None  # or {"error"}
         self.process: TrainerProcess | None = None
-        self._done: Any = None  # a Future resolved when the job finishes (done_future)
+        self._done: "Future[Job] | None" = None  # resolved when the job finishes (done_future)
         self.dir = ""
-        self.on_change: Any = None  # (job, figures or None) -> None: persists the job
+        # (job, figures or None) -> None: persists the job
+        self.on_change: Callable[[Job, Figures | None], None] | None = None
 
-    def done_future(self) -> Any:
+    def done_future(self) -> "Future[Job]":
         """A Future resolved (with the job) once it has finished."""
         from tornado.concurrent import Future
         if self._done is None:
@@ -122,7 +190,7 @@ class Job:
                 self._done.set_result(self)
         return self._done
 
-    def on_frame(self, msg: dict[str, Any]) -> None:
+    def on_frame(self, msg: Frame) -> None:
         kind = msg.get("t")
         figures = None
         if kind == "progress":
@@ -143,7 +211,7 @@ class Job:
         if self.on_change is not None:
             self.on_change(self, figures)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JobDoc:
         now = time.time()
         return {
             "id": self.id, "name": self.name, "state": self.state, "apply": self.apply,
@@ -159,7 +227,7 @@ class Job:
         }
 
     # -- the state db's row ------------------------------------------------------------
-    def record(self) -> dict[str, Any]:
+    def record(self) -> JobRow:
         return {"id": self.id, "name": self.name, "state": self.state, "apply": self.apply,
                 "params": self.params, "data": self.data_summary, "created_at": self.created,
                 "started_at": self.started, "finished_at": self.finished,
@@ -184,7 +252,7 @@ class Job:
         return job
 
 
-def _progress_line(info: dict[str, Any]) -> str:
+def _progress_line(info: Figures) -> str:
     if "candidate" in info:
         # a search frame: {candidate, of, name, score, best, best_score}
         where = f"candidate {info.get('candidate')}/{info.get('of', info.get('candidates'))}"
@@ -214,11 +282,11 @@ class JobQueue(Protocol):
     def changed(self, job: "Job") -> None:
         """A job this service runs changed."""
 
-    async def list(self) -> list[dict[str, Any]]: ...
+    async def list(self) -> list[JobDoc]: ...
 
-    async def get(self, job_id: str) -> dict[str, Any] | None: ...
+    async def get(self, job_id: str) -> JobDoc | None: ...
 
-    async def cancel(self, job_id: str) -> tuple[str, dict[str, Any] | None]:
+    async def cancel(self, job_id: str) -> tuple[str, JobDoc | None]:
         """("cancelled", job) / ("done:<state>", job) / ("missing", None)."""
 
     def attach(self, manager: "JobManager") -> None:
@@ -245,14 +313,14 @@ class LocalJobs:
     def changed(self, job: "Job") -> None:
         return None
 
-    async def list(self) -> list[dict[str, Any]]:
+    async def list(self) -> list[JobDoc]:
         return self.manager.list()
 
-    async def get(self, job_id: str) -> dict[str, Any] | None:
+    async def get(self, job_id: str) -> JobDoc | None:
         job = self.manager.jobs.get(job_id)
         return None if job is None else job.describe()
 
-    async def cancel(self, job_id: str) -> tuple[str, dict[str, Any] | None]:
+    async def cancel(self, job_id: str) -> tuple[str, JobDoc | None]:
         job = self.manager.jobs.get(job_id)
         if job is None:
             return "missing", None
@@ -264,21 +332,21 @@ class LocalJobs:
 
 class JobManager:
     def __init__(self, cfg: "Config", store: "ModelStore", serving: "ServingState",
-                 state: StateDB, pool: "WorkerPool", policies: "Policies",
+                 db: StateDB, pool: "WorkerPool", policies: "Policies",
                  predlog: "PredictionLogBackend",
                  apply: Callable[..., Awaitable["ApplyResult"]],
                  queue: JobQueue | None = None) -> None:
-        """state: the db shared with the rollout history; apply: the applies'
+        """db: the state db shared with the rollout history; apply: the applies'
         apply (a job that asks for it applies its version); queue: LocalJobs
         unless given."""
-        self.cfg = cfg["training"]
-        self.log_level = cfg["log_level"]
+        self.cfg = cfg.training
+        self.log_level = cfg.log_level
         self.store, self.serving, self.pool = store, serving, pool
         self.policies, self.predlog, self.apply = policies, predlog, apply
         self.jobs: "collections.OrderedDict[str, Job]" = collections.OrderedDict()
         self.loop = IOLoop.current()
         self.root = os.path.join(store.root, TMP, "jobs")
-        self.state = state
+        self.db = db
         if queue is None:
             queue = LocalJobs()
         queue.attach(self)
@@ -293,7 +361,7 @@ class JobManager:
         """Where /train may read files: the store's data/ folder (a relative
         path is read from there) and training.data_roots; never the working
         directory (it holds the service's own files)."""
-        return [os.path.join(self.store.root, "data"), *self.cfg["data_roots"]]
+        return [os.path.join(self.store.root, "data"), *self.cfg.data_roots]
 
     @property
     def reuse_roots(self) -> list[str]:
@@ -335,8 +403,8 @@ class JobManager:
     def _recover(self) -> None:
         """Reload kept jobs; the ones a dead process left queued or running are
         `interrupted`. Runs before the store wipes .tmp/, to read their logs."""
-        rows = self.state.jobs()
-        epochs = self.state.all_epochs()
+        rows = self.db.jobs()
+        epochs = self.db.all_epochs()
         now = time.time()
         seq = 0
         for row in rows:
@@ -366,12 +434,12 @@ class JobManager:
         job.process = None
         self._save(job)
 
-    def _save(self, job: Job, figures: dict[str, Any] | None = None) -> None:
+    def _save(self, job: Job, figures: Figures | None = None) -> None:
         """Hand the job's row (and a new history entry) to the db's writer thread."""
         try:
             if figures is not None:
-                self.state.add_epoch(job.id, len(job.history) - 1, figures)
-            self.state.save_job(job.record())
+                self.db.add_epoch(job.id, len(job.history) - 1, figures)
+            self.db.save_job(job.record())
         except Exception as exc:  # the db is closed or broken: serve on, say so
             log.error("job %s: cannot persist: %s", job.id, exc)
         self.queue.changed(job)  # cluster: every node's GET /train/<id> reads it there
@@ -390,9 +458,10 @@ class JobManager:
                            f"the model store ({self.store.root}) has {free} bytes free; "
                            f"training {name} needs about {need} (twice its newest version)")
 
-    async def submit(self, name: Any, data_spec: Any, params: Any, apply: Any,
-                     trusted_path: bool = False, feedback: Any = None,
-                     watermark: float | None = None, descriptions: Any = None) -> Job:
+    async def submit(self, name: str, data_spec: object, params: object, apply: bool,
+                     trusted_path: bool = False,
+                     feedback: "Literal[True] | list[tuple[str, str]] | None" = None,
+                     watermark: float | None = None, descriptions: object = None) -> Job:
         """feedback: True (the model's fed-back labels) or (text, label) pairs to fold
         into the data; data_spec None: the data of the model's last training.
         descriptions: {label: description} (the request's "labels"); without data
@@ -435,7 +504,7 @@ class JobManager:
             full = validate_params(params or {})
         except ParamError as exc:
             raise JobError(400, "invalid_params", f"params.{exc.field}: {exc.message}") from None
-        if not self.cfg["pretrained"]:
+        if not self.cfg.pretrained:
             # training.pretrained: false: for a service that cannot take the
             # Llama 2 licence of the pretrained vectors, no job may use them
             if params and params.get("pretrained") is True:
@@ -454,21 +523,25 @@ class JobManager:
         if data.multi_label and full["architecture"] != "auto":  # docs/models.md "Multi-label"
             raise JobError(400, "invalid_params", multi_label_refusal(full["architecture"]))
         base = data
+        examples: list[tuple[str, str]] | None
         if feedback is True:
-            feedback = await self.loop.run_in_executor(None, self.predlog.feedback_examples,
+            examples = await self.loop.run_in_executor(None, self.predlog.feedback_examples,
                                                        name)
             watermark = time.time() if watermark is None else watermark
+        else:
+            examples = feedback
         folded = None
-        if feedback is not None:
+        if examples is not None:
             try:
-                data, folded = dataset.merge_feedback(data, list(feedback))
+                data, folded = dataset.merge_feedback(data, list(examples))
             except dataset.DataError as exc:
                 raise JobError(400, "invalid_data", str(exc)) from None
-        return await self._queue(name, data, base, data_spec, given_spec, params, full, apply,
+        spec = cast("dict[str, object]", data_spec)  # dataset.load refused anything else
+        return await self._queue(name, data, base, spec, given_spec, params, full, apply,
                                  folded, watermark, descriptions)
 
-    async def _submit_zero_shot(self, name: str, descriptions: dict[str, str], params: Any,
-                                apply: Any, feedback: Any) -> Job:
+    async def _submit_zero_shot(self, name: str, descriptions: dict[str, str], params: object,
+                                apply: bool, feedback: object) -> Job:
         """POST /train with "labels" descriptions and no data: a zero-shot version.
         The job's data is the descriptions, one row per label; what a retrain
         without data reuses too (the policy's: feedback plus one example per label)."""
@@ -483,11 +556,11 @@ class JobManager:
             full = validate_params({**(params or {}), "architecture": "zero_shot"})
         except ParamError as exc:
             raise JobError(400, "invalid_params", f"params.{exc.field}: {exc.message}") from None
-        if not self.cfg["pretrained"] or not full["pretrained"]:
+        if not self.cfg.pretrained or not full["pretrained"]:
             raise JobError(422, "zero_shot_unavailable",
                            "a zero-shot version embeds the descriptions with the pretrained "
                            "view, which is off " + ("on this service (training.pretrained: "
-                                                    "false)" if not self.cfg["pretrained"]
+                                                    "false)" if not self.cfg.pretrained
                                                     else "(params.pretrained: false)")
                            + "; give 'data' with labelled examples")
         if detect_tokenize(list(descriptions.values())) == "char":
@@ -501,9 +574,11 @@ class JobManager:
         return await self._queue(name, data, data, {"examples": "copied", "descriptions": True},
                                  {}, later, full, apply, None, None, descriptions)
 
-    async def _queue(self, name: str, data: Any, base: Any, data_spec: dict[str, Any],
-                     given_spec: Any, params: Any, full: dict[str, Any], apply: bool,
-                     folded: Any, watermark: float | None, descriptions: Any) -> Job:
+    async def _queue(self, name: str, data: dataset.Dataset, base: dataset.Dataset,
+                     data_spec: dict[str, object], given_spec: object,
+                     params: dict[str, object] | None, full: dict[str, object], apply: bool,
+                     folded: dict[str, object] | None, watermark: float | None,
+                     descriptions: dict[str, str] | None) -> Job:
         """Remember the training's data, write it into the job's folder, queue it."""
         policies = self.policies
         summary = await self.loop.run_in_executor(None, data.summary)  # hashes every text
@@ -549,7 +624,7 @@ class JobManager:
         self._schedule()
         return job
 
-    def job_dir(self, job_id: Any) -> str:
+    def job_dir(self, job_id: object) -> str:
         """The job's folder under the jobs root; JobError for an id that is not
         one this service makes, or a path that would leave the root (a job id
         read from Redis is untrusted: its folder is deleted when it ends)."""
@@ -561,7 +636,7 @@ class JobManager:
             raise JobError(400, "invalid_job", f"job id {job_id!r} leaves the jobs folder")
         return path
 
-    def check_claimed(self, doc: Any) -> dict[str, Any]:
+    def check_claimed(self, doc: object) -> JobDoc:
         """A job document read from the Redis queue, checked as if it came
         over HTTP: id, name, params (checked again, replicas capped), data
         summary, apply. JobError(400) names the first bad field."""
@@ -571,7 +646,7 @@ class JobManager:
         try:
             check_name(doc.get("name"))
             params = validate_params(doc.get("params"))
-            if not self.cfg["pretrained"]:  # this node's own licence switch
+            if not self.cfg.pretrained:  # this node's own licence switch
                 params["pretrained"] = False
         except (InvalidName, ParamError) as exc:
             raise JobError(400, "invalid_job", f"job {doc['id']}: {exc}") from None
@@ -582,15 +657,16 @@ class JobManager:
         created = doc.get("created_at")
         if created is not None and not isinstance(created, (int, float)):
             raise JobError(400, "invalid_job", f"job {doc['id']}: created_at must be a number")
-        return {**doc, "params": params}
+        return cast(JobDoc, {**doc, "params": params})
 
-    def run_claimed(self, doc: dict[str, Any]) -> Job:
+    def run_claimed(self, doc: object) -> Job:
         """Cluster mode: run a job this node claimed from the Redis queue
         (JobError, and nothing started or deleted, for a document that does
         not pass check_claimed)."""
-        doc = self.check_claimed(doc)
-        job = Job(doc["name"], doc["params"], doc["data"], doc["apply"], job_id=doc["id"])
-        job.created = doc.get("created_at") or job.created
+        checked = self.check_claimed(doc)
+        job = Job(checked["name"], checked["params"], checked["data"], checked["apply"],
+                  job_id=checked["id"])
+        job.created = checked.get("created_at") or job.created
         job.dir = self.job_dir(job.id)
         job.on_change = self._save
         self.jobs[job.id] = job
@@ -603,9 +679,8 @@ class JobManager:
             raise JobError(404, "not_found", f"no job with id {job_id!r}")
         return job
 
-    def list(self) -> list[dict[str, Any]]:
-        return [{k: v for k, v in j.describe().items() if k not in ("history", "params")}
-                for j in reversed(self.jobs.values())]
+    def list(self) -> list[JobDoc]:
+        return [listed(j.describe()) for j in reversed(self.jobs.values())]
 
     async def cancel(self, job_id: str) -> Job:
         """Cancel a queued or running job; it stays readable as `cancelled`."""
@@ -637,19 +712,19 @@ class JobManager:
     def _trim(self) -> None:
         """Keep training.keep_jobs finished jobs, in memory and in the db."""
         done = [j for j in self.jobs.values() if j.state in FINISHED]
-        drop = done[:max(0, len(done) - self.cfg["keep_jobs"])]
+        drop = done[:max(0, len(done) - self.cfg.keep_jobs)]
         for j in drop:
             del self.jobs[j.id]
         if drop:
             try:
-                self.state.delete_jobs([j.id for j in drop])
+                self.db.delete_jobs([j.id for j in drop])
             except Exception as exc:
                 log.error("cannot trim old jobs from the state db: %s", exc)
 
     def _schedule(self) -> None:
         running = sum(1 for j in self.jobs.values() if j.state == "running")
         for job in self.jobs.values():
-            if running >= self.cfg["max_concurrent"] or self.serving.stopping:
+            if running >= self.cfg.max_concurrent or self.serving.stopping:
                 return
             if job.state == "queued":
                 self._start(job)
@@ -662,8 +737,8 @@ class JobManager:
                 "data_file": os.path.join(job.dir, "data.jsonl"),
                 "log_file": os.path.join(job.dir, "train.log"),
                 "data_summary": job.data_summary, "models_dir": self.store.root,
-                "nice": self.cfg["nice"],
-                "idle_priority": self.cfg["idle_priority"], "threads": self.cfg["threads"], "root": ROOT,
+                "nice": self.cfg.nice,
+                "idle_priority": self.cfg.idle_priority, "threads": self.cfg.threads, "root": ROOT,
                 "parent_pid": os.getpid(),
                 "log_level": self.log_level}
         # forked from the workers' zygote like them: the trainer sets its own

@@ -26,21 +26,25 @@ import bisect
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence, TypeVar, cast
 
 if TYPE_CHECKING:
+    from state.config import Config
     from state.storage import Storage
     from control.events import Events
     from control.jobs import JobManager
     from control.pool import WorkerPool
+    from control.workerhandle import LoadedModel
     from control.quality import Quality
     from control.serving import ServingState
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric)
 from prometheus_client.exposition import choose_encoder
 
 PREFIX = "textswap_"
+_Key = TypeVar("_Key", bound=tuple[str, ...])  # a family's label values
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                    10.0, 30.0)
@@ -75,14 +79,14 @@ class Hist:
         return out
 
 
-def _noop(*args: Any, **kwargs: Any) -> None:
+def _noop(*args: object, **kwargs: object) -> None:
     return None
 
 
 @dataclass
 class Sources:
     """What a scrape reads besides the counters (given at composition)."""
-    state: "ServingState"  # slots: requests queued per model
+    serving: "ServingState"  # slots: requests queued per model
     pool: "WorkerPool"  # worker processes: state, memory, requests in flight
     storage: "Storage"  # durable writes' health
     jobs: "JobManager"  # training jobs by state
@@ -105,7 +109,7 @@ class Metrics:
         self.enabled = enabled
         self.started = time.time()
         # (api, model, version) -> [answers by status code, end-to-end latency]
-        self.requests: dict[tuple[str, str, Any], list[Any]] = {}
+        self.requests: dict[tuple[str, str, object], list[Any]] = {}
         self.model_time: dict[tuple[str, str], Hist] = {}
         self.batch_size: dict[tuple[str, str], Hist] = {}
         self.crashes: dict[tuple[str, str], int] = defaultdict(int)
@@ -135,7 +139,7 @@ class Metrics:
             WorkerHandle.on_batch = self.observe_batch
 
     # -- counting (hot path: keep it plain) ----------------------------------------------
-    def observe_request(self, api: str, model: str, version: Any, status: int,
+    def observe_request(self, api: str, model: str, version: object, status: int,
                         seconds: float) -> None:
         # one dict lookup, one bisect: labels are turned into strings at scrape time
         rec = self.requests.get((api, model, version))
@@ -146,7 +150,7 @@ class Metrics:
         h.counts[bisect.bisect_left(h.bounds, seconds)] += 1
         h.sum += seconds
 
-    def observe_batch(self, model: dict[str, Any] | None, texts: int, seconds: float) -> None:
+    def observe_batch(self, model: "LoadedModel | None", texts: int, seconds: float) -> None:
         key = (model["name"], str(model["version"])) if model else ("", "")
         h = self.model_time.get(key)
         if h is None:
@@ -155,7 +159,7 @@ class Metrics:
         h.observe(seconds)
         self.batch_size[key].observe(texts)
 
-    def on_event(self, kind: str, fields: dict[str, Any]) -> None:
+    def on_event(self, kind: str, fields: dict[str, object]) -> None:
         name = str(fields.get("name") or "")
         version = "" if fields.get("version") is None else str(fields["version"])
         if kind == "crash":
@@ -165,7 +169,7 @@ class Metrics:
         elif kind in ("apply", "apply_failed"):
             outcome = "ok" if kind == "apply" else "failed"
             self.applies[(name, str(fields.get("source") or ""), outcome)] += 1
-            for phase, seconds in (fields.get("phases") or {}).items():
+            for phase, seconds in cast("dict[str, object]", fields.get("phases") or {}).items():
                 if isinstance(seconds, (int, float)):
                     h = self.apply_phases.get(phase)
                     if h is None:
@@ -179,7 +183,7 @@ class Metrics:
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         """prometheus_client's collector protocol: every family, built now."""
         counts: dict[tuple[str, str, str, str], int] = defaultdict(int)
         latency: dict[tuple[str, str, str], Hist] = {}
@@ -220,7 +224,7 @@ class Metrics:
             yield from self._supervisor_gauges(self.sources)
             yield from self._quality_families(self.sources)
 
-    def _supervisor_gauges(self, src: Sources) -> Iterator[Any]:
+    def _supervisor_gauges(self, src: Sources) -> Iterator[Metric]:
         workers = list(src.pool.workers.values())
         by_state: dict[str, int] = defaultdict(int)
         inflight: dict[tuple[str, str], int] = defaultdict(int)
@@ -232,8 +236,7 @@ class Metrics:
         for w in workers:
             state = w.state.value
             by_state[state] += 1
-            model = w.model or {}
-            key = (str(model.get("name", "")), str(model.get("version", "")))
+            key = (w.model["name"], str(w.model["version"])) if w.model else ("", "")
             if w.inflight:
                 inflight[key] += w.inflight
             labels = [str(w.generation), state, *key]
@@ -256,13 +259,13 @@ class Metrics:
         yield g
         g = GaugeMetricFamily(PREFIX + "requests_queued", "requests waiting for room on a "
                               "worker (all replicas at max_inflight)", labels=["model"])
-        for name, n in sorted((n, s.waiters) for n, s in src.state.slots.items()):
+        for name, n in sorted((n, s.waiters) for n, s in src.serving.slots.items()):
             g.add_metric([name], n)
         yield g
         yield from self._storage_families(src)
         yield from self._job_families(src)
 
-    def _storage_families(self, src: Sources) -> Iterator[Any]:
+    def _storage_families(self, src: Sources) -> Iterator[Metric]:
         h = src.storage.health()
         g = GaugeMetricFamily(PREFIX + "storage_ok", "1 while the last durable write "
                               "(record, state db, golden sets) succeeded, 0 after a failure")
@@ -277,20 +280,21 @@ class Metrics:
         c.add_metric([], h["failures"])
         yield c
 
-    def _job_families(self, src: Sources) -> Iterator[Any]:
+    def _job_families(self, src: Sources) -> Iterator[Metric]:
         listing = src.jobs.list()
         states: dict[str, int] = defaultdict(int)
         for job in listing:
             states[job["state"]] += 1
             # a job finished while this process runs counts once in the histogram
-            if (job["state"] in _FINISHED and job.get("elapsed_s") is not None
+            elapsed = job.get("elapsed_s")
+            if (job["state"] in _FINISHED and elapsed is not None
                     and (job.get("finished_at") or 0) >= self.started
                     and job["id"] not in self._jobs_seen):
                 self._jobs_seen.add(job["id"])
                 h = self.train_seconds.get(job["state"])
                 if h is None:
                     h = self.train_seconds[job["state"]] = Hist(TRAIN_BUCKETS)
-                h.observe(float(job["elapsed_s"]))
+                h.observe(float(elapsed))
         g = GaugeMetricFamily(PREFIX + "training_jobs", "training jobs known, by state",
                               labels=["state"])
         for state, n in sorted(states.items()):
@@ -299,7 +303,7 @@ class Metrics:
         yield _hist("training_seconds", "run time of training jobs finished since start, "
                     "by final state", ["state"], {(k,): h for k, h in self.train_seconds.items()})
 
-    def _quality_families(self, src: Sources) -> Iterator[Any]:
+    def _quality_families(self, src: Sources) -> Iterator[Metric]:
         """Live quality and drift per version: control/quality.py's latest reports
         (refreshed every drift.refresh_s and by GET /models/<name>/quality)."""
         latest = dict(src.quality.latest)
@@ -352,20 +356,16 @@ class Metrics:
         yield from fams.values()
 
 
-def _hist(name: str, doc: str, labels: list[str], data: dict[Any, Hist]) -> Any:
+def _hist(name: str, doc: str, labels: list[str], data: dict[_Key, Hist]
+          ) -> HistogramMetricFamily:
     fam = HistogramMetricFamily(PREFIX + name, doc, labels=labels)
     for key, h in sorted(data.items()):
         fam.add_metric(list(key), h.buckets(), h.sum)
     return fam
 
 
-def build(config: Any, events: "Events | None" = None) -> Metrics:
+def build(config: "Config", events: "Events | None" = None) -> Metrics:
     """The service's Metrics from its config (`metrics.enabled`); its
     sources are set once the parts they are made of exist."""
-    section: dict[str, Any] = {}
-    try:
-        section = config["metrics"]
-    except KeyError:
-        pass
-    return Metrics(None, events, enabled=bool(section.get("enabled", True)))
+    return Metrics(None, events, enabled=bool(config.metrics.enabled))
 

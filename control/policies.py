@@ -35,7 +35,7 @@ import math
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable, Literal, TypedDict
 
 from tornado.ioloop import IOLoop
 
@@ -44,6 +44,9 @@ from state.dataset import is_label_set
 from state.store import check_name
 
 if TYPE_CHECKING:
+    from control.jobs import Job
+    from control.rollout_state import GoldenSet
+    from state.dataset import Dataset
     from control.slots import ApplyResult
     from state.predlog_api import PredictionLogBackend
     from state.statedb import StateDB
@@ -62,14 +65,37 @@ class PolicyError(ValueError):
     pass
 
 
-def validate(policy: Any, where: str = "policy") -> dict[str, Any]:
+class Policy(TypedDict, total=False):
+    """A model's retrain policy, checked (validate)."""
+    retrain_after_labels: int | None
+    apply: str
+    min_score: float
+    holdout: float
+
+
+class HoldOut(TypedDict, total=False):
+    """The feedback held out of a policy retrain for its gate."""
+    texts: list[str]
+    labels: list[str]  # none held out of multi-label feedback
+    at: float
+
+
+class LoopState(TypedDict, total=False):
+    """What .loop/<name>.json keeps of a model's last training."""
+    last_data: dict[str, object] | None
+    last_params: dict[str, object] | None
+    trained_at: float
+    holdout: HoldOut | None
+
+
+def validate(policy: object, where: str = "policy") -> Policy:
     if not isinstance(policy, dict):
         raise PolicyError(f"{where} must be an object")
     unknown = sorted(set(policy) - KEYS)
     if unknown:
         raise PolicyError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
                           f"allowed: {', '.join(sorted(KEYS))}")
-    out: dict[str, Any] = {}
+    out: Policy = {}
     n = policy.get("retrain_after_labels")
     if n is not None:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 10_000_000:
@@ -80,7 +106,9 @@ def validate(policy: Any, where: str = "policy") -> dict[str, Any]:
     if apply not in APPLY:
         raise PolicyError(f"{where}: 'apply' must be one of {', '.join(APPLY)}")
     out["apply"] = apply
-    for key, low_open, default in (("min_score", True, None), ("holdout", False, 0.2)):
+    numbers: tuple[tuple[Literal["min_score", "holdout"], bool, float | None], ...] = (
+        ("min_score", True, None), ("holdout", False, 0.2))
+    for key, low_open, default in numbers:
         v = policy.get(key, default)
         if v is None:
             if key == "min_score":
@@ -106,7 +134,7 @@ def held_out(text: str, share: float) -> bool:
     return h < share * 2**32
 
 
-def _write_atomic(path: str, data: Any) -> None:
+def _write_atomic(path: str, data: object) -> None:
     tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(data, fh, ensure_ascii=False)
@@ -116,10 +144,10 @@ def _write_atomic(path: str, data: Any) -> None:
 
 
 class Policies:
-    def __init__(self, config: dict[str, Any], root: str, serving: "ServingState",
+    def __init__(self, config: dict[str, object], root: str, serving: "ServingState",
                  predlog: "PredictionLogBackend", db: "StateDB",
                  apply: Callable[..., Awaitable["ApplyResult"]],
-                 submit: Callable[..., Awaitable[Any]]) -> None:
+                 submit: Callable[..., Awaitable["Job"]]) -> None:
         """config: the `policies` section; root: the model store's folder;
         apply: the applies' apply (a retrained version goes through the gate);
         submit: the jobs' submit (the job manager holds this object)."""
@@ -129,14 +157,14 @@ class Policies:
         self.path = os.path.join(self.root, FILENAME)
         self.dir = os.path.join(self.root, LOOP_DIR)
         self._lock = threading.Lock()
-        self.config: dict[str, dict[str, Any]] = {}
+        self.config: dict[str, Policy] = {}
         for name, p in (config or {}).items():
             try:
                 check_name(name)
                 self.config[name] = validate(p, f"policies.{name}")
             except Exception as exc:  # reported at start, never a crash later
                 raise ConfigError(f"config policies.{name}: {exc}") from None
-        self.stored: dict[str, dict[str, Any]] = {}
+        self.stored: dict[str, Policy] = {}
         try:
             with open(self.path, encoding="utf-8") as fh:
                 self.stored = {k: validate(v) for k, v in json.load(fh).items()}
@@ -144,22 +172,23 @@ class Policies:
             pass
         except (OSError, ValueError, PolicyError, AttributeError) as exc:
             log.error("cannot read %s (%s): stored policies ignored", self.path, exc)
-        self.running: dict[str, Any] = {}  # name -> the policy's job while it runs
-        self.last: dict[str, dict[str, Any]] = {}  # name -> the last policy retrain's outcome
-        self.gating: dict[str, dict[str, Any]] = {}  # name -> hold-out, while its apply runs
+        # name -> the policy's job while it runs ("checking" before it is submitted)
+        self.running: dict[str, Job | str] = {}
+        self.last: dict[str, dict[str, object]] = {}  # name -> the last policy retrain's outcome
+        self.gating: dict[str, HoldOut] = {}  # name -> hold-out, while its apply runs
         # name -> why a retrain cannot start (409 data_gone: the last training's
         # file is gone), until a training with data or the file's return clears it
-        self.blocked: dict[str, dict[str, Any]] = {}
+        self.blocked: dict[str, dict[str, object]] = {}
         # the jobs' check that the last training's data can be read again
         # (JobManager.reusable, set by the job manager; blocking)
-        self.reusable: Callable[[str, Any], Any] | None = None
+        self.reusable: Callable[[str, dict[str, object]], dict[str, object]] | None = None
 
     # -- the policy ------------------------------------------------------------------------
-    def get(self, name: str) -> dict[str, Any] | None:
+    def get(self, name: str) -> Policy | None:
         p = self.stored.get(name) or self.config.get(name)
-        return dict(p) if p is not None else None
+        return p.copy() if p is not None else None
 
-    def describe(self, name: str) -> dict[str, Any]:
+    def describe(self, name: str) -> dict[str, object]:
         p = self.get(name)
         return {"name": name, "policy": p,
                 "source": "api" if name in self.stored else "config" if p else None,
@@ -169,7 +198,7 @@ class Policies:
                 "running" if name in self.running else "ready",
                 "blocked": self.blocked.get(name)}
 
-    def put(self, name: str, policy: Any) -> dict[str, Any]:
+    def put(self, name: str, policy: object) -> Policy:
         """Validate, persist, then use (blocking: from an executor)."""
         check_name(name)
         p = validate(policy)
@@ -192,21 +221,21 @@ class Policies:
     def _state_path(self, name: str) -> str:
         return os.path.join(self.dir, f"{name}.json")
 
-    def model_state(self, name: str) -> dict[str, Any]:
+    def model_state(self, name: str) -> LoopState:
         try:
             with open(self._state_path(name), encoding="utf-8") as fh:
                 return json.load(fh)
         except (OSError, ValueError):
             return {}
 
-    def _update_state(self, name: str, **changes: Any) -> None:
+    def _update_state(self, name: str, **changes: object) -> None:
         with self._lock:
             os.makedirs(self.dir, exist_ok=True)
             state = {**self.model_state(name), **changes}
             _write_atomic(self._state_path(name), state)
 
-    def remember_training(self, name: str, data_spec: dict[str, Any], data: Any,
-                          params: dict[str, Any] | None, trained_at: float | None,
+    def remember_training(self, name: str, data_spec: dict[str, object], data: "Dataset",
+                          params: dict[str, object] | None, trained_at: float | None,
                           roots: list[str] | None = None) -> None:
         """Keep the source of a training's data for a later retrain without data:
         a file as the real path that was read (`data.source`, resolved under a
@@ -214,10 +243,10 @@ class Policies:
         .loop/<name>.data.jsonl. roots: where the file may have been read from."""
         if "path" in data_spec:
             spec = {k: v for k, v in data_spec.items() if k in ("labels", "label_separator")}
-            spec["path"] = os.path.realpath(data.source)
+            spec["path"] = path = os.path.realpath(data.source)
             for root in roots or []:
                 real = os.path.realpath(root)
-                if spec["path"].startswith(real.rstrip(os.sep) + os.sep):
+                if path.startswith(real.rstrip(os.sep) + os.sep):
                     spec["root"] = real
                     break
         else:
@@ -226,7 +255,7 @@ class Policies:
             data.write_jsonl(copy + ".tmp")
             os.replace(copy + ".tmp", copy)
             spec = {"path": copy}
-        changes: dict[str, Any] = {"last_data": spec, "last_params": params}
+        changes: dict[str, object] = {"last_data": spec, "last_params": params}
         if trained_at is not None:
             changes["trained_at"] = trained_at
         self._update_state(name, **changes)
@@ -283,27 +312,28 @@ class Policies:
         os.replace(tmp, copy)
         return len(lines) - len(keep)
 
-    def last_training(self, name: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    def last_training(self, name: str
+                      ) -> tuple[dict[str, object] | None, dict[str, object] | None]:
         s = self.model_state(name)
         return s.get("last_data"), s.get("last_params")
 
-    def holdout(self, name: str) -> dict[str, Any] | None:
+    def holdout(self, name: str) -> HoldOut | None:
         """The feedback hold-out of the last policy retrain: {"texts", "labels"}."""
         h = self.model_state(name).get("holdout")
         return h if h and h.get("texts") else None
 
-    def gate_set(self, name: str, golden: dict[str, Any] | None) -> dict[str, Any] | None:
+    def gate_set(self, name: str, golden: "GoldenSet | None") -> "GoldenSet | None":
         """The gate's golden set while a policy retrain applies: the registered
         one (if any) plus the feedback hold-out; otherwise `golden` unchanged."""
         hold = self.gating.get(name)
         if not hold:
             return golden
-        texts = list((golden or {}).get("texts", [])) + hold["texts"]
-        labels = list((golden or {}).get("labels", [])) + hold["labels"]
+        texts = (list(golden.get("texts", [])) if golden else []) + hold["texts"]
+        labels = (list(golden.get("labels", [])) if golden else []) + hold["labels"]
         sha = hashlib.sha256(json.dumps([texts, labels], ensure_ascii=False).encode()).hexdigest()
         return {"name": name, "texts": texts, "labels": labels, "sha256": sha,
                 "source": "golden set + feedback hold-out" if golden else "feedback hold-out",
-                "min_accuracy": (golden or {}).get("min_accuracy")}
+                "min_accuracy": golden.get("min_accuracy") if golden else None}
 
     # -- the loop --------------------------------------------------------------------------
     def labels_arrived(self, name: str) -> None:
@@ -316,13 +346,13 @@ class Policies:
         self.running[name] = "checking"
         IOLoop.current().spawn_callback(self._maybe_retrain, name, p)
 
-    async def _maybe_retrain(self, name: str, p: dict[str, Any]) -> None:
+    async def _maybe_retrain(self, name: str, p: Policy) -> None:
         loop = IOLoop.current()
         try:
             state = await loop.run_in_executor(None, self.model_state, name)
             since = state.get("trained_at")
             n = await loop.run_in_executor(None, self.predlog.feedback_count, name, since)
-            if n < p["retrain_after_labels"]:
+            if n < p["retrain_after_labels"]:  # type: ignore[operator]  # set: labels_arrived
                 return
             if name in self.blocked and self.reusable is not None:
                 # still gone? one stat, not a read of every label, at each new label
@@ -349,7 +379,7 @@ class Policies:
         finally:
             self.running.pop(name, None)
 
-    async def retrain(self, name: str, p: dict[str, Any], n: int) -> dict[str, Any]:
+    async def retrain(self, name: str, p: Policy, n: int) -> dict[str, object]:
         loop = IOLoop.current()
         cause = f"retrain after {n} labels"
         started = time.time()
@@ -371,7 +401,7 @@ class Policies:
                       {"job": job.id, "apply": p["apply"], "feedback": len(train),
                        "held_out": len(hold)})
         await job.done_future()
-        outcome: dict[str, Any] = {"at": time.time(), "cause": cause, "job": job.id,
+        outcome: dict[str, object] = {"at": time.time(), "cause": cause, "job": job.id,
                                    "state": job.state, "apply": p["apply"],
                                    "held_out": len(hold), "train_s": round(
                                        (job.finished or time.time()) - started, 3)}
@@ -410,8 +440,8 @@ class Policies:
         log.info("%s: %s: v%s %s", name, cause, version, what)
         return outcome
 
-    def _history(self, name: str, kind: str, reason: str, version: Any,
-                 details: dict[str, Any]) -> None:
+    def _history(self, name: str, kind: str, reason: str, version: int | None,
+                 details: dict[str, object]) -> None:
         try:
             self.db.add_history(name, kind, source="policy", to_version=version, reason=reason,
                               details=details)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from tornado.ioloop import IOLoop
 
@@ -35,31 +35,34 @@ from state.store import ModelStore
 from control import zygote_client as zygote_mod
 from control.workerhandle import State, WorkerError, WorkerDied, WorkerHandle
 
+if TYPE_CHECKING:
+    from state.config import Config
+
 log = logging.getLogger("textswap.pool")
 
 
 class WorkerPool:
-    def __init__(self, config: Any, store: ModelStore, on_exit: Callable[[WorkerHandle], None],
+    def __init__(self, config: "Config", store: ModelStore, on_exit: Callable[[WorkerHandle], None],
                  guesses: Callable[[], list[tuple[str, int]]]) -> None:
         self.cfg = config
-        self.wcfg = config["worker"]
+        self.wcfg = config.worker
         self.store = store
         self.loop = IOLoop.current()
         self.on_exit = on_exit
         self.guesses = guesses
         self.workers: dict[int, WorkerHandle] = {}  # every live process, by generation
         self.standby: list[WorkerHandle] = []
-        self.size = self.wcfg["standby_pool"] if self.wcfg["standby"] else 0
-        self.max_workers = self.wcfg["max_workers"]
+        self.size = self.wcfg.standby_pool if self.wcfg.standby else 0
+        self.max_workers = self.wcfg.max_workers
         self.failures = 0
         self.bad_guesses: set[tuple[str, int]] = set()
         self._stopping = False
         # workers and trainers fork from it (started by the first launch);
         # None: each child is spawned and imports TensorFlow itself
         self.zygote: zygote_mod.Zygote | None = None
-        if self.wcfg.get("zygote", True):
+        if self.wcfg.zygote:
             if zygote_mod.supported() and zygote_mod.become_subreaper():
-                self.zygote = zygote_mod.Zygote({"log_level": config["log_level"],
+                self.zygote = zygote_mod.Zygote({"log_level": config.log_level,
                                                  "parent_pid": os.getpid()})
             else:
                 log.warning("no zygote on this system (needs Linux 5.3+ pidfds): "
@@ -77,12 +80,12 @@ class WorkerPool:
             self.zygote.close()
 
     # -- processes and the budget ----------------------------------------------
-    def options(self, nice: bool) -> dict[str, Any]:
+    def options(self, nice: bool) -> dict[str, object]:
         w = self.wcfg
-        return {"max_batch": w["max_batch"], "batch_wait_ms": w["batch_wait_ms"],
-                "intra_op_threads": w["intra_op_threads"],
-                "inter_op_threads": w["inter_op_threads"],
-                "boot_nice": 10 if nice else 0, "log_level": self.cfg["log_level"],
+        return {"max_batch": w.max_batch, "batch_wait_ms": w.batch_wait_ms,
+                "intra_op_threads": w.intra_op_threads,
+                "inter_op_threads": w.inter_op_threads,
+                "boot_nice": 10 if nice else 0, "log_level": self.cfg.log_level,
                 "parent_pid": os.getpid()}
 
     def has_room(self, n: int = 1) -> bool:
@@ -171,7 +174,7 @@ class WorkerPool:
             self.standby.remove(w)
             log.info("standby gen %d drops %s v%s: it was rolled back or failed",
                      w.generation, name, version)
-            self.loop.spawn_callback(w.stop, self.wcfg["stop_timeout"])
+            self.loop.spawn_callback(w.stop, self.wcfg.stop_timeout)
         return gone
 
     def refresh(self) -> None:
@@ -190,7 +193,7 @@ class WorkerPool:
 
     async def _preload(self, w: WorkerHandle) -> None:
         """Load the likeliest next model into a standby, at its low priority."""
-        if not self.wcfg["preload"] or not w.booted.done() or w.booted.exception():
+        if not self.wcfg.preload or not w.booted.done() or w.booted.exception():
             return
         if (w not in self.standby or self.stopping or w.loads >= 1
                 or w.state is not State.STANDBY):
@@ -213,5 +216,5 @@ class WorkerPool:
         except WorkerError:
             self.bad_guesses.add(guess)  # it exits; the pool replaces it
 
-    def describe(self) -> list[dict[str, Any]]:
+    def describe(self) -> list[dict[str, object]]:
         return [w.describe() for w in self.standby if w.alive]

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from tornado import gen
 from tornado.locks import Semaphore
 
 from state.errors import ApplyFailed
 from state.store import StoreError
-from control.workerhandle import RequestFailed, State, WorkerDied, WorkerError, WorkerHandle
+from control.workerhandle import Frame, RequestFailed, State, WorkerDied, WorkerError, WorkerHandle
 
 if TYPE_CHECKING:
     from tornado.ioloop import IOLoop
@@ -33,11 +33,11 @@ log = logging.getLogger("textswap.supervisor")
 class Provisioner:
     """Obtains, readies and retires worker processes for the slots."""
 
-    def __init__(self, state: "ServingState", cfg: "Config", loop: "IOLoop",
+    def __init__(self, serving: "ServingState", cfg: "Config", loop: "IOLoop",
                  store: "ModelStore", pool: "WorkerPool",
                  end_probation: Callable[["Slot"], list[WorkerHandle]] = lambda slot: []
                  ) -> None:
-        self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg["worker"], loop
+        self.serving, self.cfg, self.wcfg, self.loop = serving, cfg, cfg.worker, loop
         self.store, self.pool = store, pool
         # a slot's probation ends early to make room: its workers, no longer
         # kept (the serving controller's cancel_probation)
@@ -49,7 +49,7 @@ class Provisioner:
         model (just trained), then the version each served before (a rollback).
         The default model's guesses come first; a version rolled back
         automatically or marked FAILED is no guess (pool.forget)."""
-        order = sorted(self.state.slots.values(), key=lambda s: s.name != self.state.default_name)
+        order = sorted(self.serving.slots.values(), key=lambda s: s.name != self.serving.default_name)
         newer, back = [], []
         for slot in order:
             if slot.version is None or not slot.replicas:
@@ -59,12 +59,12 @@ class Provisioner:
             except StoreError:
                 later = []
             later = [v for v in later if not (v in slot.rolled_back and slot.rolled_back[v]["auto"])
-                     and f"{slot.name} v{v}" not in self.state.failed_models]
+                     and f"{slot.name} v{v}" not in self.serving.failed_models]
             if later:
                 newer.append((slot.name, later[-1]))
             if slot.previous and slot.previous != slot.version and (
                     slot.probation is None or slot.probation.version != slot.previous) and (
-                    f"{slot.name} v{slot.previous}" not in self.state.failed_models):
+                    f"{slot.name} v{slot.previous}" not in self.serving.failed_models):
                 back.append((slot.name, slot.previous))
         return newer + back
 
@@ -86,10 +86,10 @@ class Provisioner:
         return taken + [self.pool.spawn(nice=False) for _ in range(need)]
 
     async def make_ready(self, w: WorkerHandle, name: str, version: int, path: str
-                          ) -> tuple[WorkerHandle, dict[str, Any], bool]:
+                          ) -> tuple[WorkerHandle, Frame, bool]:
         """Boot (if needed) and load (unless preloaded) one worker.
         Returns (worker, ready frame, preloaded)."""
-        deadline = self.loop.time() + self.wcfg["boot_timeout"]
+        deadline = self.loop.time() + self.wcfg.boot_timeout
         try:
             await gen.with_timeout(deadline, w.booted, quiet_exceptions=(WorkerDied,))
             if w.state is State.LOADING:  # a preload is under way: let it finish
@@ -110,14 +110,14 @@ class Provisioner:
             # the cores until every one of them missed its load_timeout); the
             # deadline counts from the load's start
             async with self._loads:
-                ready = await gen.with_timeout(self.loop.time() + self.wcfg["load_timeout"],
+                ready = await gen.with_timeout(self.loop.time() + self.wcfg.load_timeout,
                                                w.load(path, name, version),
                                                quiet_exceptions=(WorkerDied, RequestFailed))
         except (gen.TimeoutError, WorkerError) as exc:
             status = None
             why = str(exc) or "load deadline passed"
             if isinstance(exc, gen.TimeoutError):
-                why = f"model did not load and warm up within {self.wcfg['load_timeout']}s"
+                why = f"model did not load and warm up within {self.wcfg.load_timeout}s"
                 status = 504
             w.error = why
             self.loop.spawn_callback(w.stop, 1.0)
@@ -153,15 +153,15 @@ class Provisioner:
         self.pool.give_back(workers)
         return workers
 
-    async def retire(self, ws: list[WorkerHandle]) -> list[dict[str, Any]]:
+    async def retire(self, ws: list[WorkerHandle]) -> list[dict[str, object]]:
         """Drain then stop workers that no longer receive requests."""
-        async def one(w: WorkerHandle) -> dict[str, Any]:
+        async def one(w: WorkerHandle) -> dict[str, object]:
             drained = True
             if w.alive:
                 if w.state in (State.SERVING, State.IDLE):
                     w.set_state(State.DRAINING)
-                drained = await w.wait_idle(self.wcfg["drain_timeout"])
-            ended = await w.stop(self.wcfg["stop_timeout"])
+                drained = await w.wait_idle(self.wcfg.drain_timeout)
+            ended = await w.stop(self.wcfg.stop_timeout)
             return {"generation": w.generation, "pid": w.pid, "drained": drained, "ended": ended}
         return list(await gen.multi([one(w) for w in ws]))
 
@@ -171,7 +171,7 @@ class Provisioner:
         if not self.pool.max_workers:
             return
         need = n - len([w for w in self.pool.standby if w.alive])
-        for slot in sorted(self.state.slots.values(), key=lambda s: s.probation.started
+        for slot in sorted(self.serving.slots.values(), key=lambda s: s.probation.started
                            if s.probation else 0.0):
             if need <= 0 or self.pool.has_room(need):
                 return
@@ -195,7 +195,7 @@ class Provisioner:
         log.info("%s waits for %d draining worker(s) to exit", what, len(leaving))
         try:
             await gen.with_timeout(
-                self.loop.time() + self.wcfg["drain_timeout"] + self.wcfg["stop_timeout"],
+                self.loop.time() + self.wcfg.drain_timeout + self.wcfg.stop_timeout,
                 gen.multi(leaving))
         except gen.TimeoutError:
             pass

@@ -40,7 +40,7 @@ import os
 import threading
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from model_worker import profile as prof
 from state.dataset import decode_truth
@@ -48,6 +48,7 @@ from state.errors import NotFound
 from state.store import StoreError
 
 if TYPE_CHECKING:
+    from state.config import DriftSettings
     from state.predlog_api import PredictionLogBackend
     from state.store import ModelStore
     from control.serving import ServingState
@@ -58,16 +59,41 @@ SIGNALS = (("unknown_ngram_excess", "max_unknown_excess"), ("label_js", "max_lab
            ("top_score_js", "max_top_score_js"))
 
 
+class MultiRow(TypedDict):
+    """A fed-back row of a multi-label version: the true and the predicted set."""
+    truth: list[str]
+    label: list[str]
+
+
+class VersionQuality(TypedDict):
+    """One version's entry in a quality report."""
+    version: int | None
+    serving: bool
+    predictions: int
+    feedback: int
+    live: dict[str, Any]  # live_figures / live_figures_multi: figures, per label, confusion
+    training: dict[str, object] | None
+    drift: dict[str, Any] | None  # drift_signals
+
+
+class QualityReport(TypedDict):
+    """GET /models/<name>/quality (Quality.compute)."""
+    model: str
+    at: float
+    serving_version: int | None
+    versions: list[VersionQuality]
+
+
 # -- live figures ---------------------------------------------------------------------------
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 6) if b else None
 
 
-def live_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def live_figures(rows: list[dict[str, Any]]) -> dict[str, object]:
     """Accuracy, macro-F1, per-label figures and confusion on fed-back rows
     ({"label": predicted or None when abstained, "truth"})."""
     answered = [r for r in rows if r.get("label") is not None and not r.get("abstained")]
-    out: dict[str, Any] = {"feedback": len(rows), "answered": len(answered),
+    out: dict[str, object] = {"feedback": len(rows), "answered": len(answered),
                            "coverage": _ratio(len(answered), len(rows)),
                            "accuracy": None, "macro_f1": None, "per_label": {},
                            "confusion": None}
@@ -97,7 +123,7 @@ def live_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def predicted_set(scores: dict[str, float], thresholds: dict[str, float], min_labels: int,
-                  fallback: Any = None) -> list[str]:
+                  fallback: object = None) -> list[str]:
     """The label set a multi-label version answered, from the logged scores
     ({label: score}, the answer's `top`) and its meta.json thresholds: every
     label at or above its threshold, else (min_labels 1) the best one. Exact
@@ -113,7 +139,7 @@ def predicted_set(scores: dict[str, float], thresholds: dict[str, float], min_la
     return chosen
 
 
-def as_set(value: Any) -> list[str]:
+def as_set(value: object) -> list[str]:
     """A stored label (an encoded set, one label, or None) as a sorted label set."""
     value = decode_truth(value)
     if isinstance(value, list):
@@ -121,13 +147,13 @@ def as_set(value: Any) -> list[str]:
     return [value] if isinstance(value, str) and value else []
 
 
-def live_figures_multi(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def live_figures_multi(rows: list[MultiRow]) -> dict[str, object]:
     """Multi-label figures on fed-back rows ({"label": predicted set, "truth":
     true set}, both lists): micro-F1 (over every label decision), macro-F1
     (mean over every label true or predicted somewhere), samples-F1 (mean per
     text; a text with both sets empty scores 1, as the training report does),
     exact-match accuracy, per-label counts."""
-    out: dict[str, Any] = {"multi_label": True, "feedback": len(rows), "answered": len(rows),
+    out: dict[str, object] = {"multi_label": True, "feedback": len(rows), "answered": len(rows),
                            "coverage": 1.0 if rows else None, "accuracy": None,
                            "micro_f1": None, "macro_f1": None, "samples_f1": None,
                            "labels_per_text": None, "per_label": {}, "confusion": None}
@@ -160,7 +186,7 @@ def live_figures_multi(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # -- drift ------------------------------------------------------------------------------------
-def _top_score(scores: Any) -> float | None:
+def _top_score(scores: object) -> float | None:
     if isinstance(scores, dict) and scores:
         return max(float(v) for v in scores.values())
     if isinstance(scores, list) and scores:
@@ -169,7 +195,7 @@ def _top_score(scores: Any) -> float | None:
 
 
 def drift_signals(rows: list[dict[str, Any]], profile: dict[str, Any], known: frozenset[int],
-                  cfg: dict[str, Any]) -> dict[str, Any]:
+                  cfg: "DriftSettings") -> dict[str, object]:
     """The drift signals of a window of logged predictions against a profile."""
     shares = prof.known_shares((r["text"] for r in rows), known)
     expected_unknown = (None if profile["known_share"].get("mean") is None
@@ -194,10 +220,10 @@ def drift_signals(rows: list[dict[str, Any]], profile: dict[str, Any], known: fr
         ref = profile.get("top_score")
         if ref and ref.get("bins") == prof.TOP_SCORE_BINS:
             top_js = prof.js_divergence(prof.histogram(top), ref["counts"])
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "texts": len(rows),
-        "window": cfg["window"],
-        "min_texts": cfg["min_texts"],
+        "window": cfg.window,
+        "min_texts": cfg.min_texts,
         "unknown_ngram_share": _round(unknown),
         "expected_unknown_ngram_share": _round(expected_unknown),
         "unknown_ngram_excess": (_round(unknown - expected_unknown)
@@ -209,11 +235,11 @@ def drift_signals(rows: list[dict[str, Any]], profile: dict[str, Any], known: fr
         "top_score_js": _round(top_js),
         "top_score_mean": _round(top_mean),
         "top_score_histogram": {"bins": prof.TOP_SCORE_BINS, "counts": prof.histogram(top)},
-        "thresholds": {key: cfg[key] for _, key in SIGNALS},
+        "thresholds": {key: getattr(cfg, key) for _, key in SIGNALS},
     }
-    over = [name for name, key in SIGNALS if out[name] is not None and out[name] > cfg[key]]
+    over = [name for name, key in SIGNALS if out[name] is not None and out[name] > getattr(cfg, key)]
     out["over"] = over
-    out["alert"] = bool(len(rows) >= cfg["min_texts"] and over)
+    out["alert"] = bool(len(rows) >= cfg.min_texts and over)
     return out
 
 
@@ -227,22 +253,22 @@ class Quality:
     model for /metrics (refreshed every drift.refresh_s for the serving models,
     and by each GET /models/<name>/quality)."""
 
-    def __init__(self, cfg: dict[str, Any], store: "ModelStore",
+    def __init__(self, cfg: "DriftSettings", store: "ModelStore",
                  predlog: "PredictionLogBackend | None", serving: "ServingState",
                  loop: Any) -> None:
-        self.cfg = dict(cfg)  # the `drift` section
+        self.cfg = cfg  # the `drift` section
         self.store, self.predlog, self.serving, self.loop = store, predlog, serving, loop
-        self.latest: dict[str, dict[str, Any]] = {}  # name -> last report (for metrics)
+        self.latest: dict[str, QualityReport] = {}  # name -> last report (for metrics)
         self._profiles: dict[tuple[str, int], tuple[float, Any, Any]] = {}
         self._lock = threading.Lock()
         self._refreshing = False
         self._timer = None
-        if self.cfg["refresh_s"] > 0:
+        if self.cfg.refresh_s > 0:
             from tornado.ioloop import PeriodicCallback
-            self._timer = PeriodicCallback(self._tick, self.cfg["refresh_s"] * 1000)
+            self._timer = PeriodicCallback(self._tick, self.cfg.refresh_s * 1000)
             self._timer.start()
 
-    async def report(self, name: str) -> dict[str, Any]:
+    async def report(self, name: str) -> QualityReport:
         """The quality report of a model (NotFound when neither the store nor
         the log knows it). Counts what was answered before this call: the log's
         queue is flushed first."""
@@ -250,7 +276,7 @@ class Quality:
         self.latest[name] = result
         return result
 
-    def _flushed_compute(self, name: str) -> dict[str, Any]:
+    def _flushed_compute(self, name: str) -> QualityReport:
         plog = self.predlog
         if plog is not None and getattr(plog, "enabled", False):
             plog.flush(10)
@@ -305,7 +331,7 @@ class Quality:
         except (StoreError, OSError, ValueError):
             return None
 
-    def _training(self, meta: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _training(self, meta: dict[str, Any] | None) -> dict[str, object] | None:
         if meta is None:
             return None
         metrics = meta.get("metrics") or {}
@@ -326,7 +352,7 @@ class Quality:
                                          "coverage", "answered")}
         thresholds = (meta or {}).get("thresholds") or {}
         min_labels = int((meta or {}).get("min_labels", 1))
-        rows = []
+        rows: list[MultiRow] = []
         for r in fed:
             stored = decode_truth(r.get("label"))
             predicted = (sorted(set(stored)) if isinstance(stored, list) else
@@ -336,7 +362,7 @@ class Quality:
         live.pop("feedback")
         return live
 
-    def compute(self, name: str) -> dict[str, Any]:
+    def compute(self, name: str) -> QualityReport:
         store_versions = self.store.versions(name)  # InvalidName on a bad name
         plog = self.predlog
         counts = plog.counts(name) if plog is not None else {}
@@ -349,12 +375,12 @@ class Quality:
         versions = sorted((v for v in counts if v is not None), reverse=True)
         if serving is not None and serving not in versions:
             versions.insert(0, serving)
-        out = []
+        out: list[VersionQuality] = []
         for version in versions:
             c = counts.get(version, {"predictions": 0, "feedback": 0})
             fed = plog.fed_back(name, version) if plog is not None and c["feedback"] else []
             meta = self._meta(name, version) if version in store_versions else None
-            entry: dict[str, Any] = {
+            entry: VersionQuality = {
                 "version": version, "serving": version == serving,
                 "predictions": c["predictions"], "feedback": c["feedback"],
                 "live": self._live(fed, meta),
@@ -365,7 +391,7 @@ class Quality:
             profile, known = (self._profile(name, version) if version in store_versions
                               else (None, None))
             if profile is not None:
-                rows = (plog.recent(name, version, limit=self.cfg["window"])
+                rows = (plog.recent(name, version, limit=self.cfg.window)
                         if plog is not None and c["predictions"] else [])
                 entry["drift"] = drift_signals(rows, profile, known, self.cfg)
             out.append(entry)

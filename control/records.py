@@ -14,7 +14,7 @@ supervisor.py picks one; nothing else knows which.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, cast
 
 from tornado.locks import Lock
 
@@ -25,21 +25,23 @@ from control.watcher import RecordWatcher
 from tornado.ioloop import IOLoop
 
 if TYPE_CHECKING:
+    from control.serving import AppliedRecord, RecordEntry
     from control.servingctl import ServingController
+    from state.config import WatcherSettings
 
 log = logging.getLogger("textswap.supervisor")
 
-OnChange = Callable[[dict[str, Any]], object]
+OnChange = Callable[["AppliedRecord"], object]
 KEEP: Any = object()  # commit(): leave this part of the record as it is
 
 
 class RecordBackend(Protocol):
     wipe_tmp: bool  # the store's staging is this service's alone (start wipes it)
 
-    async def load(self) -> dict[str, Any] | None:
+    async def load(self) -> "AppliedRecord | None":
         """The record to serve at start (StoreError: unreadable)."""
 
-    def start(self, record: dict[str, Any] | None, on_change: OnChange) -> None:
+    def start(self, record: "AppliedRecord | None", on_change: OnChange) -> None:
         """Follow changes made from outside; on_change(record) on the IOLoop."""
 
     def stop(self) -> None:
@@ -48,7 +50,7 @@ class RecordBackend(Protocol):
     async def close(self) -> None:
         """After the jobs stopped: the last writes out, then leave."""
 
-    async def write(self, record: dict[str, Any], changed: str | None, strict: bool) -> None:
+    async def write(self, record: "AppliedRecord", changed: str | None, strict: bool) -> None:
         """Persist `record` (slot `changed` changed; None: any). Raises
         StorageFailed when it could not be written."""
 
@@ -59,7 +61,7 @@ class RecordBackend(Protocol):
                           partial: bool = False, mode: str | None = None) -> None:
         """Before an operator's apply: what must be ready elsewhere first."""
 
-    async def after_change(self) -> dict[str, Any] | None:
+    async def after_change(self) -> dict[str, object] | None:
         """After a persisted change: what to add to the answer (None: nothing)."""
 
     def stale(self, name: str, version: int) -> bool:
@@ -68,10 +70,10 @@ class RecordBackend(Protocol):
     async def claim_demo(self) -> bool:
         """True where this service trains the first-start demo."""
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> dict[str, object] | None:
         """The backend's part of /status (None: nothing to say)."""
 
-    async def overview(self) -> dict[str, Any]:
+    async def overview(self) -> dict[str, object]:
         """GET /cluster: every node and what it serves (ServiceError: none)."""
 
 
@@ -81,18 +83,18 @@ class FileRecords:
     wipe_tmp = True
 
     def __init__(self, store: ModelStore, storage: Storage, loop: IOLoop,
-                 watcher_cfg: dict[str, Any]) -> None:
+                 watcher_cfg: "WatcherSettings") -> None:
         self.store, self.storage, self.loop = store, storage, loop
         self.watcher: RecordWatcher | None = None
-        self._watch = bool(watcher_cfg["enabled"])
-        self._interval = float(watcher_cfg["interval"])
-        self._last: dict[str, Any] | None = None  # the last record written or loaded
+        self._watch = bool(watcher_cfg.enabled)
+        self._interval = float(watcher_cfg.interval)
+        self._last: "AppliedRecord | None" = None  # the last record written or loaded
 
-    async def load(self) -> dict[str, Any] | None:
-        self._last = self.store.read_record()
+    async def load(self) -> "AppliedRecord | None":
+        self._last = cast("AppliedRecord | None", self.store.read_record())  # normalized there
         return self._last
 
-    def start(self, record: dict[str, Any] | None, on_change: OnChange) -> None:
+    def start(self, record: "AppliedRecord | None", on_change: OnChange) -> None:
         if self._watch:
             self.watcher = RecordWatcher(self.store, self.loop, self._interval, on_change)
             self.watcher.start(record)
@@ -104,7 +106,7 @@ class FileRecords:
     async def close(self) -> None:
         return None
 
-    async def write(self, record: dict[str, Any], changed: str | None, strict: bool) -> None:
+    async def write(self, record: "AppliedRecord", changed: str | None, strict: bool) -> None:
         watcher, before = self.watcher, self._last
         if watcher is not None:
             watcher.note_record(record)  # this service's own write: not a change to follow
@@ -124,7 +126,7 @@ class FileRecords:
                           partial: bool = False, mode: str | None = None) -> None:
         return None
 
-    async def after_change(self) -> dict[str, Any] | None:
+    async def after_change(self) -> dict[str, object] | None:
         return None
 
     def stale(self, name: str, version: int) -> bool:
@@ -133,10 +135,10 @@ class FileRecords:
     async def claim_demo(self) -> bool:
         return True
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> dict[str, object] | None:
         return None
 
-    async def overview(self) -> dict[str, Any]:
+    async def overview(self) -> dict[str, object]:
         raise ServiceError("cluster mode is off (set cluster.redis_url)", 404, "not_found")
 
 
@@ -146,7 +148,7 @@ class RecordKeeper:
     applied record; applies, rollouts and recovery commit through it)."""
 
     def __init__(self, ctl: "ServingController", loop: IOLoop, records: RecordBackend) -> None:
-        self.ctl, self.state, self.loop, self.records = ctl, ctl.state, loop, records
+        self.ctl, self.serving, self.loop, self.records = ctl, ctl.serving, loop, records
         self._commit_lock = Lock()
         self.dirty = False  # the last record write failed: the sweep tries again
         self._commits = 0  # commits running or waiting for the lock
@@ -174,18 +176,19 @@ class RecordKeeper:
     async def _commit(self, changed: str | None, entry: Any = KEEP, *, default: Any = KEEP,
                       switch: Callable[[], None] | None = None, strict: bool = True) -> None:
         async with self._commit_lock:
-            models = {n: {"version": s.version, "replicas": s.wanted, "explicit": s.explicit}
-                      for n, s in sorted(self.state.slots.items()) if s.version is not None}
+            models: dict[str, RecordEntry] = {
+                n: {"version": s.version, "replicas": s.wanted, "explicit": s.explicit}
+                for n, s in sorted(self.serving.slots.items()) if s.version is not None}
             if changed is not None and entry is not KEEP:
                 if entry is None:
                     models.pop(changed, None)
                 else:
-                    models[changed] = dict(entry)
-            want = self.state.default_name if default is KEEP else (
+                    models[changed] = cast("RecordEntry", dict(entry))
+            want = self.serving.default_name if default is KEEP else (
                 default() if callable(default) else default)
-            record = {"default": want if want in models else None,
-                      "models": dict(sorted(models.items())),
-                      "revision": self.state.record.get("revision", 0) + 1}
+            record: AppliedRecord = {"default": want if want in models else None,
+                                     "models": dict(sorted(models.items())),
+                                     "revision": self.serving.record.get("revision", 0) + 1}
             try:
                 await self.records.write(record, changed, strict)
                 self.dirty = False

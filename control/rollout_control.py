@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from control.events import Events
     from control.pool import WorkerPool
     from control.provision import Provisioner
-    from control.rollout_state import GoldenSets
+    from control.rollout_state import GoldenSet, GoldenSets
     from control.routing import Router
     from control.servingctl import ApplyResult, ModelRef, RollbackResult, ServingController
 
@@ -47,24 +47,24 @@ class RolloutControl:
                  store: "ModelStore", pool: "WorkerPool", events: "Events",
                  golden: "GoldenSets", provision: "Provisioner", router: "Router",
                  keeper: "RecordKeeper", apply: Callable[..., Awaitable["ApplyResult"]],
-                 gate_set: Callable[[str, dict[str, Any] | None], dict[str, Any] | None]
+                 gate_set: Callable[[str, "GoldenSet | None"], "GoldenSet | None"]
                  = lambda name, golden: golden) -> None:
         """apply: the applies' apply (a rollback past the probation is a new
         apply); gate_set: the golden set plus a retrain policy's feedback
         hold-out (the policies' gate_set)."""
-        self.ctl, self.state = ctl, ctl.state
-        self.cfg, self.wcfg, self.loop = cfg, cfg["worker"], loop
+        self.ctl, self.serving = ctl, ctl.serving
+        self.cfg, self.wcfg, self.loop = cfg, cfg.worker, loop
         self.store, self.pool, self.events, self.golden = store, pool, events, golden
         self.provision, self.router, self.keeper = provision, router, keeper
         self.apply, self.gate_set = apply, gate_set
 
     async def after_swap(self, slot: Slot, old: list[WorkerHandle],
                           previous: "ModelRef | None", version: int
-                          ) -> list[dict[str, Any]]:
+                          ) -> list[dict[str, object]]:
         """The previous version's workers: kept idle in probation (a rollback
         is then one assignment), or drained and stopped."""
-        probation_s = self.cfg["rollout"]["probation_s"]
-        if self.state.stopping or not old or previous is None or previous["version"] == version \
+        probation_s = self.cfg.rollout.probation_s
+        if self.serving.stopping or not old or previous is None or previous["version"] == version \
                 or probation_s <= 0:
             return await self.provision.retire(old)
         if slot.probation is not None:  # one probation per slot: the newest
@@ -78,7 +78,7 @@ class RolloutControl:
         log.info("%s v%s stays loaded in probation for %.0fs (rollback is instant)",
                  slot.name, p.version, probation_s)
         # in-flight requests on the old workers still finish: wait for them
-        drained = await gen.multi([w.wait_idle(self.wcfg["drain_timeout"]) for w in old])
+        drained = await gen.multi([w.wait_idle(self.wcfg.drain_timeout) for w in old])
         return [{"generation": w.generation, "pid": w.pid, "drained": d, "ended": "probation"}
                 for w, d in zip(old, drained)]
 
@@ -94,7 +94,7 @@ class RolloutControl:
         self.loop.spawn_callback(self.provision.retire, p.workers)
 
     def switch_back(self, slot: Slot, reason: str, auto: bool,
-                    figures: dict[str, Any] | None = None) -> RolledBack:
+                    figures: dict[str, object] | None = None) -> RolledBack:
         """Within probation: the previous version serves again, in one
         assignment; the rolled-back version's workers drain and stop. Routing
         only: the callers persist (before it, or right after it)."""
@@ -112,7 +112,7 @@ class RolloutControl:
         return info
 
     def rollback_now(self, slot: Slot, reason: str, auto: bool,
-                     figures: dict[str, Any] | None = None) -> RolledBack:
+                     figures: dict[str, object] | None = None) -> RolledBack:
         """The automatic rollback (errors, latency, a crash in probation):
         switch at once, since every moment on the bad version costs requests,
         then write the record (RecordKeeper.save_later; retried until it succeeds)."""
@@ -174,30 +174,31 @@ class RolloutControl:
     def check_probations(self) -> None:
         """Once a second: roll back a version in probation whose error rate or
         tail latency went past the configured limits."""
-        r = self.cfg["rollout"]
-        for slot in list(self.state.slots.values()):
+        r = self.cfg.rollout
+        for slot in list(self.serving.slots.values()):
             p = slot.probation
             if p is None or p.new_version != slot.version:
                 continue
             s = p.new_stats
-            if s.requests < r["min_requests"]:
+            if s.requests < r.min_requests:
                 continue
-            figures = {"new_version": s.describe(),
-                       "previous_p99_ms": None if p.old_p99 is None else round(1000 * p.old_p99, 3)}
-            if s.error_rate > r["max_error_rate"]:
+            figures: dict[str, object] = {
+                "new_version": s.describe(),
+                "previous_p99_ms": None if p.old_p99 is None else round(1000 * p.old_p99, 3)}
+            if s.error_rate > r.max_error_rate:
                 self.rollback_now(slot, f"error rate {s.error_rate:.1%} above "
-                                   f"rollout.max_error_rate {r['max_error_rate']:.1%}",
+                                   f"rollout.max_error_rate {r.max_error_rate:.1%}",
                                    auto=True, figures=figures)
                 continue
             p99 = s.p(0.99)
-            if p.old_p99 and p99 and p99 > r["max_latency_ratio"] * p.old_p99 and (
-                    p99 - p.old_p99) * 1000 > r["latency_slack_ms"]:
+            if p.old_p99 and p99 and p99 > r.max_latency_ratio * p.old_p99 and (
+                    p99 - p.old_p99) * 1000 > r.latency_slack_ms:
                 self.rollback_now(slot, f"p99 latency {1000 * p99:.1f} ms above "
-                                   f"{r['max_latency_ratio']}x the previous version's "
+                                   f"{r.max_latency_ratio}x the previous version's "
                                    f"{1000 * p.old_p99:.1f} ms", auto=True, figures=figures)
 
     async def quality_gate(self, slot: Slot, version: int, workers: list[WorkerHandle],
-                            enabled: bool, min_accuracy: float | None) -> dict[str, Any] | None:
+                            enabled: bool, min_accuracy: float | None) -> dict[str, object] | None:
         golden = self.golden.get(slot.name)
         # a policy retrain: its feedback hold-out too (docs/loop.md)
         golden = self.gate_set(slot.name, golden)
@@ -220,7 +221,7 @@ class RolloutControl:
                 serving = rollouts_score(slot.labels, await self.score_on(slot.replicas[0],
                                                                            texts), truth)
                 self.ctl.cache_gate(slot, key, serving)
-        tol = self.cfg["rollout"]["gate_tolerance"]
+        tol = self.cfg.rollout.gate_tolerance
         reasons = []
         if serving and cand["accuracy"] < serving["accuracy"] - tol:
             reasons.append(f"accuracy {cand['accuracy']:.4f} on the golden set is below the "
@@ -228,17 +229,18 @@ class RolloutControl:
                            f"rollout.gate_tolerance {tol}")
         if floor is not None and cand["accuracy"] < floor:
             reasons.append(f"accuracy {cand['accuracy']:.4f} is below min_accuracy {floor}")
-        info = {"passed": not reasons, "golden_examples": len(texts), "tolerance": tol,
-                "min_accuracy": floor, "candidate": {"version": version, **cand},
-                "serving": None if serving is None else {"version": slot.version, **serving},
-                "per_label_changes": label_changes(serving, cand) if serving else None}
+        info: dict[str, object] = {
+            "passed": not reasons, "golden_examples": len(texts), "tolerance": tol,
+            "min_accuracy": floor, "candidate": {"version": version, **cand},
+            "serving": None if serving is None else {"version": slot.version, **serving},
+            "per_label_changes": label_changes(serving, cand) if serving else None}
         if reasons:
             raise Conflict(f"quality gate refused {slot.name} v{version}: "
                            + "; ".join(reasons), code="quality_gate", details={"gate": info})
         return info
 
     async def score_on(self, w: WorkerHandle, texts: list[str]) -> list[Any]:
-        step = self.wcfg["max_batch"]
+        step = self.wcfg.max_batch
         parts = await gen.multi([w.predict(texts[i:i + step]) for i in range(0, len(texts), step)])
         return [row for part in parts for row in part]
 
@@ -287,7 +289,7 @@ class RolloutControl:
     def drop_candidate(self, slot: Slot) -> list[WorkerHandle]:
         return self.ctl.drop_candidate(slot)
 
-    async def promote(self, name: str, gate: bool = True) -> dict[str, Any]:
+    async def promote(self, name: str, gate: bool = True) -> dict[str, object]:
         """The shadow or canary candidate serves all traffic: one assignment."""
         slot = self.router.slot_for(name)
         async with slot.lock:
@@ -316,14 +318,15 @@ class RolloutControl:
                                                             "gate": gate_info})
             ended = await self.after_swap(slot, old, previous, c.version)
         after = await self.keeper.records.after_change()  # cluster: written, replicated
-        out = {"name": name, "from_version": previous["version"], "to_version": c.version,
-               "mode": c.mode, "swap_s": round(took, 6), "gate": gate_info,
-               "old_workers": ended, "figures": c.describe()}
+        out: dict[str, object] = {
+            "name": name, "from_version": previous["version"], "to_version": c.version,
+            "mode": c.mode, "swap_s": round(took, 6), "gate": gate_info,
+            "old_workers": ended, "figures": c.describe()}
         if after is not None:
             out["cluster"] = after
         return out
 
-    async def abort(self, name: str) -> dict[str, Any]:
+    async def abort(self, name: str) -> dict[str, object]:
         slot = self.router.slot_for(name)
         c = slot.candidate
         if c is None:
@@ -338,7 +341,7 @@ class RolloutControl:
         return {"name": name, "aborted_version": c.version, "mode": c.mode, "figures": figures,
                 "workers": ended}
 
-    def rollout_status(self, name: str) -> dict[str, Any]:
+    def rollout_status(self, name: str) -> dict[str, object]:
         slot = self.router.slot_for(name)
         return {"name": name, "version": slot.version, "previous_version": slot.previous,
                 "probation": slot.probation.describe() if slot.probation else None,

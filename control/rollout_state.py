@@ -16,15 +16,18 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from state.store import write_json_atomic
+
+if TYPE_CHECKING:
+    from control.workerhandle import WorkerHandle
 
 # Figures per version keep at most this many recent latencies.
 WINDOW = 2048
 
 
-def percentile(values: list[float] | collections.deque[Any], q: float) -> float | None:
+def percentile(values: list[float] | collections.deque[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
@@ -37,7 +40,7 @@ class VersionStats:
     def __init__(self) -> None:
         self.requests = 0
         self.errors = 0
-        self.latencies: collections.deque[Any] = collections.deque(maxlen=WINDOW)
+        self.latencies: collections.deque[float] = collections.deque(maxlen=WINDOW)
 
     def observe(self, seconds: float) -> None:
         self.requests += 1
@@ -54,7 +57,7 @@ class VersionStats:
     def p(self, q: float) -> float | None:
         return percentile(self.latencies, q)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         p50, p99 = self.p(0.5), self.p(0.99)
         return {"requests": self.requests, "errors": self.errors,
                 "error_rate": round(self.error_rate, 4),
@@ -66,15 +69,15 @@ class VersionStats:
 class Probation:
     """The previous version's workers, idle, until `until` (monotonic)."""
     version: int                # the previous version, kept loaded
-    workers: list[Any]               # its WorkerHandles (state IDLE)
+    workers: list["WorkerHandle"]  # its WorkerHandles (state IDLE)
     new_version: int            # the version now serving, being watched
     until: float
     old_p99: float | None       # the previous version's p99 before the swap
     started: float = field(default_factory=time.time)
     new_stats: VersionStats = field(default_factory=VersionStats)
-    timer: Any = None
+    timer: object = None  # the IOLoop's timeout handle that ends it
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {"version": self.version, "watching_version": self.new_version,
                 "workers": [w.pid for w in self.workers],
                 "remaining_s": round(max(0.0, self.until - time.monotonic()), 3),
@@ -86,7 +89,7 @@ class Probation:
 class Candidate:
     """A version loaded beside the serving one, in shadow or canary mode."""
     version: int
-    workers: list[Any]
+    workers: list["WorkerHandle"]
     mode: str                   # "shadow" | "canary"
     fraction: float
     keep_examples: int = 0
@@ -98,10 +101,11 @@ class Candidate:
     agreed: int = 0
     score_diff_sum: float = 0.0
     dropped: int = 0            # mirrors skipped: the candidate was busy
-    examples: collections.deque[Any] = field(default_factory=lambda: collections.deque(maxlen=100))
+    examples: collections.deque[dict[str, object]] = field(
+        default_factory=lambda: collections.deque(maxlen=100))
 
     def compare(self, texts: list[str], labels: list[str], cand_labels: list[str],
-                serving: list[Any], candidate: list[Any]) -> None:
+                serving: list[list[float]], candidate: list[list[float]]) -> None:
         """Agreement of the candidate's answers with the serving version's, by
         label name (the versions may order or even name their labels apart).
         The score difference is on the label the serving version chose."""
@@ -120,8 +124,8 @@ class Candidate:
                                       "candidate": {"label": cand_labels[ib],
                                                     "score": b[ib]}})
 
-    def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def describe(self) -> dict[str, object]:
+        out: dict[str, object] = {
             "version": self.version, "mode": self.mode, "fraction": self.fraction,
             "workers": [w.pid for w in self.workers], "started_at": self.started,
             "candidate": self.stats.describe()}
@@ -138,7 +142,31 @@ class Candidate:
         return out
 
 
-def score(labels: list[str], scores: list[Any], truth: list[str]) -> dict[str, Any]:
+class GoldenSet(TypedDict, total=False):
+    """A golden set of the quality gate (`.golden/<name>.json`), or the one a
+    policy retrain's gate uses (Policies.gate_set: with the feedback hold-out)."""
+    name: Required[str]
+    texts: Required[list[str]]
+    labels: Required[list[str]]
+    source: Required[str]
+    sha256: Required[str]
+    min_accuracy: Required[float | None]
+    created_at: float
+
+
+class LabelScore(TypedDict):
+    recall: float
+    support: int
+
+
+class GateScore(TypedDict):
+    """A version's score on a golden set (score)."""
+    accuracy: Any  # a float; None for no examples (a golden set always has some)
+    examples: int
+    per_label: dict[str, LabelScore]
+
+
+def score(labels: list[str], scores: list[list[float]], truth: list[str]) -> GateScore:
     """Accuracy and per-label recall of predictions against a golden set."""
     per: dict[str, list[int]] = {}
     correct = 0
@@ -155,10 +183,10 @@ def score(labels: list[str], scores: list[Any], truth: list[str]) -> dict[str, A
                           for lab, (c, t) in sorted(per.items())}}
 
 
-def label_changes(serving: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
-    out = {}
+def label_changes(serving: GateScore, candidate: GateScore) -> dict[str, dict[str, float | None]]:
+    out: dict[str, dict[str, float | None]] = {}
     for lab, cand in candidate["per_label"].items():
-        before = serving["per_label"].get(lab, {}).get("recall")
+        before = serving["per_label"][lab]["recall"] if lab in serving["per_label"] else None
         out[lab] = {"serving": before, "candidate": cand["recall"],
                     "change": None if before is None else round(cand["recall"] - before, 6)}
     return out
@@ -171,12 +199,12 @@ class GoldenSets:
 
     def __init__(self, root: str) -> None:
         self.dir = os.path.join(root, ".golden")
-        self._cache: dict[str, dict[str, Any] | None] = {}
+        self._cache: dict[str, GoldenSet | None] = {}
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, f"{name}.json")
 
-    def get(self, name: str) -> dict[str, Any] | None:
+    def get(self, name: str) -> GoldenSet | None:
         if name not in self._cache:
             try:
                 with open(self.path(name), encoding="utf-8") as fh:
@@ -186,8 +214,8 @@ class GoldenSets:
         return self._cache[name]
 
     def put(self, name: str, texts: list[str], labels: list[str], source: str,
-            sha256: str, min_accuracy: float | None) -> dict[str, Any]:
-        entry = {"name": name, "texts": texts, "labels": labels, "source": source,
+            sha256: str, min_accuracy: float | None) -> dict[str, object]:
+        entry: GoldenSet = {"name": name, "texts": texts, "labels": labels, "source": source,
                  "sha256": sha256, "min_accuracy": min_accuracy, "created_at": time.time()}
         os.makedirs(self.dir, exist_ok=True)
         write_json_atomic(self.path(name), entry)
@@ -206,7 +234,7 @@ class GoldenSets:
         return True
 
 
-def summary(entry: dict[str, Any]) -> dict[str, Any]:
+def summary(entry: GoldenSet) -> dict[str, object]:
     counts: dict[str, int] = {}
     for lab in entry["labels"]:
         counts[lab] = counts.get(lab, 0) + 1

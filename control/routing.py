@@ -32,17 +32,17 @@ if TYPE_CHECKING:
 class Router:
     """Sends predictions to a slot's workers."""
 
-    def __init__(self, state: "ServingState", cfg: "Config", loop: "IOLoop",
+    def __init__(self, serving: "ServingState", cfg: "Config", loop: "IOLoop",
                  on_failing: Callable[[], object]) -> None:
-        self.state, self.cfg, self.wcfg, self.loop = state, cfg, cfg["worker"], loop
+        self.serving, self.cfg, self.wcfg, self.loop = serving, cfg, cfg.worker, loop
         self.on_failing = on_failing  # a probation version failing: judge it now
 
     def slot_for(self, name: str | None) -> Slot:
-        return self.state.slot_for(name)
+        return self.serving.slot_for(name)
 
     async def predict(self, texts: list[str], model: str | None = None,
-                      options: dict[str, Any] | None = None
-                      ) -> tuple[dict[str, Any], list[str], list[Any]]:
+                      options: dict[str, object] | None = None
+                      ) -> tuple[dict[str, object], list[str], list[Any]]:
         """(model, labels, scores) for texts; retried once on a sibling or a
         replacement if the worker dies with the request in flight.
 
@@ -50,8 +50,8 @@ class Router:
         gets a sampled copy, compared off this request's path. options: more
         to ask of the worker (an explanation); such requests are not mirrored."""
         slot = self.slot_for(model)
-        deadline = self.loop.time() + self.wcfg["request_timeout"]
-        cap = self.wcfg["max_inflight"]
+        deadline = self.loop.time() + self.wcfg.request_timeout
+        cap = self.wcfg.max_inflight
         # the request's path reads the slot's fields directly (read only, no
         # property call): the supervisor's CPU per request stays what it was
         cand = slot._candidate
@@ -108,9 +108,9 @@ class Router:
         p = slot.probation
         if p is not None and w.model and w.model["version"] == p.new_version:
             p.new_stats.error()
-            r = self.cfg["rollout"]
-            if (p.new_stats.requests >= r["min_requests"]
-                    and p.new_stats.error_rate > r["max_error_rate"]):
+            r = self.cfg.rollout
+            if (p.new_stats.requests >= r.min_requests
+                    and p.new_stats.error_rate > r.max_error_rate):
                 # judged now, not at the next sweep: a version failing every
                 # request would fail a second's worth of them meanwhile
                 self.loop.add_callback(self.on_failing)
@@ -120,7 +120,7 @@ class Router:
         """Send a copy to the shadow candidate; compare once both answered.
         Never awaited by the client's request, and skipped when the candidate
         is at its in-flight cap, so a slow shadow cannot slow serving."""
-        w = Slot.pick(cand.workers, self.wcfg["max_inflight"])
+        w = Slot.pick(cand.workers, self.wcfg.max_inflight)
         if w is None:
             cand.dropped += 1
             return

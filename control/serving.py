@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import time
 from types import MappingProxyType
-from typing import Any, Mapping, TypedDict
+from typing import Mapping, TypedDict
 
 from state.errors import NoModel, UnknownModel
 from control.slots import ApplyResult, Slot
@@ -63,7 +63,7 @@ class ServingState:
         self._started = time.time()
         self._stopping = False
         self._restarts = 0
-        self._exits: collections.deque[dict[str, Any]] = collections.deque(maxlen=20)
+        self._exits: collections.deque[dict[str, object]] = collections.deque(maxlen=20)
 
     # -- the fields, read-only ----------------------------------------------------
     @property
@@ -107,7 +107,7 @@ class ServingState:
         return self._restarts
 
     @property
-    def exits(self) -> tuple[dict[str, Any], ...]:
+    def exits(self) -> tuple[dict[str, object], ...]:
         return tuple(self._exits)
 
     # -- reads -------------------------------------------------------------------
@@ -120,7 +120,7 @@ class ServingState:
     def serving_names(self) -> list[str]:
         return sorted(n for n, s in self._slots.items() if s.replicas)
 
-    def serving_model(self, name: str | None = None) -> dict[str, Any] | None:
+    def serving_model(self, name: str | None = None) -> dict[str, object] | None:
         """{"name", "version", "labels", "replicas"} of what serves `name`
         (the default model when None), or None."""
         slot = self._slots.get(name or self._default_name or "")

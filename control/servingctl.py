@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from state.errors import Conflict, UnknownModel
-from control.rollout_state import Candidate, Probation, VersionStats
+from control.rollout_state import Candidate, GateScore, Probation, VersionStats
 from control.serving import AppliedRecord, FailedModel, ServingState
 from control.slots import ApplyResult, ModelRef, RollbackResult, RolledBack, Slot
 from control.workerhandle import State, WorkerHandle
@@ -48,8 +48,8 @@ __all__ = ["ApplyResult", "ModelRef", "RollbackResult", "ServingController"]
 class ServingController:
     """Every transition of the serving state, validated; its only writer."""
 
-    def __init__(self, state: ServingState, cfg: "Config", loop: "IOLoop") -> None:
-        self.state, self.cfg, self.loop = state, cfg, loop
+    def __init__(self, serving: ServingState, cfg: "Config", loop: "IOLoop") -> None:
+        self.serving, self.cfg, self.loop = serving, cfg, loop
         self._subscribers: list[Callable[[], object]] = []
 
     # -- subscriptions -----------------------------------------------------------
@@ -67,38 +67,38 @@ class ServingController:
     # -- start and stop ----------------------------------------------------------
     def start_from(self, record: AppliedRecord) -> None:
         """At start: the record read from the backend, and its default."""
-        self.state._record = record
-        self.state._default_name = record["default"]
+        self.serving._record = record
+        self.serving._default_name = record["default"]
 
     def set_demo_training(self, running: bool) -> None:
         """The first-start demo's job runs (its apply is not explicit), or not."""
-        self.state._demo_training = running
+        self.serving._demo_training = running
 
     def stop(self) -> None:
         """The service stops: no transition starts any more."""
-        self.state._stopping = True
+        self.serving._stopping = True
 
     def clear_routing(self) -> None:
         """At the end of a shutdown: nothing routes any more."""
-        for slot in self.state._slots.values():
+        for slot in self.serving._slots.values():
             slot._replicas = ()
 
     # -- the record and the default ------------------------------------------------
-    def note_record(self, record: dict[str, Any] | AppliedRecord) -> None:
+    def note_record(self, record: AppliedRecord) -> None:
         """The record as last written (RecordKeeper.commit, the cluster's write)."""
-        self.state._record = cast(AppliedRecord, record)
+        self.serving._record = record
 
-    def follow_record(self, record: dict[str, Any] | AppliedRecord) -> None:
+    def follow_record(self, record: AppliedRecord) -> None:
         """A record changed from outside is the truth: its default serves
         (its slots converge through applies and unloads)."""
         self.note_record(record)
-        if record["default"] != self.state._default_name:
+        if record["default"] != self.serving._default_name:
             log.info("default model is now %s (record changed)", record["default"])
             self.set_default(record["default"])
 
     def set_default(self, name: str | None) -> None:
         """The default model becomes `name`; the one before is remembered."""
-        st = self.state
+        st = self.serving
         if name != st._default_name:
             st._previous_default, st._default_name = st._default_name, name
             self._changed()
@@ -106,19 +106,19 @@ class ServingController:
     def restore_default(self, back: str) -> None:
         """A FAILED default with no version to fall back to: the default
         before it (serving in its own slot) is the default again."""
-        slot = self.state._slots.get(back)
+        slot = self.serving._slots.get(back)
         if slot is None or not slot._replicas:
             raise Conflict(f"{back} does not serve: it cannot be the default again",
                            code="not_serving")
-        self.state._default_name, self.state._previous_default = back, None
+        self.serving._default_name, self.serving._previous_default = back, None
         self._changed()
 
     # -- apply -----------------------------------------------------------------------
     def open_slot(self, name: str) -> Slot:
         """The slot of `name`, made for a first apply."""
-        slot = self.state._slots.get(name)
+        slot = self.serving._slots.get(name)
         if slot is None:
-            slot = self.state._slots[name] = Slot(name)
+            slot = self.serving._slots[name] = Slot(name)
         return slot
 
     def begin_apply(self, slot: Slot) -> None:
@@ -128,8 +128,8 @@ class ServingController:
         """An apply left: a first apply that failed leaves no slot behind."""
         slot._applying -= 1
         if (not slot._replicas and not slot.busy and slot._version is None
-                and self.state._slots.get(slot.name) is slot):
-            del self.state._slots[slot.name]
+                and self.serving._slots.get(slot.name) is slot):
+            del self.serving._slots[slot.name]
             slot._unloaded = True
         slot.wake_all()
 
@@ -138,7 +138,7 @@ class ServingController:
         FAILED mark are forgotten."""
         slot._crashes.pop(version, None)
         slot._rolled_back.pop(version, None)
-        self.state._failed_models.pop(f"{slot.name} v{version}", None)
+        self.serving._failed_models.pop(f"{slot.name} v{version}", None)
 
     def swap(self, slot: Slot, workers: Sequence[WorkerHandle], version: int,
              replicas: int) -> None:
@@ -160,7 +160,7 @@ class ServingController:
         slot._version, slot._labels, slot._wanted = version, list(workers[0].labels), replicas
         # the old version's p99 is the yardstick of the automatic rollback: a
         # version that served only a few requests (swapped right back) has none
-        enough = len(slot._stats.latencies) >= max(100, self.cfg["rollout"]["min_requests"])
+        enough = len(slot._stats.latencies) >= max(100, self.cfg.rollout.min_requests)
         slot._stats_before_swap = slot._stats.p(0.99) if enough else None
         slot._stats = VersionStats()
         slot._failed = None
@@ -176,7 +176,7 @@ class ServingController:
         previous: ModelRef | None = {"name": slot.name, "version": slot._version} if old \
             else None
         if end_demo:
-            self.state._demo_training = False
+            self.serving._demo_training = False
         slot._explicit = explicit
         self.swap(slot, workers, version, replicas)
         self.set_default(default)
@@ -185,15 +185,15 @@ class ServingController:
 
     def note_apply(self, slot: Slot, result: ApplyResult) -> None:
         """The apply's answer, shown by /status (the slot's and the last one)."""
-        slot._last_apply = self.state._last_apply = result
+        slot._last_apply = self.serving._last_apply = result
 
     # -- unload ----------------------------------------------------------------------
     def unload(self, slot: Slot) -> tuple[list[WorkerHandle], bool]:
         """The slot goes: out of routing at once. Returns its workers (the
         version kept in probation too) and whether it was the default."""
-        if self.state._slots.get(slot.name) is not slot:
+        if self.serving._slots.get(slot.name) is not slot:
             raise UnknownModel(f"model {slot.name!r} is not serving here")
-        del self.state._slots[slot.name]
+        del self.serving._slots[slot.name]
         slot._unloaded = True
         old = list(slot._replicas)
         slot._replicas = ()
@@ -201,9 +201,9 @@ class ServingController:
         # the memory budget, until probation_s ran out)
         old += self.cancel_probation(slot)
         slot.wake_all()
-        was_default = self.state._default_name == slot.name
+        was_default = self.serving._default_name == slot.name
         if was_default:
-            self.state._default_name = None
+            self.serving._default_name = None
         self._changed()
         return old, was_default
 
@@ -235,7 +235,7 @@ class ServingController:
         return True
 
     def switch_back(self, slot: Slot, reason: str, auto: bool,
-                    figures: dict[str, Any] | None = None
+                    figures: dict[str, object] | None = None
                     ) -> tuple[RolledBack, list[WorkerHandle]]:
         """Within probation: the previous version serves again, in one
         assignment. Returns what was rolled back and its workers (draining)."""
@@ -260,7 +260,7 @@ class ServingController:
         """A rollback past the probation (an apply of the version before)."""
         slot._rolled_back[info["version"]] = info
 
-    def cache_gate(self, slot: Slot, key: tuple[Any, ...], score: dict[str, Any]) -> None:
+    def cache_gate(self, slot: Slot, key: tuple[int | None, str], score: GateScore) -> None:
         """The serving version's score on a golden set, kept for the next gate."""
         slot._gate_cache[key] = score
 
@@ -300,13 +300,13 @@ class ServingController:
         return old, previous
 
     # -- recovery ----------------------------------------------------------------------
-    def worker_exited(self, w: WorkerHandle, info: dict[str, Any]) -> tuple[Slot | None, str]:
+    def worker_exited(self, w: WorkerHandle, info: dict[str, object]) -> tuple[Slot | None, str]:
         """A worker process ended: it leaves whatever it had in the slot.
         Returns its slot and its role: "probation", "candidate",
         "candidate_gone" (its last worker), "replica" (out of routing now),
         or "" (nothing to do)."""
-        self.state._exits.append(info)
-        if self.state._stopping:
+        self.serving._exits.append(info)
+        if self.serving._stopping:
             return None, ""
         slot: Slot | None = getattr(w, "slot", None)
         if slot is None:
@@ -325,7 +325,7 @@ class ServingController:
             return slot, "candidate"
         if not self.remove_replica(slot, w):
             return slot, ""
-        self.state._restarts += 1
+        self.serving._restarts += 1
         return slot, "replica"
 
     def begin_replacing(self, slot: Slot) -> None:
@@ -348,7 +348,7 @@ class ServingController:
     def add_replica(self, slot: Slot, w: WorkerHandle, version: int) -> bool:
         """One more serving replica of `version`; False (nothing changed) when
         the slot moved on meanwhile or the service stops."""
-        if slot._unloaded or slot._version != version or self.state._stopping:
+        if slot._unloaded or slot._version != version or self.serving._stopping:
             return False
         w.slot = slot
         w.on_answer = slot.on_answer
@@ -371,7 +371,7 @@ class ServingController:
         """`version` is FAILED; the slot too when no replica of it is left."""
         info: FailedModel = {"name": slot.name, "version": version, "reason": reason,
                              "at": time.time()}
-        self.state._failed_models[f"{slot.name} v{version}"] = info
+        self.serving._failed_models[f"{slot.name} v{version}"] = info
         if not slot._replicas:
             slot._failed = dict(info)
         self._changed()

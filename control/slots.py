@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import time
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence, TypedDict
+from typing import Mapping, Sequence, TypedDict
 
 from tornado.locks import Condition, Lock
 
@@ -25,7 +25,7 @@ from state.errors import NoModel, Overloaded
 
 # the most replicas one model may have (POST /apply; a cluster prepare request)
 MAX_REPLICAS = 64
-from control.rollout_state import Candidate, Probation, VersionStats
+from control.rollout_state import Candidate, GateScore, Probation, VersionStats
 from control.workerhandle import WorkerHandle
 
 
@@ -44,20 +44,20 @@ class ApplyResult(TypedDict, total=False):
     unchanged: bool
     replicas: int
     default: bool
-    worker: dict[str, Any]
-    workers: list[dict[str, Any]]
+    worker: dict[str, object]
+    workers: list[dict[str, object]]
     phases_s: dict[str, float]
     preloaded: bool
     from_probation: bool
     load_s: float
     warmup_s: float
-    old_worker: dict[str, Any] | None
-    old_workers: list[dict[str, Any]]
-    probation: dict[str, Any] | None
-    gate: dict[str, Any] | None
+    old_worker: dict[str, object] | None
+    old_workers: list[dict[str, object]]
+    probation: dict[str, object] | None
+    gate: dict[str, object] | None
     source: str
     total_s: float
-    cluster: dict[str, Any]
+    cluster: dict[str, object]
     # a shadow or canary candidate
     name: str
     mode: str
@@ -74,7 +74,7 @@ class RollbackResult(TypedDict, total=False):
     instant: bool
     took_s: float
     apply: ApplyResult
-    cluster: dict[str, Any]
+    cluster: dict[str, object]
 
 
 class RolledBack(TypedDict):
@@ -82,7 +82,7 @@ class RolledBack(TypedDict):
     version: int
     reason: str
     auto: bool
-    figures: dict[str, Any] | None
+    figures: dict[str, object] | None
     at: float
     back_to: int
 
@@ -108,7 +108,7 @@ class Slot:
         self._unloaded = False
         self._crashes: dict[int, collections.deque[float]] = collections.defaultdict(
             collections.deque)
-        self._failed: dict[str, Any] | None = None
+        self._failed: dict[str, object] | None = None
         self._last_apply: ApplyResult | None = None
         self._created = time.time()
         # rollouts (rollout_state.py): figures of the serving version, the previous
@@ -119,7 +119,7 @@ class Slot:
         self._probation: Probation | None = None
         self._candidate: Candidate | None = None
         self._rolled_back: dict[int, RolledBack] = {}
-        self._gate_cache: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._gate_cache: dict[tuple[int | None, str], GateScore] = {}
 
     # -- the fields, read-only ---------------------------------------------------
     @property
@@ -182,7 +182,7 @@ class Slot:
         return self._unloaded
 
     @property
-    def failed(self) -> dict[str, Any] | None:
+    def failed(self) -> dict[str, object] | None:
         return self._failed
 
     @property
@@ -214,7 +214,7 @@ class Slot:
         return MappingProxyType(self._rolled_back)
 
     @property
-    def gate_cache(self) -> Mapping[tuple[Any, ...], dict[str, Any]]:
+    def gate_cache(self) -> Mapping[tuple[int | None, str], GateScore]:
         return MappingProxyType(self._gate_cache)
 
     # -- routing ---------------------------------------------------------------
@@ -276,7 +276,7 @@ class Slot:
             return "APPLYING"
         return "FAILED" if self.failed else "EMPTY"
 
-    def describe(self, workers: list[dict[str, Any]]) -> dict[str, Any]:
+    def describe(self, workers: list[dict[str, object]]) -> dict[str, object]:
         return {
             "name": self.name,
             "version": self.version,

@@ -36,10 +36,10 @@ _HISTORY_COLUMNS = {"name", "source", "from_version", "to_version", "version", "
 class StatusView:
     """Shapes /status; keeps the durable history."""
 
-    def __init__(self, state: "ServingState", store: "ModelStore", pool: "WorkerPool",
+    def __init__(self, serving: "ServingState", store: "ModelStore", pool: "WorkerPool",
                  db: "StateDB", storage: "Storage", keeper: "RecordKeeper", jobs: "JobManager",
                  records: "RecordBackend", predlog: "PredictionLogBackend") -> None:
-        self.state, self.store, self.pool, self.db, self.storage = state, store, pool, db, storage
+        self.serving, self.store, self.pool, self.db, self.storage = serving, store, pool, db, storage
         self.keeper, self.jobs, self.records, self.predlog = keeper, jobs, records, predlog
 
     def to_history(self, kind: str, f: dict[str, Any]) -> None:
@@ -54,7 +54,7 @@ class StatusView:
             to_version=f.get("to_version", f.get("version")), phases=f.get("phases"),
             reason=f.get("reason"), details=details or None, at=f.get("at"))
 
-    def history(self, name: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    def history(self, name: str | None = None, limit: int = 100) -> list[dict[str, object]]:
         """Not for the IOLoop (GET /history runs it in an executor): it waits for
         the writes handed over so far, so an answered apply is in what it reads."""
         try:
@@ -63,19 +63,19 @@ class StatusView:
             log.warning("GET /history answers without the pending writes: the state db is slow")
         return self.db.history(name, limit)
 
-    def _predlog(self) -> dict[str, Any] | None:
+    def _predlog(self) -> dict[str, int] | None:
         """The prediction log's counts (texts logged, dropped, queued), or None."""
         if not self.predlog.enabled:
             return None
         return self.predlog.stats()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         me = psutil.Process()
         described = {g: w.describe() for g, w in sorted(self.pool.workers.items())}
         models = {n: s.describe([described[w.generation] for w in s.replicas
                                  if w.generation in described])
-                  for n, s in sorted(self.state.slots.items())}
-        default = self.state.slots.get(self.state.default_name or "")
+                  for n, s in sorted(self.serving.slots.items())}
+        default = self.serving.slots.get(self.serving.default_name or "")
         serving = None
         if default is not None and default.replicas:
             first = default.replicas[0]
@@ -85,10 +85,10 @@ class StatusView:
         pool = self.pool.describe()
         workers = list(described.values())
         return {
-            "supervisor": {"pid": os.getpid(), "uptime_s": round(time.time() - self.state.started, 3),
+            "supervisor": {"pid": os.getpid(), "uptime_s": round(time.time() - self.serving.started, 3),
                            "rss_bytes": me.memory_info().rss,
-                           "models_dir": self.store.root, "stopping": self.state.stopping},
-            "default": self.state.default_name,
+                           "models_dir": self.store.root, "stopping": self.serving.stopping},
+            "default": self.serving.default_name,
             "models": models,
             "serving": serving,
             "workers": workers,
@@ -97,11 +97,11 @@ class StatusView:
             "pool": pool,
             "budget": {"max_workers": self.pool.max_workers or None, "workers": len(workers),
                        "standby_pool": self.pool.size},
-            "restarts": self.state.restarts,
-            "recent_exits": list(self.state.exits),
-            "failed_models": list(self.state.failed_models.values()),
-            "last_apply": self.state.last_apply,
-            "record_revision": self.state.record.get("revision", 0),
+            "restarts": self.serving.restarts,
+            "recent_exits": list(self.serving.exits),
+            "failed_models": list(self.serving.failed_models.values()),
+            "last_apply": self.serving.last_apply,
+            "record_revision": self.serving.record.get("revision", 0),
             "storage": {**self.storage.health(), "record_dirty": self.keeper.dirty},
             "zygote": self.pool.zygote.describe() if self.pool.zygote is not None else None,
             "prediction_log": self._predlog(),

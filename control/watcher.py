@@ -14,33 +14,37 @@ import collections
 import logging
 import os
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from tornado.ioloop import IOLoop
 
 from state.store import ModelStore, StoreError
+
+if TYPE_CHECKING:
+    from control.serving import AppliedRecord
 
 log = logging.getLogger("textswap.watcher")
 
 
 class RecordWatcher:
     def __init__(self, store: ModelStore, loop: IOLoop, interval: float,
-                 on_change: Callable[[dict[str, Any]], object]) -> None:
+                 on_change: Callable[["AppliedRecord"], object]) -> None:
         self.store = store
         self.loop = loop
         self.interval = interval
         self.on_change = on_change
         self._stop = threading.Event()
-        self._last_stat: tuple[Any, ...] | None = None
-        self._last_seen: dict[str, Any] | None = None
+        self._last_stat: tuple[int, int, int] | None = None
+        self._last_seen: dict[str, object] | None = None
         # the service's own recent writes (revision, content): a read that lands
         # between two of them (an unload, then an apply) sees the older one,
         # which is not an operator's change to follow
-        self._own: collections.deque[tuple[Any, dict[str, Any] | None]] = collections.deque(maxlen=16)
+        self._own: collections.deque[tuple[object, dict[str, object] | None]] = \
+            collections.deque(maxlen=16)
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="record-watcher", daemon=True)
 
-    def start(self, current: dict[str, Any] | None) -> None:
+    def start(self, current: "AppliedRecord | None") -> None:
         """Start watching; ``current`` is what the service serves already."""
         self._last_seen = _content(current)
         self._last_stat = self._stat()
@@ -51,7 +55,7 @@ class RecordWatcher:
         if self._thread.is_alive():
             self._thread.join(timeout=2)
 
-    def _stat(self) -> tuple[Any, ...] | None:
+    def _stat(self) -> tuple[int, int, int] | None:
         try:
             st = os.stat(self.store.record_path)
         except FileNotFoundError:
@@ -88,14 +92,14 @@ class RecordWatcher:
                  rec["default"], {n: e["version"] for n, e in rec["models"].items()})
         self.loop.add_callback(self.on_change, rec)
 
-    def note_record(self, record: dict[str, Any]) -> None:
+    def note_record(self, record: "AppliedRecord") -> None:
         """The service wrote the record itself: not a change to act on."""
         with self._lock:
             self._last_seen = _content(record)
             self._own.append((record.get("revision"), self._last_seen))
 
 
-def _content(record: dict[str, Any] | None) -> dict[str, Any] | None:
+def _content(record: "Mapping[str, object] | None") -> dict[str, object] | None:
     """What a change is judged on: the slot map and the default, not the revision."""
     if record is None:
         return None

@@ -17,7 +17,7 @@ import os
 import signal
 import socket
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypedDict, cast
 
 import multiprocess
 import psutil
@@ -28,6 +28,35 @@ from tornado.iostream import IOStream, StreamClosedError
 
 from control.childlog import StderrRelay
 from model_worker import protocol
+
+if TYPE_CHECKING:
+    from control.slots import Slot
+    from control.zygote_client import Launch, Zygote
+
+
+class LoadedModel(TypedDict):
+    """The model a worker has (or is loading)."""
+    name: str
+    version: int
+
+
+class Frame(TypedDict, total=False):
+    """A frame a worker or trainer sends (model_worker/protocol.py): its type
+    `t` and the fields that type carries; a trainer's progress frame carries
+    its figures too (read as the frame's items)."""
+    t: str
+    id: int
+    scores: object  # a predict's answer, handed to the request as it came
+    bn: int  # a result's model call: texts, seconds
+    bs: float
+    labels: list[str]
+    code: str
+    message: str
+    load_s: float  # a worker's ready frame
+    warm_s: float
+    version: int  # a trainer's done frame
+    warnings: list[str]
+    metrics: dict[str, object]
 
 log = logging.getLogger("textswap.workers")
 
@@ -92,8 +121,8 @@ class ChildProcess:
     Otherwise spawned with multiprocess and watched through its sentinel.
     """
 
-    def __init__(self, target: Callable[..., None], options: dict[str, Any], kind: str,
-                 on_exit: Callable[[Any], None], zygote: Any = None) -> None:
+    def __init__(self, target: Callable[..., None], options: dict[str, object], kind: str,
+                 on_exit: Callable[[Any], None], zygote: "Zygote | None" = None) -> None:
         self.generation = next(_generations)
         self.options = options
         self.kind = kind
@@ -101,13 +130,13 @@ class ChildProcess:
         self.exitcode: int | None = None
         self.error: str | None = None
         self.created = time.time()
-        self.exited: Future[Any] = Future()
+        self.exited: Future[int | None] = Future()
         self.forked = zygote is not None
         self.pid: int = 0
         self.process: Any = None
         self._uss: tuple[float, int, int | None] = (0.0, 0, None)  # (read at, pid, bytes)
         self._pidfd: int | None = None
-        self._launch: Any = None
+        self._launch: "Launch | None" = None
         self._zygote = zygote
         self._kill_pending: int | None = None
         self._decoder = protocol.FrameDecoder()
@@ -203,7 +232,7 @@ class ChildProcess:
         """Alive and connected: a request sent now can be answered."""
         return not self.exited.done() and not self.stream.closed()
 
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: dict[str, object]) -> None:
         """Queue a frame; frames queued in one IOLoop pass go out in one write."""
         if self.stream.closed():
             raise WorkerDied(f"{self.kind} gen {self.generation} is gone")
@@ -225,7 +254,7 @@ class ChildProcess:
                 data = await self.stream.read_bytes(1 << 16, partial=True)
                 for msg in self._decoder.feed(data):
                     try:
-                        self.on_frame(msg)
+                        self.on_frame(cast(Frame, msg))
                     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
                         # a missing key, a wrong type, an illegal state change:
                         # the child can no longer be trusted; it counts as a crash
@@ -243,7 +272,7 @@ class ChildProcess:
             self.stream.close()  # nothing more goes to or comes from it
         self.on_closed()
 
-    def on_frame(self, msg: dict[str, Any]) -> None:
+    def on_frame(self, msg: Frame) -> None:
         raise NotImplementedError
 
     def on_closed(self) -> None:
@@ -262,7 +291,8 @@ class ChildProcess:
             return
         if not self.pid:  # not forked yet: kill it as soon as it is
             self._kill_pending = sig
-            if self._launch is not None and self._zygote.cancel(self._launch):
+            if (self._launch is not None and self._zygote is not None
+                    and self._zygote.cancel(self._launch)):
                 self._on_fork_failed(-sig, "killed before it was forked")
             return
         try:
@@ -316,25 +346,25 @@ class ChildProcess:
 class WorkerHandle(ChildProcess):
     # (model, texts, seconds) of each model call a worker reports in its result
     # frames; set once by metrics.py (one supervisor per process), else None
-    on_batch: Callable[[dict[str, Any] | None, int, float], None] | None = None
+    on_batch: Callable[["LoadedModel | None", int, float], None] | None = None
 
-    def __init__(self, options: dict[str, Any], on_exit: Callable[["WorkerHandle"], None],
-                 on_answer: Callable[[], None] | None = None, zygote: Any = None) -> None:
+    def __init__(self, options: dict[str, object], on_exit: Callable[["WorkerHandle"], None],
+                 on_answer: Callable[[], None] | None = None, zygote: "Zygote | None" = None) -> None:
         from model_worker.worker import main as target
 
         self.on_answer = on_answer or (lambda: None)
         self.state = State.STARTING
-        self.model: dict[str, Any] | None = None  # {"name", "version"}
+        self.model: "LoadedModel | None" = None  # {"name", "version"}
         self.labels: list[str] = []
         self.pending: dict[int, tuple[Future[Any], float]] = {}
         self.served = 0
-        self.slot: Any = None  # the Slot it serves in, once it does
+        self.slot: "Slot | None" = None  # the Slot it serves in, once it does
         self.recycle_after = 0.0
         self.loads = 0  # models loaded by this process (a standby may preload a guess)
         self.booted: Future[Any] = Future()
-        self.ready: Future[Any] = Future()
+        self.ready: Future[Frame] = Future()
         self._ids = itertools.count(1)
-        self._idle_waiters: list[Future[Any]] = []
+        self._idle_waiters: list[Future[None]] = []
         super().__init__(target, options, "worker", on_exit, zygote)
 
     # -- state -----------------------------------------------------------------
@@ -358,7 +388,7 @@ class WorkerHandle(ChildProcess):
         return len(self.pending)
 
     # -- frames ------------------------------------------------------------------
-    def on_frame(self, msg: dict[str, Any]) -> None:
+    def on_frame(self, msg: Frame) -> None:
         kind = msg["t"]
         if kind == "result" or (kind == "error" and msg.get("id") is not None):
             if "bs" in msg and self.on_batch is not None:
@@ -400,7 +430,7 @@ class WorkerHandle(ChildProcess):
             log.warning("worker gen %d sent unknown frame type %r", self.generation, kind)
 
     # -- requests ------------------------------------------------------------------
-    def predict(self, texts: list[str], options: dict[str, Any] | None = None) -> Future[Any]:
+    def predict(self, texts: list[str], options: dict[str, object] | None = None) -> Future[Any]:
         """options: more to ask of the worker in the frame (e.g. {"x": k}: explain)."""
         rid = next(self._ids)
         fut: Future[Any] = Future()
@@ -430,7 +460,7 @@ class WorkerHandle(ChildProcess):
         now = time.monotonic()
         return max(now - t for _, t in self.pending.values())
 
-    def load(self, path: str, name: str, version: int, preload: bool = False) -> Future[Any]:
+    def load(self, path: str, name: str, version: int, preload: bool = False) -> Future[Frame]:
         """Send a load order; the returned future resolves with the ready frame."""
         if self.ready.done():
             self.ready = Future()
@@ -445,7 +475,7 @@ class WorkerHandle(ChildProcess):
         """Wait until nothing is in flight; False when the timeout passed first."""
         if not self.pending:
             return True
-        fut: Future[Any] = Future()
+        fut: Future[None] = Future()
         self._idle_waiters.append(fut)
         try:
             await gen.with_timeout(self._loop.time() + timeout, fut)
@@ -491,7 +521,7 @@ class WorkerHandle(ChildProcess):
             return "killed"
         return await super().stop(timeout)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {
             "generation": self.generation,
             "kind": self.kind,

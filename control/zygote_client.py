@@ -24,7 +24,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict, cast
 
 import multiprocess
 from tornado.ioloop import IOLoop
@@ -33,6 +33,17 @@ from control.childlog import StderrRelay
 from model_worker import protocol
 
 log = logging.getLogger("textswap.zygote")
+
+
+class ZygoteFrame(TypedDict, total=False):
+    """A frame the zygote sends: booted (import_s, threads), forked (id,
+    pid), failed (id, message)."""
+    t: str
+    import_s: float
+    threads: int
+    id: int
+    pid: int
+    message: str
 
 _spawn = multiprocess.get_context("spawn")
 _PR_SET_CHILD_SUBREAPER = 36
@@ -67,7 +78,7 @@ def become_subreaper() -> bool:
 class Launch:
     """One fork asked of the zygote."""
 
-    def __init__(self, rid: int, kind: str, child: socket.socket, options: dict[str, Any],
+    def __init__(self, rid: int, kind: str, child: socket.socket, options: dict[str, object],
                  on_forked: OnForked, on_failed: OnFailed) -> None:
         self.id, self.kind, self.child, self.options = rid, kind, child, options
         self.on_forked, self.on_failed = on_forked, on_failed
@@ -82,7 +93,7 @@ class Launch:
 
 
 class Zygote:
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(self, options: dict[str, object]) -> None:
         self.options = options  # log_level, parent_pid
         self.loop = IOLoop.current()
         self.state = "stopped"  # stopped | booting | ready | closed
@@ -153,13 +164,13 @@ class Zygote:
             except ProcessLookupError:
                 pass
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {"state": self.state, "pid": self.pid, "starts": self.starts,
                 "forks": self.forks, "import_s": self.import_s, "threads": self.threads,
                 "queued": len(self._queued) + len(self._sent)}
 
     # -- launches --------------------------------------------------------------------
-    def launch(self, kind: str, child: socket.socket, options: dict[str, Any],
+    def launch(self, kind: str, child: socket.socket, options: dict[str, object],
                on_forked: OnForked, on_failed: OnFailed) -> Launch:
         """Ask for a fork; exactly one callback runs later, on the IOLoop. The
         zygote owns `child` from here on (closed once forked or failed)."""
@@ -212,9 +223,9 @@ class Zygote:
                 self.loop.remove_handler(fd)
                 return  # the sentinel reports the exit
             for msg in protocol.FrameDecoder().feed(data):
-                self._on_message(msg)
+                self._on_message(cast(ZygoteFrame, msg))
 
-    def _on_message(self, msg: dict[str, Any]) -> None:
+    def _on_message(self, msg: ZygoteFrame) -> None:
         kind = msg.get("t")
         if kind == "booted":
             self.state, self.boot_failures = "ready", 0

@@ -33,7 +33,7 @@ _MIN_TRANSPORT_CAP = 64 * 1024 * 1024
 def inference_app(sup: Service, config: Config, pipeline: PredictPipeline,
                   feedback: FeedbackService) -> Application:
     # each route gets the config, its key check, the history and the one part it uses
-    kw = {"config": config, "history": sup.state}
+    kw = {"config": config, "history": sup.db}
     access = auth.accesses(sup.keys, config)
     pkw = {**kw, "auth": access["predict"]}  # open while no predict key exists
     return Application([
@@ -53,7 +53,7 @@ def management_app(sup: Service, config: Config, pipeline: PredictPipeline,
     # guard: Host and Origin checked, no cross-site bodies (frontend/base.py check_site)
     # auth: the admin key, or the review key for reading (frontend/auth.py)
     access = auth.accesses(sup.keys, config)
-    kw = {"config": config, "history": sup.state, "auth": access["management"], "guard": True}
+    kw = {"config": config, "history": sup.db, "auth": access["management"], "guard": True}
     store, applies = sup.store, sup.applies
     routes: list[Any] = [
         *auth.routes(kw, sup.keys),  # POST /auth/session: the start URL's one-time code

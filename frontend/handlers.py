@@ -114,14 +114,14 @@ class ModelsHandler(JsonHandler):
     parts: Catalog
 
     def get(self) -> None:
-        store, state = self.parts.store, self.parts.serving
-        serving = {n: m["version"] for n in state.serving_names()
-                   if (m := state.serving_model(n)) is not None}
-        default = state.serving_model()
+        store, serving = self.parts.store, self.parts.serving
+        versions = {n: m["version"] for n in serving.serving_names()
+                    if (m := serving.serving_model(n)) is not None}
+        default = serving.serving_model()
         self.send_json({"models": store.listing(),
                         "serving": default and {"name": default["name"],
                                                 "version": default["version"]},
-                        "default": state.default_name, "serving_versions": serving})
+                        "default": serving.default_name, "serving_versions": versions})
 
 
 class ModelHandler(JsonHandler):

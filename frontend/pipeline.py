@@ -31,6 +31,7 @@ from state.errors import ServiceError, StoreError
 
 if TYPE_CHECKING:
     from control.metrics import Metrics
+    from control.policies import Policy
     from state.config import LimitsSettings, ServerSettings
     from state.predlog_api import PredictionLogBackend
     from state.store import ModelStore
@@ -130,7 +131,7 @@ class Serving(Lookup, Protocol):
 class PolicyView(Protocol):
     """The retrain policies as the pipeline reads them (control/policies.py)."""
 
-    def get(self, name: str) -> dict[str, Any] | None: ...
+    def get(self, name: str) -> "Policy | None": ...
 
 
 class PredictPipeline:

@@ -461,12 +461,6 @@ class Config:
         self.log_level: str = raw["log_level"]
         self.log_format: str = raw["log_format"]
 
-    def __getitem__(self, key: str) -> Any:
-        return self.raw[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.raw.get(key, default)
-
     @property
     def models_dir(self) -> str:
         return os.path.abspath(self.raw["models_dir"])

@@ -26,7 +26,7 @@ import logging
 import os
 import sqlite3
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from state.keys import ACTOR
 from state.sqlitedb import ThreadConnections, connect, transaction
@@ -163,7 +163,7 @@ class StateDB:
         elif isinstance(exc, (OSError, sqlite3.Error)):
             self.health.failed("the state db", self.path, as_oserror(exc))
 
-    def save_job(self, record: dict[str, Any]) -> concurrent.futures.Future[Any]:
+    def save_job(self, record: Mapping[str, object]) -> concurrent.futures.Future[Any]:
         """Insert or replace a job's row (keys: JOB_COLUMNS; others ignored)."""
         row = tuple(_dumps(record.get(c)) if c in _JSON_COLUMNS else record.get(c)
                     for c in JOB_COLUMNS)

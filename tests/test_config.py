@@ -44,7 +44,7 @@ def test_sections_are_read_typed_and_frozen(tmp_path):
     assert cfg.policies == {"news": {"retrain_after_labels": 5}}
     assert cfg.log_format == "text" and cfg.worker.standby is True
     # the mapping a child process is handed says the same
-    assert cfg["worker"]["drain_timeout"] == cfg.worker.drain_timeout
+    assert cfg.raw["worker"]["drain_timeout"] == cfg.worker.drain_timeout
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.worker.drain_timeout = 1.0  # type: ignore[misc]
 

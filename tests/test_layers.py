@@ -408,14 +408,14 @@ def test_the_write_check_can_fail():
         "class Healer:\n"
         "    def on_exit(self, w):\n"
         "        w.slot.replacing += 1\n"
-        "        self.state.exits.append(w)\n"
-        "        slot = self.state.slots[w.name] = object()\n"
-        "        del self.state.slots[w.name]\n"
+        "        self.serving.exits.append(w)\n"
+        "        slot = self.serving.slots[w.name] = object()\n"
+        "        del self.serving.slots[w.name]\n"
         "        self.applying = 0\n")  # its own field: not the serving state's
     found = _serving_writes({"control.example": old}, fields)
     assert sorted(f.split(" ", 1)[1] for f in found) == [
-        "changes self.state.exits", "writes self.state.slots[w.name]",
-        "writes self.state.slots[w.name]", "writes slot._stats_before_swap",
+        "changes self.serving.exits", "writes self.serving.slots[w.name]",
+        "writes self.serving.slots[w.name]", "writes slot._stats_before_swap",
         "writes slot.replicas", "writes w.slot.replacing"], found
 
 

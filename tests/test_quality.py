@@ -21,11 +21,12 @@ from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precisio
 from tests.helpers import ROOT
 from control import quality
 from model_worker import profile as prof
+from state.config import DriftSettings
 from state.errors import NotFound
 
 DEMO = os.path.join(ROOT, "data", "demo", "sentiment_zh.jsonl")
-CFG = {"window": 1000, "min_texts": 200, "max_unknown_excess": 0.04, "max_label_js": 0.1,
-       "max_top_score_js": 0.03, "refresh_s": 0.0}
+CFG = DriftSettings(window=1000, min_texts=200, max_unknown_excess=0.04, max_label_js=0.1,
+                    max_top_score_js=0.03, refresh_s=0.0)
 
 
 def _demo() -> list[dict]:
@@ -193,7 +194,7 @@ def test_report_per_version_with_and_without_profile(quality_part):
     assert v2["training"]["accuracy"] == 0.85
     d = v2["drift"]
     assert d["texts"] == 300 and d["alert"] is False, d
-    assert abs(d["unknown_ngram_excess"]) < CFG["max_unknown_excess"]
+    assert abs(d["unknown_ngram_excess"]) < CFG.max_unknown_excess
     # the version without a profile: drift null, the rest as usual
     assert (v1["version"], v1["predictions"], v1["feedback"], v1["drift"]) == (1, 20, 0, None)
     assert v1["live"]["accuracy"] is None

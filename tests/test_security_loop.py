@@ -348,6 +348,7 @@ def test_the_age_limit_reaches_the_holdout_and_the_inline_data_copy(tmp_path):
 
     from control.policies import Policies
     from control.retention import Retention
+    from state.config import PredictionsSettings
     from state.dataset import Dataset
     from state.predlog import PredictionLog
 
@@ -382,8 +383,9 @@ def test_the_age_limit_reaches_the_holdout_and_the_inline_data_copy(tmp_path):
                                                 "labels": ["neg", "neg"], "at": 1.0})
 
         async def expire() -> None:  # on a loop of its own, as the service's IOLoop runs it
-            await Retention(plog, {"max_age_days": 0.0, "log": True, "sample": 1.0,
-                                   "max_rows": 100, "max_age_days_by_model": {"aged": 2.0}},
+            await Retention(plog, PredictionsSettings(max_age_days=0.0, log=True, sample=1.0,
+                                                      max_rows=100,
+                                                      max_age_days_by_model={"aged": 2.0}),
                             policies=policies).expire()
         asyncio.run(expire())
         assert policies.holdout("aged")["texts"] == [new]
