@@ -6,7 +6,10 @@ free training slot claims the oldest queued job (one Lua script: exactly one
 node gets it) and runs it under a lease it renews every tick. A node that
 dies stops renewing; once its lease expires any node's reaper marks the job
 `interrupted` (never run again, so never twice at once). A runner that finds
-its lease gone (it was too slow to renew) stops its trainer.
+its lease taken by the reaper (it was cut off too long) stops its trainer;
+one whose lease merely ran out, unreaped, takes it again. After this node
+sees the store's primary move (a failover: every runner's renewals failed
+alike), its reaper waits one lease, so that runners renew first.
 
 Keys (prefix as in cluster.py):
 
@@ -49,10 +52,20 @@ end
 return false
 """
 
-# -> 'ok', 'cancel' (asked elsewhere) or 'lost' (the lease is not ours any more)
+# -> 'ok', 'cancel' (asked elsewhere) or 'lost' (the lease is not ours any more).
+# A lease that ran out while the job is still running here and unreaped
+# (KEYS[2]: the running set; the job's node is this one) is taken again: no
+# other node can have claimed a running job, and a store that was away (a
+# failover) let every lease run out alike.
 _RENEW = """
 local lk = ARGV[1] .. ':lease:' .. ARGV[2]
-if redis.call('GET', lk) ~= ARGV[3] then return 'lost' end
+local holder = redis.call('GET', lk)
+if not holder and redis.call('SISMEMBER', KEYS[2], ARGV[2]) == 1
+   and redis.call('HGET', ARGV[1] .. ':job:' .. ARGV[2], 'node') == ARGV[3] then
+  redis.call('SET', lk, ARGV[3], 'PX', ARGV[4])
+  holder = ARGV[3]
+end
+if holder ~= ARGV[3] then return 'lost' end
 redis.call('PEXPIRE', lk, ARGV[4])
 if redis.call('SISMEMBER', KEYS[1], ARGV[2]) == 1 then return 'cancel' end
 return 'ok'
@@ -154,7 +167,8 @@ class ClusterJobs:
 
     async def renew(self, job_id: str) -> str:
         return await self.c.call(lambda: self._renew(
-            keys=[self.k_cancel], args=[self.c.prefix, job_id, self.c.node_id, self.lease_ms]))
+            keys=[self.k_cancel, self.k_running],
+            args=[self.c.prefix, job_id, self.c.node_id, self.lease_ms]))
 
     async def save(self, doc: dict[str, Any], final_state: str = "") -> bool:
         """Write the runner's view of a job; False when its lease is lost."""

@@ -136,6 +136,7 @@ class ClusterNode:
         """The cluster store's primary changed: converge on the record it holds,
         whatever this node saw before (cluster/record.py took that record)."""
         self._delivered = 0
+        self.training.after_failover()
         rec = self.cluster.record
         if rec is not None:
             self._deliver(rec)
@@ -360,11 +361,18 @@ class ClusterTraining:
         self._ticking = False
         self._pushes: set[asyncio.Future[Any]] = set()
         self._manager: "JobManager | None" = None  # the manager that runs claimed jobs
+        self._reap_from = 0.0  # monotonic: no reaping before (a failover's grace)
 
     shared_store = True  # the nodes' job data and staging are in one store
 
     def attach(self, manager: "JobManager") -> None:
         self._manager = manager
+
+    def after_failover(self) -> None:
+        """Every lease may have run out while the store had no primary (no
+        runner could renew): reap nothing for one lease, so that the runners,
+        alive, renew (cluster/job_queue.py takes a run-out lease again)."""
+        self._reap_from = time.monotonic() + self.q.lease_ms / 1000.0
 
     @property
     def jobs(self) -> "JobManager":
@@ -400,7 +408,8 @@ class ClusterTraining:
                     job.error = "this node lost the job's lease"
                     if job.process is not None:
                         await job.process.stop(2.0)
-            await self.q.reap()
+            if time.monotonic() >= self._reap_from:
+                await self.q.reap()
             if self.node.serving.stopping:
                 return
             while sum(1 for j in mgr.jobs.values() if j.state == "running") < \

@@ -162,6 +162,59 @@ def test_job_queue_leases(redis_server):
 
 
 @needs_redis_and_nginx
+def test_a_lease_run_out_unreaped_is_taken_again_and_a_failover_delays_the_reaper(redis_server):
+    """A store that was away (a failover) lets every lease run out alike: the
+    runner, alive, takes its unreaped lease again at its next renewal, and a
+    node that saw the failover reaps nothing for one lease. A job already
+    reaped stays lost. The node and the job manager around ClusterTraining
+    are stand-ins (a flag and an empty job table): the queue is real Redis."""
+    from types import SimpleNamespace
+
+    from cluster.job_queue import ClusterJobs
+    from cluster.node import ClusterTraining
+    from cluster.record import Cluster
+
+    async def lease_gone(q, job_id):
+        deadline = time.monotonic() + 30
+        while await q.c.redis.exists(f"t9:lease:{job_id}"):
+            assert time.monotonic() < deadline, "the lease never ran out"
+            await asyncio.sleep(0.05)
+
+    async def main():
+        a = Cluster(redis_server.url, "a", prefix="t9")
+        qa = ClusterJobs(a, lease_s=0.3)
+        first, second = await qa.new_id(), await qa.new_id()
+        for job_id in (first, second):
+            await qa.enqueue({"id": job_id, "name": "x", "state": "queued"})
+        assert (await qa.claim())["id"] == first
+        await lease_gone(qa, first)
+        assert await qa.renew(first) == "ok"  # taken again: nobody reaped it
+        assert await a.redis.get(f"t9:lease:{first}") in (b"a", "a")
+        # a node that saw the failover does not reap for one lease
+        training = ClusterTraining(SimpleNamespace(serving=SimpleNamespace(stopping=True)), qa)
+        training.attach(SimpleNamespace(jobs={}))  # runs nothing itself
+        await lease_gone(qa, first)
+        training.after_failover()
+        await training._tick()
+        assert (await qa.get(first))["state"] == "running"
+        deadline = time.monotonic() + 30
+        while (await qa.get(first))["state"] == "running":
+            assert time.monotonic() < deadline, "never reaped after the grace"
+            training._ticking = False
+            await training._tick()
+            await asyncio.sleep(0.05)
+        assert (await qa.get(first))["state"] == "interrupted"
+        assert await qa.renew(first) == "lost"  # reaped: never taken again
+        # the lease of a job of another node is never taken
+        assert (await qa.claim())["id"] == second
+        b = Cluster(redis_server.url, "b", prefix="t9")
+        assert await ClusterJobs(b, lease_s=0.3).renew(second) == "lost"
+        await a.stop()
+        await b.stop()
+    _run(main())
+
+
+@needs_redis_and_nginx
 def test_a_record_lost_by_redis_is_written_back_from_a_node(redis_server, tmp_path):
     """Redis restarted without its data: the nodes' cached record comes back."""
     from cluster.record import Cluster
