@@ -135,7 +135,8 @@ class Supervisor:
         self.policies = Policies(config.policies or {}, self.store.root, serving,
                                  self.predlog, self.db,
                                  lambda *a, **kw: self.applies.apply(*a, **kw),
-                                 lambda *a, **kw: self.jobs.submit(*a, **kw))
+                                 lambda *a, **kw: self.jobs.submit(*a, **kw),
+                                 lambda name, spec: self.jobs.reusable(name, spec))
         self.rollouts = RolloutControl(ctl, config, loop, self.store, pool, self.events,
                                        self.golden, self.provision, self.router, keeper,
                                        lambda *a, **kw: self.applies.apply(*a, **kw),

@@ -352,8 +352,6 @@ class JobManager:
         queue.attach(self)
         self.queue: JobQueue = queue
         self.shared_store = queue.shared_store  # nothing shared is wiped here
-        if policies is not None:
-            policies.reusable = self.reusable
         self._recover()
 
     @property

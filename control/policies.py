@@ -147,10 +147,14 @@ class Policies:
     def __init__(self, config: dict[str, object], root: str, serving: "ServingState",
                  predlog: "PredictionLogBackend", db: "StateDB",
                  apply: Callable[..., Awaitable["ApplyResult"]],
-                 submit: Callable[..., Awaitable["Job"]]) -> None:
+                 submit: Callable[..., Awaitable["Job"]],
+                 reusable: Callable[[str, dict[str, object]], dict[str, object]] | None = None
+                 ) -> None:
         """config: the `policies` section; root: the model store's folder;
         apply: the applies' apply (a retrained version goes through the gate);
-        submit: the jobs' submit (the job manager holds this object)."""
+        submit: the jobs' submit (the job manager holds this object);
+        reusable: the jobs' check that the last training's data can be read
+        again (JobManager.reusable; blocking)."""
         self.serving, self.predlog, self.db, self.apply = serving, predlog, db, apply
         self.submit = submit
         self.root = root
@@ -179,9 +183,7 @@ class Policies:
         # name -> why a retrain cannot start (409 data_gone: the last training's
         # file is gone), until a training with data or the file's return clears it
         self.blocked: dict[str, dict[str, object]] = {}
-        # the jobs' check that the last training's data can be read again
-        # (JobManager.reusable, set by the job manager; blocking)
-        self.reusable: Callable[[str, dict[str, object]], dict[str, object]] | None = None
+        self.reusable = reusable
 
     # -- the policy ------------------------------------------------------------------------
     def get(self, name: str) -> Policy | None:

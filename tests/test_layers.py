@@ -451,3 +451,40 @@ def test_no_part_is_patched_after_construction():
         "        node = ClusterNode()\n"
         "        self.rollouts.apply = f\n"
         "        node.jobs, node.pool = 1, 2\n")) != []
+
+
+def _given_parts_patched(tree: ast.AST, where: str) -> list[str]:
+    """Assignments, in a constructor, to an attribute of a part it was given
+    (`policies.reusable = self.reusable`): one part patching another."""
+    out = []
+    for fn in ast.walk(tree):
+        if not (isinstance(fn, ast.FunctionDef) and fn.name == "__init__"):
+            continue
+        given = {a.arg for a in fn.args.args + fn.args.kwonlyargs} - {"self"}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            else:
+                continue
+            for t in targets:
+                for el in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                    if (isinstance(el, ast.Attribute) and isinstance(el.value, ast.Name)
+                            and el.value.id in given):
+                        out.append(f"{where}:{node.lineno}: {el.value.id}.{el.attr}")
+    return out
+
+
+def test_no_part_patches_a_part_it_is_given():
+    """No constructor in the service sets an attribute on a part it was given:
+    what one part needs of another comes in through its own constructor."""
+    found = []
+    for name, path in _modules().items():
+        found += _given_parts_patched(_parse(path), name)
+    assert found == [], "\n".join(found)
+    assert _given_parts_patched(ast.parse(
+        "class J:\n"
+        "    def __init__(self, policies, queue):\n"
+        "        self.policies = policies\n"
+        "        policies.reusable = self.reusable\n"), "x") == ["x:4: policies.reusable"]
