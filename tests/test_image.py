@@ -221,8 +221,20 @@ class Container:
 
     def remove(self) -> None:
         if self.proc.poll() is None:
+            # buildah run passes no SIGKILL on: its descendants (tini, the
+            # service, its workers) are killed themselves, or they outlive the test
+            try:
+                tree = psutil.Process(self.proc.pid).children(recursive=True)
+            except psutil.Error:
+                tree = []
             self.proc.kill()
             self.proc.wait()
+            for p in tree:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(tree, timeout=10)
         subprocess.run(["buildah", "rm", self.ctr], capture_output=True)
         self.log.close()
 
