@@ -74,7 +74,7 @@ def test_the_relay_writes_json_lines_in_json_mode(monkeypatch):
 
 def test_log_format_comes_from_config_or_flag_and_is_checked(tmp_path):
     assert load_config(None).log_format == "text"
-    assert build_config(parse_args(["--log-format", "json"]))["log_format"] == "json"
+    assert build_config(parse_args(["--log-format", "json"])).log_format == "json"
     bad = tmp_path / "c.yaml"
     bad.write_text("log_format: xml\n")
     with pytest.raises(ConfigError, match="log_format"):
