@@ -23,8 +23,9 @@ taken in the same run, so the ratios mean something on any machine:
      (budget: at most 3% fewer req/s), and Open Inference Protocol infer
      (JSON tensors) vs /predict, 1 and 256 texts; runs interleaved, medians
   7. the event loop and JSON (alone: --loops): single text at c64 (log on)
-     and 256 texts at c4 on four services alike but for server.event_loop
-     (asyncio, uvloop) and TEXTSWAP_JSON (stdlib, orjson), against the bare
+     and 256 texts at c4 on five services alike but for server.event_loop
+     (asyncio, uvloop), TEXTSWAP_JSON (stdlib, orjson) and server.http_parser
+     (tornado, httptools): as before, each change alone, all three; against the bare
      Tornado echo on asyncio's default loop, interleaved rounds, medians; and
      the request path's JSON calls timed in-process
 
@@ -375,7 +376,7 @@ def loadgen(spec: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------
 
 def write_config(path: str, models_dir: str, standby: bool, metrics: bool = True,
-                 event_loop: str | None = None) -> str:
+                 server: dict[str, Any] | None = None) -> str:
     import yaml
 
     cfg: dict[str, Any] = {
@@ -388,8 +389,8 @@ def write_config(path: str, models_dir: str, standby: bool, metrics: bool = True
         "watcher": {"enabled": False},
         "log_level": "WARNING",
     }
-    if event_loop is not None:
-        cfg["server"] = {"event_loop": event_loop}
+    if server:
+        cfg["server"] = dict(server)
     with open(path, "w", encoding="utf-8") as fh:
         yaml.safe_dump(cfg, fh)
     return path
@@ -508,12 +509,12 @@ def timed_apply(svc: Any, version: int, poller: ServingPoller) -> dict[str, Any]
 
 
 def start_service(workdir: str, models_dir: str, standby: bool, tag: str,
-                  metrics: bool = True, event_loop: str | None = None,
+                  metrics: bool = True, server: dict[str, Any] | None = None,
                   env: dict[str, str] | None = None) -> Any:
     from tests.helpers import Service
 
     cfg = write_config(os.path.join(workdir, f"config-{tag}.yaml"), models_dir, standby,
-                       metrics, event_loop)
+                       metrics, server)
     t0 = time.monotonic()
     svc = Service(models_dir, args=["--config", cfg], env=env,
                   log_path=os.path.join(workdir, f"service-{tag}.log"))
@@ -999,10 +1000,15 @@ def run_ecosystem(args: argparse.Namespace) -> int:
 # The event loop and JSON (--loops): each change alone, against bare Tornado
 # ---------------------------------------------------------------------------
 
-# (label, server.event_loop, TEXTSWAP_JSON): the service as it was (asyncio's
-# loop, the standard library's json), each change alone, and both (the default)
-LOOP_VARIANTS = [("asyncio+json", "asyncio", "stdlib"), ("uvloop+json", "uvloop", "stdlib"),
-                 ("asyncio+orjson", "asyncio", ""), ("uvloop+orjson", "uvloop", "")]
+# (label, server.event_loop, TEXTSWAP_JSON, server.http_parser): the service as
+# it was (asyncio's loop, the standard library's json, Tornado's HTTP server),
+# each change alone, and all three (the default)
+LOOP_VARIANTS = [("asyncio+json+tornado", "asyncio", "stdlib", "tornado"),
+                 ("uvloop+json+tornado", "uvloop", "stdlib", "tornado"),
+                 ("asyncio+orjson+tornado", "asyncio", "", "tornado"),
+                 ("asyncio+json+httptools", "asyncio", "stdlib", "httptools"),
+                 ("uvloop+orjson+httptools", "uvloop", "", "httptools")]
+BEFORE, DEFAULT = LOOP_VARIANTS[0][0], LOOP_VARIANTS[-1][0]
 
 
 def json_timings() -> dict[str, dict[str, float]]:
@@ -1078,12 +1084,13 @@ def run_loops(args: argparse.Namespace) -> int:
                            "machine": {"cpus": os.cpu_count()},
                            "durations_s": {"measure": dur, "rounds": rounds}}
     try:
-        for label, loop_kind, json_env in LOOP_VARIANTS:
+        for label, loop_kind, json_env, parser in LOOP_VARIANTS:
             d = os.path.join(workdir, f"models-{label}")
             shutil.copytree(models_dir, d, ignore=shutil.ignore_patterns(".state.db*", ".tmp"))
             env = {"TEXTSWAP_JSON": json_env} if json_env else {}
             svcs[label] = s = start_service(workdir, d, standby=False, tag=label,
-                                            event_loop=loop_kind, env=env)
+                                            server={"event_loop": loop_kind,
+                                                    "http_parser": parser}, env=env)
             wait_for(lambda: s.status()["serving"], 300, f"{label}: the startup apply",
                      interval=0.2)
         wait_for(lambda: _port_open(eport), 20, "echo server")
@@ -1120,17 +1127,17 @@ def print_loops(res: dict[str, Any]) -> None:
     def cpu(r: dict[str, Any]) -> float:
         return float(r["cpu_ms_per_request"].get("server", 0.0))
 
-    print(f"\n{'event loop and JSON (medians)':<30}{'req/s c64':>10}{'/ echo':>7}"
+    print(f"\n{'loop, JSON, HTTP (medians)':<34}{'req/s c64':>10}{'/ echo':>7}"
           f"{'CPU ms/req':>11}{'echo/this':>10}{'texts/s b256':>13}{'/ before':>9}"
           f"{'CPU ms/req':>11}{'/ before':>9}  rounds c64 (req/s)")
-    print(f"{'bare tornado echo (asyncio)':<30}{echo['rps']:>10.0f}{1.0:>7.2f}"
+    print(f"{'bare tornado echo (asyncio)':<34}{echo['rps']:>10.0f}{1.0:>7.2f}"
           f"{cpu(echo):>11.3f}{1.0:>10.2f}{'':>13}{'':>9}{'':>11}{'':>9}  "
           f"{[round(x) for x in echo['rounds']]}")
-    before = batch["asyncio+json"]["texts_per_s"]
-    bcpu = cpu(batch["asyncio+json"])
-    for label, _, _ in LOOP_VARIANTS:
+    before = batch[BEFORE]["texts_per_s"]
+    bcpu = cpu(batch[BEFORE])
+    for label, *_ in LOOP_VARIANTS:
         r, b = one[label], batch[label]
-        print(f"{'service, ' + label:<30}{r['rps']:>10.0f}{r['rps'] / echo['rps']:>7.2f}"
+        print(f"{'service, ' + label:<34}{r['rps']:>10.0f}{r['rps'] / echo['rps']:>7.2f}"
               f"{cpu(r):>11.3f}{cpu(echo) / max(cpu(r), 1e-9):>10.2f}{b['texts_per_s']:>13.0f}"
               f"{b['texts_per_s'] / before:>9.2f}{cpu(b):>11.3f}{cpu(b) / max(bcpu, 1e-9):>9.2f}"
               f"  {[round(x) for x in r['rounds']]}")
@@ -1138,8 +1145,8 @@ def print_loops(res: dict[str, Any]) -> None:
     for label, t in res["json_us"].items():
         print(f"  {label:<26} stdlib {t['stdlib_us']:>9.1f}   orjson {t['orjson_us']:>9.1f}"
               f"   {t['speedup']:.1f}x")
-    new, old = one["uvloop+orjson"]["rps"], one["asyncio+json"]["rps"]
-    b_ratio = batch["uvloop+orjson"]["texts_per_s"] / before
+    new, old = one[DEFAULT]["rps"], one[BEFORE]["rps"]
+    b_ratio = batch[DEFAULT]["texts_per_s"] / before
     errors = sum(x["errors"] for x in (*one.values(), *batch.values()))
     res["targets"] = {
         "single_vs_echo": {"target": ">= 1.1x bare Tornado req/s, 1 text, c64, log on",
@@ -1148,20 +1155,20 @@ def print_loops(res: dict[str, Any]) -> None:
                            "ratio": round(new / echo["rps"], 3),
                            "pass": new / echo["rps"] >= 1.1},
         "batch_vs_before": {"target": "256 texts/request: no slower than before",
-                            "measured": f"{batch['uvloop+orjson']['texts_per_s']:.0f} vs "
+                            "measured": f"{batch[DEFAULT]['texts_per_s']:.0f} vs "
                                         f"{before:.0f} texts/s", "ratio": round(b_ratio, 3),
                             "pass": b_ratio >= 0.97},
         "single_cpu_vs_echo": {
             "target": ">= 1.1x bare Tornado, as CPU: echo's ms/req / ours",
-            "measured": f"{cpu(one['uvloop+orjson']):.3f} vs {cpu(echo):.3f} ms (before "
-                        f"{cpu(echo) / max(cpu(one['asyncio+json']), 1e-9):.2f}x)",
-            "ratio": round(cpu(echo) / max(cpu(one["uvloop+orjson"]), 1e-9), 3),
-            "pass": cpu(echo) / max(cpu(one["uvloop+orjson"]), 1e-9) >= 1.1},
+            "measured": f"{cpu(one[DEFAULT]):.3f} vs {cpu(echo):.3f} ms (before "
+                        f"{cpu(echo) / max(cpu(one[BEFORE]), 1e-9):.2f}x)",
+            "ratio": round(cpu(echo) / max(cpu(one[DEFAULT]), 1e-9), 3),
+            "pass": cpu(echo) / max(cpu(one[DEFAULT]), 1e-9) >= 1.1},
         "batch_cpu_vs_before": {
             "target": "256 texts/request: CPU ms/request <= before",
-            "measured": f"{cpu(batch['uvloop+orjson']):.2f} vs {bcpu:.2f} ms",
-            "ratio": round(cpu(batch["uvloop+orjson"]) / max(bcpu, 1e-9), 3),
-            "pass": cpu(batch["uvloop+orjson"]) <= bcpu},
+            "measured": f"{cpu(batch[DEFAULT]):.2f} vs {bcpu:.2f} ms",
+            "ratio": round(cpu(batch[DEFAULT]) / max(bcpu, 1e-9), 3),
+            "pass": cpu(batch[DEFAULT]) <= bcpu},
         "errors": {"target": "no failed requests", "measured": str(errors), "ratio": None,
                    "pass": errors == 0}}
     print(f"\n{'target':<52}{'measured':<42}{'ratio':>7}  result")

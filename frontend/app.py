@@ -104,7 +104,25 @@ def _audit_log(handler: Any) -> None:
                  handler.request.path, name)
 
 
-def start_servers(sup: Service, config: Config) -> list[HTTPServer]:
+def _wire_server(inference: Any, config: Config, cap: int) -> Any:
+    """The inference port's httptools server (frontend/httpwire.py), or None:
+    Tornado's HTTPServer serves it (server.http_parser: tornado, or httptools
+    does not import)."""
+    s = config.server
+    if s.http_parser != "httptools":
+        return None
+    try:
+        from frontend.httpwire import WireServer
+    except ImportError as exc:
+        log.warning("server.http_parser is httptools but it does not import (%s): "
+                    "Tornado's HTTP server serves the inference port", exc)
+        return None
+    return WireServer(inference, max_body_size=cap, body_timeout=float(s.body_timeout_s),
+                      header_timeout=float(s.header_timeout_s),
+                      idle_timeout=float(s.idle_timeout_s))
+
+
+def start_servers(sup: Service, config: Config) -> list[Any]:
     s = config.server
     servers = []
     # one predict pipeline and one feedback service for both ports (their
@@ -119,10 +137,16 @@ def start_servers(sup: Service, config: Config) -> list[HTTPServer]:
         from frontend.fastpath import PredictRouter
         inference = PredictRouter(inference, pipeline, config.limits,
                                   auth.accesses(sup.keys, config)["predict"])
+    cap = max(_MIN_TRANSPORT_CAP, 2 * config.limits.max_body_bytes)
+    wire = _wire_server(inference, config, cap)
+    if wire is not None:
+        wire.listen(s.port, address=s.host)
+        servers.append(wire)
     for app, host, port in ((inference, s.host, s.port),
                             (management_app(sup, config, pipeline, feedback), s.manage_host,
                              s.manage_port)):
-        cap = max(_MIN_TRANSPORT_CAP, 2 * config.limits.max_body_bytes)
+        if app is inference and wire is not None:
+            continue
         server = HTTPServer(app, max_body_size=cap, xheaders=False,
                             body_timeout=float(s.body_timeout_s))
         server.listen(port, address=host)

@@ -31,6 +31,14 @@ DEFAULTS: dict[str, Any] = {
         # the supervisor's event loop under Tornado: "uvloop" (where the
         # package imports; else asyncio's, logged) or "asyncio" (control/eventloop.py)
         "event_loop": "uvloop",
+        # what serves the inference port's HTTP/1.1: "httptools" (its C parser
+        # under an asyncio protocol, frontend/httpwire.py; where the package
+        # imports, else Tornado's, logged) or "tornado" (Tornado's HTTPServer)
+        "http_parser": "httptools",
+        # the inference port (httptools): a request line and headers not
+        # wholly sent within this get 408; a kept-alive connection idle this long is closed
+        "header_timeout_s": 10.0,
+        "idle_timeout_s": 75.0,
     },
     "models_dir": "./models",
     "management": {
@@ -281,6 +289,9 @@ class ServerSettings:
     allowed_hosts: list[str]
     body_timeout_s: float
     event_loop: str
+    http_parser: str
+    header_timeout_s: float
+    idle_timeout_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,6 +492,14 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     if merged["server"]["event_loop"] not in ("uvloop", "asyncio"):
         raise ConfigError("setting 'server.event_loop' must be uvloop or asyncio, got "
                           f"{merged['server']['event_loop']!r}")
+    if merged["server"]["http_parser"] not in ("httptools", "tornado"):
+        raise ConfigError("setting 'server.http_parser' must be httptools or tornado, got "
+                          f"{merged['server']['http_parser']!r}")
+    for key in ("header_timeout_s", "idle_timeout_s"):
+        value = merged["server"][key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"setting 'server.{key}' must be a number of seconds above 0, "
+                              f"got {value!r}")
     if merged["log_format"] not in LOG_FORMATS:
         raise ConfigError(f"setting 'log_format' must be one of {', '.join(LOG_FORMATS)}, "
                           f"got {merged['log_format']!r}")
