@@ -309,9 +309,10 @@ def main(argv: list[str] | None = None) -> int:
             return
         await sup.start()
         s = config.server
+        http = "httptools" if any(type(x).__name__ == "WireServer" for x in servers) else "tornado"
         log.info("inference API on http://%s:%d, management API on http://%s:%d "
-                 "(event loop: %s)", s.host, s.port, s.manage_host, s.manage_port,
-                 loop_kind)
+                 "(event loop: %s, inference HTTP: %s)", s.host, s.port, s.manage_host,
+                 s.manage_port, loop_kind, http)
         if keys is not None:  # one-time code: the page trades it for a session
             # an any-address bind is shown as localhost (no bind here)
             anywhere = ("0.0.0.0", "::", "")  # nosec B104 # names compared, nothing bound

@@ -79,7 +79,7 @@ class WireServer:
         self.body_timeout = body_timeout
         self.header_timeout = header_timeout
         self.idle_timeout = idle_timeout
-        self._servers: list[asyncio.AbstractServer] = []
+        self._servers: list[asyncio.Server] = []
         self._starting: list[asyncio.Task[Any]] = []
         self.connections: set[_Connection] = set()
 
@@ -266,7 +266,7 @@ class _Connection(asyncio.Protocol):
                         ex.read_done = True
                         if self.timer_kind == "body":
                             self._disarm()
-                        result = ex.delegate.finish()  # an answer finished in it moves on (_next)
+                        ex.delegate.finish()  # an answer finished in it moves on (_next)
             except Exception:
                 log.exception("answering %s", self.context)
                 self._close()
@@ -398,15 +398,17 @@ class _Exchange(httputil.HTTPConnection):
             self.conn._write(b"HTTP/1.1 100 (Continue)\r\n\r\n")
 
     def lost(self) -> None:
-        """The connection closed while this exchange was open."""
+        """The connection closed while this exchange was open: the delegate is
+        told while its request was still being read, else the close callback
+        (as Tornado tells one or the other, once)."""
+        callback, self.close_callback = self.close_callback, None
         if self.delegate is not None and not self.read_done:
             self.read_done = True
             try:
                 self.delegate.on_connection_close()
             except Exception:  # pragma: no cover - the delegate's own bug
                 log.exception("closing a request")
-        callback, self.close_callback = self.close_callback, None
-        if callback is not None:
+        elif callback is not None:
             callback()
 
     # -- httputil.HTTPConnection --------------------------------------------------

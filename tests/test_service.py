@@ -15,43 +15,57 @@ import pytest
 from tests.helpers import Service, pid_gone, wait_for
 
 
-@pytest.fixture(scope="module", params=["uvloop", "asyncio"])
-def loop_kind(request):
+@pytest.fixture(scope="module", params=["uvloop/httptools", "asyncio/httptools", "uvloop/tornado"])
+def serving(request):
     """Every test here runs on both of the supervisor's event loops
-    (server.event_loop): uvloop, the default, and asyncio's own."""
-    return request.param
+    (server.event_loop: uvloop, the default, and asyncio's own) and on both
+    of the inference port's HTTP servers (server.http_parser: httptools, the
+    default, frontend/httpwire.py; and Tornado's)."""
+    return request.param.split("/")
 
 
 @pytest.fixture(scope="module")
-def svc(tiny_store, tmp_path_factory, loop_kind):
+def loop_kind(serving):
+    return serving[0]
+
+
+@pytest.fixture(scope="module")
+def parser(serving):
+    return serving[1]
+
+
+@pytest.fixture(scope="module")
+def svc(tiny_store, tmp_path_factory, loop_kind, parser):
     base = tmp_path_factory.mktemp("svc")
     root = str(base / "models")
     shutil.copytree(tiny_store, root)
     cfg = base / "config.yaml"  # old workers stop right after a swap (no probation)
-    cfg.write_text(f"rollout:\n  probation_s: 0\nserver:\n  event_loop: {loop_kind}\n")
+    cfg.write_text(f"rollout:\n  probation_s: 0\nserver:\n  event_loop: {loop_kind}\n"
+                   f"  http_parser: {parser}\n")
     s = Service(root, args=["--config", str(cfg)])
     yield s
     s.stop()
 
 
 @pytest.fixture
-def fresh(store_copy, tmp_path, loop_kind):
+def fresh(store_copy, tmp_path, loop_kind, parser):
     """A service of its own that nothing was applied on yet (the module's one
     has whatever the tests before applied)."""
     cfg = tmp_path / "config.yaml"
-    cfg.write_text("rollout:\n  probation_s: 0\n")
+    cfg.write_text(f"rollout:\n  probation_s: 0\nserver:\n  http_parser: {parser}\n")
     s = Service(store_copy, args=["--config", str(cfg), "--event-loop", loop_kind])
     yield s
     s.stop()
 
 
-def test_runs_on_the_configured_event_loop(svc, loop_kind):
+def test_runs_on_the_configured_event_loop(svc, loop_kind, parser):
     """The loop asked for (config file here; the command line in `fresh`) is
-    the one the supervisor runs on, as its start line reports."""
+    the one the supervisor runs on, and the inference port's HTTP server the
+    one configured, as its start line reports."""
     line = wait_for(lambda: next((x for x in svc.log().splitlines()
                                   if "management API on" in x), None),
                     30, "the supervisor's start line")
-    assert line.endswith(f"(event loop: {loop_kind})"), line
+    assert line.endswith(f"(event loop: {loop_kind}, inference HTTP: {parser})"), line
 
 
 @pytest.fixture
