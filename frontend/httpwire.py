@@ -124,6 +124,7 @@ class _Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.timer_kind = ""
         self.in_headers = False
+        self.message_done = False
         self.header_bytes = 0
         self.body_bytes = 0
         self.url: list[bytes] = []
@@ -163,7 +164,8 @@ class _Connection(asyncio.Protocol):
             # no protocol switch here: the request is answered as plain HTTP,
             # and nothing after it is read
             if not self.ended:
-                self.events.append((_DONE,))
+                if not self.message_done:
+                    self.events.append((_DONE,))
                 self.events.append((_END,))
         except httptools.HttpParserError as exc:
             self._reject(400, "bad_request", f"malformed HTTP request: {exc}")
@@ -192,6 +194,7 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks -----------------------------------------------------
     def on_message_begin(self) -> None:
         self.in_headers = True
+        self.message_done = False
         self.url = []
         self.headers = []
         self.body_bytes = 0
@@ -213,6 +216,12 @@ class _Connection(asyncio.Protocol):
         headers = httputil.HTTPHeaders()
         for name, value in self.headers:
             headers.add(name.decode("latin1"), value.decode("latin1"))
+        declared = headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > self.server.max_body_size:
+            # as Tornado's server refuses it, before reading a byte of it
+            self._reject(413, "body_too_large", f"request body of {int(declared)} bytes exceeds "
+                                                f"the limit of {self.server.max_body_size}")
+            return
         start_line = httputil.RequestStartLine(parser.get_method().decode("latin1"),
                                                b"".join(self.url).decode("latin1"),
                                                "HTTP/" + parser.get_http_version())
@@ -229,6 +238,7 @@ class _Connection(asyncio.Protocol):
         self.events.append((_BODY, body))
 
     def on_message_complete(self) -> None:
+        self.message_done = True
         if not self.ended:
             self.events.append((_DONE,))
 

@@ -244,9 +244,25 @@ def test_bad_requests_get_a_json_error_and_the_connection_ends(wire, raw, status
 
 
 def test_body_over_the_transport_cap_is_cut_off(wire):
-    body = b"x" * (CAP + 1)
-    (status, headers, got), = parse_all(wire.exchange(post("/stream", body), until_closed=True))
+    """Declared over the cap: refused before a byte of it is read; chunked
+    past the cap: cut off where it passes it."""
+    raw = b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (CAP + 1)
+    (status, headers, got), = parse_all(wire.exchange(raw, until_closed=True))
     assert status == 413 and json.loads(got)["error"]["code"] == "body_too_large"
+    chunk = b"x" * 4096
+    raw = (b"POST /stream HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+           + b"%x\r\n%s\r\n" % (len(chunk), chunk) * (CAP // len(chunk) + 1))
+    (status, headers, got), = parse_all(wire.exchange(raw, until_closed=True))
+    assert status == 413 and headers["connection"] == "close"
+
+
+def test_an_upgrade_is_answered_as_plain_http_once(wire):
+    """No protocol switch here: the request gets its ordinary answer, once,
+    and the connection ends (what follows is not HTTP)."""
+    raw = (b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+           b"\x81\x85not http")
+    answers = parse_all(wire.exchange(raw, until_closed=True))
+    assert [s for s, _, _ in answers] == [200]
 
 
 def test_slow_headers_get_408_and_idle_connections_close():
@@ -327,3 +343,56 @@ def test_stop_ends_listening_but_not_open_connections(wire):
         return got
     got = wire.run(talk())
     assert got.startswith(b"HTTP/1.1 200") and b"in flight" in got
+
+
+def _request(kind: int, i: int) -> tuple[bytes, dict]:
+    """One request of three kinds and the answer's body it must get."""
+    body = f"body {i} " + "漢字" * (i % 7) + "x" * (i * 37 % 300)
+    raw = body.encode()
+    if kind == 0:
+        return f"GET /echo?q=r{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode(), {
+            "ip": "127.0.0.1", "path": "/echo", "query": f"r{i}"}
+    if kind == 1:
+        return post("/echo", raw), {"n": len(raw), "body": body}
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(raw[j:j + 50]), raw[j:j + 50])
+                      for j in range(0, len(raw), 50)) + b"0\r\n\r\n"
+    return (b"POST /stream HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks,
+            {"n": len(raw)})
+
+
+def test_any_split_of_a_pipelined_stream_gets_the_same_answers(wire):
+    """Requests of three kinds, back to back on one connection, cut at
+    arbitrary bytes into separate writes: every answer comes, in order, the
+    same as when each request is sent whole."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(kinds=st.lists(st.integers(0, 2), min_size=1, max_size=6),
+           cuts=st.lists(st.integers(1, 400), min_size=0, max_size=30))
+    def check(kinds: list[int], cuts: list[int]) -> None:
+        reqs = [_request(k, i) for i, k in enumerate(kinds)]
+        stream = b"".join(r for r, _ in reqs)
+        stream += b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        pieces, pos = [], 0
+        for cut in cuts:
+            if pos >= len(stream):
+                break
+            pieces.append(stream[pos:pos + cut])
+            pos += cut
+        pieces.append(stream[pos:])
+
+        async def talk() -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", wire.port)
+            for piece in pieces:
+                if piece:
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.001)  # apart, so that they arrive apart
+            got = await asyncio.wait_for(reader.read(), 20)  # until the service closes
+            writer.close()
+            return got
+        answers = parse_all(wire.run(talk()))
+        assert [s for s, _, _ in answers] == [200] * (len(reqs) + 1)
+        assert [json.loads(b) for _, _, b in answers[:-1]] == [want for _, want in reqs]
+    check()
