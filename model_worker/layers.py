@@ -456,17 +456,30 @@ class PretrainedEmbedding(keras.layers.Layer):
     once more without the punctuation at its ends, as written and then
     lowercased ("(runtime" -> "runtime"): words met with a mark attached in
     serving that training met bare.
+
+    `pieces` > 0 (zero-shot versions since this layout): the table holds
+    the `pieces` distinct subword vectors the words use (float16), each
+    word's subword ids (`piece_refs` in all) and where they start, instead
+    of one summed vector a word: a word costs its ids (4 bytes each), not
+    DIM + 1 float16 numbers, so a table of many words stays small. A call
+    gathers each known word's subword vectors and sums them per text: the
+    same mean, summed in float32 from the float16 subword vectors (the
+    package's own numbers) instead of from float16 per-word sums.
     """
 
     def __init__(self, vocabulary_size: int = 0, dim: int = 256, standardize: str | None = "word",
                  scale: float = 0.5, packed: bool = False, l2: bool = True, fallback: bool = False,
-                 strip: bool = False, **kwargs: Any) -> None:
+                 strip: bool = False, pieces: int = 0, piece_refs: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size, self.dim = int(vocabulary_size), int(dim)
         self.standardize, self.scale, self.packed = standardize, float(scale), bool(packed)
         self.l2, self.fallback, self.strip = bool(l2), bool(fallback), bool(strip)
+        self.pieces, self.piece_refs = int(pieces), int(piece_refs)
         self.lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="words")
-        if self.packed:
+        if self.pieces:
+            self.piece_vectors = keras.layers.Embedding(self.pieces, self.dim, dtype="float16",
+                                                        trainable=False, name="piece_vectors")
+        elif self.packed:
             self.vectors = keras.layers.Embedding(self.vocabulary_size + 1, self.dim + 1, dtype="float16",
                                                   trainable=False, name="vectors")
         else:
@@ -476,7 +489,14 @@ class PretrainedEmbedding(keras.layers.Layer):
                                                          trainable=False, name="subword_counts")
 
     def build(self, input_shape: Any = None) -> None:
-        if self.packed:
+        if self.pieces:
+            self.piece_vectors.build((None,))
+            # word id w's subword ids: word_pieces[word_splits[w]:word_splits[w + 1]] (id 0: none)
+            self.word_splits = self.add_weight(shape=(self.vocabulary_size + 2,), initializer="zeros",
+                                               dtype="int64", trainable=False, name="word_splits")
+            self.word_pieces = self.add_weight(shape=(self.piece_refs,), initializer="zeros",
+                                               dtype="int32", trainable=False, name="word_pieces")
+        elif self.packed:
             self.vectors.build((None,))
         else:
             self.vector_sums.build((None,))
@@ -490,6 +510,19 @@ class PretrainedEmbedding(keras.layers.Layer):
         if not self.built:
             self.build()
         self.lookup.set_vocabulary(list(table.words))
+        if self.pieces:
+            from model_worker import pretrained  # trainers only: the package's vectors
+
+            distinct, remapped = np.unique(np.asarray(table.pieces), return_inverse=True)
+            if len(distinct) != self.pieces or len(remapped) != self.piece_refs:
+                raise ValueError(f"table has {len(distinct)} distinct pieces in {len(remapped)}, "
+                                 f"layer expects {self.pieces} in {self.piece_refs}")
+            self.piece_vectors.embeddings.assign(pretrained.codebook()[distinct].astype(np.float16))
+            splits = np.zeros(self.vocabulary_size + 2, dtype=np.int64)
+            splits[2:] = np.cumsum(np.asarray(table.counts, dtype=np.int64))
+            self.word_splits.assign(splits)
+            self.word_pieces.assign(remapped.astype(np.int32))
+            return
         sums = np.zeros((self.vocabulary_size + 1, self.dim), dtype=np.float16)
         sums[1:] = table.sums
         counts = np.zeros((self.vocabulary_size + 1, 1), dtype=np.float16)
@@ -502,6 +535,15 @@ class PretrainedEmbedding(keras.layers.Layer):
 
     def table_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The table's rows `ids` (0: the unknown word) as float64: (sums (len, dim), counts (len,))."""
+        if self.pieces:
+            splits = np.asarray(self.word_splits.numpy())
+            refs = np.asarray(self.word_pieces.numpy())
+            vectors = np.asarray(self.piece_vectors.embeddings.numpy(), dtype=np.float64)
+            ids = np.asarray(ids, dtype=np.int64)
+            sums = np.zeros((len(ids), self.dim))
+            for k, w in enumerate(ids):
+                sums[k] = vectors[refs[splits[w]:splits[w + 1]]].sum(0)
+            return sums, (splits[ids + 1] - splits[ids]).astype(np.float64)
         if self.packed:
             rows = np.asarray(tf.gather(self.vectors.embeddings, ids).numpy(), dtype=np.float64)
             return rows[:, :self.dim], rows[:, self.dim]
@@ -520,7 +562,15 @@ class PretrainedEmbedding(keras.layers.Layer):
             summed = tf.math.segment_sum(tf.cast(x, "float32"), rows)
             return tf.pad(summed, [[0, n - tf.shape(summed, out_type=tf.int64)[0]], [0, 0]])
 
-        if self.packed:
+        if self.pieces:
+            starts, ends = tf.gather(self.word_splits, ids), tf.gather(self.word_splits, ids + 1)
+            spans = tf.ragged.range(starts, ends)  # each word's places in word_pieces
+            vectors = self.piece_vectors(tf.gather(self.word_pieces, spans.flat_values))
+            text_of = tf.gather(rows, spans.value_rowids())  # sorted, as the words' rows are
+            sums = tf.math.segment_sum(tf.cast(vectors, "float32"), text_of)
+            sums = tf.pad(sums, [[0, n - tf.shape(sums, out_type=tf.int64)[0]], [0, 0]])
+            counts = per_text(tf.cast(ends - starts, "float32")[:, None])
+        elif self.packed:
             both = per_text(self.vectors(ids))
             sums, counts = both[:, :self.dim], both[:, self.dim:]
         else:
@@ -539,7 +589,8 @@ class PretrainedEmbedding(keras.layers.Layer):
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "dim": self.dim,
                 "standardize": self.standardize, "scale": self.scale, "packed": self.packed, "l2": self.l2,
-                "fallback": self.fallback, "strip": self.strip}
+                "fallback": self.fallback, "strip": self.strip, "pieces": self.pieces,
+                "piece_refs": self.piece_refs}
 
 
 # Punctuation and symbols at a word's ends (anything but letters, marks, digits)

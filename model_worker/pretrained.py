@@ -148,17 +148,24 @@ def frequent_words(n: int = FREQUENT_WORDS, standardize: str = "cased", capitali
     return tuple(words_of(top + extra, standardize))
 
 
-def subword_sums(words: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(sum of subword vectors (n, DIM) float32, subword count (n,)) of each word,
-    tokenized as the package tokenizes a text holding it (no special tokens)."""
+def subword_ids(words: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(the subword ids of every word, one after the other (int64), subword
+    count of each word (n,)), tokenized as the package tokenizes a text
+    holding it (no special tokens)."""
     tok = tokenizer()
     tok.no_padding()  # a word's own pieces only, whoever configured the shared tokenizer
     tok.no_truncation()
     enc = tok.encode_batch(words, add_special_tokens=False)
     counts = np.array([len(e.ids) for e in enc], dtype=np.int64)
     ids = np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in enc]) if len(enc) else np.zeros(0, np.int64)
+    return np.clip(ids, 0, len(codebook()) - 1), counts  # clipped as the package does
+
+
+def subword_sums(words: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(sum of subword vectors (n, DIM) float32, subword count (n,)) of each word,
+    tokenized as the package tokenizes a text holding it (no special tokens)."""
+    ids, counts = subword_ids(words)
     table = codebook()
-    ids = np.clip(ids, 0, len(table) - 1)  # as the package does
     vectors = table[ids].astype(np.float32)
     sums = np.zeros((len(words), table.shape[1]), dtype=np.float32)
     rows = np.repeat(np.arange(len(words)), counts)
@@ -184,6 +191,11 @@ class WordTable:
     # none, or the word itself): where serving's fallback goes when a table
     # lacks the word as written (case-kept tables only)
     fallback_rows: np.ndarray | None = None
+    # the subword ids of every row, one row after the other (`counts` of
+    # each): tables built with pieces=True, whose layer stores the pieces'
+    # vectors once and each word's ids (PretrainedEmbedding `pieces`), not a
+    # summed vector a word
+    pieces: np.ndarray | None = None
 
     def describe(self) -> dict[str, Any]:
         aliases = 0 if self.alias_of is None else int((self.alias_of >= 0).sum())
@@ -211,7 +223,8 @@ def _capitalized(word: str) -> str:
 
 
 def build_table(texts: list[str], n_frequent: int = FREQUENT_WORDS,
-                standardize: str = "cased", capitalized: int | None = None) -> WordTable:
+                standardize: str = "cased", capitalized: int | None = None,
+                pieces: bool = False) -> WordTable:
     """Every word of `texts` plus the n_frequent most frequent English words,
     split by the `standardize` the view's layer will use.
 
@@ -241,6 +254,15 @@ def build_table(texts: list[str], n_frequent: int = FREQUENT_WORDS,
         else:
             alias_of = np.full(len(words), -1, dtype=np.int64)
     sums, counts = subword_sums(words)
+    piece_ids = None
+    if pieces:
+        ids, _ = subword_ids(words)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]) if len(words) else np.zeros(0, np.int64)
+        src = np.arange(len(words)) if alias_of is None else np.where(alias_of >= 0, alias_of,
+                                                                      np.arange(len(words)))
+        # each row's ids: an alias row takes its target's
+        piece_ids = np.concatenate([ids[starts[j]:starts[j] + counts[j]] for j in src]) \
+            if len(words) else np.zeros(0, np.int64)
     if alias_of is not None:
         alias = np.flatnonzero(alias_of >= 0)
         sums[alias], counts[alias] = sums[alias_of[alias]], counts[alias_of[alias]]
@@ -266,7 +288,7 @@ def build_table(texts: list[str], n_frequent: int = FREQUENT_WORDS,
                     fallback_rows[i, j] = index.get(f, -1)
     return WordTable(words, sums.astype(np.float16), counts, from_training=len(own), frequent=len(frequent),
                      in_frequent=in_frequent, alias_of=alias_of, cased=standardize in ("cased", "cased_punct"),
-                     fallback_rows=fallback_rows)
+                     fallback_rows=fallback_rows, pieces=piece_ids)
 
 
 # --------------------------------------------------------------------------
@@ -306,11 +328,14 @@ class PretrainedView:
         return [f"pretrained[{i}]" for i in range(self.table.sums.shape[1])]
 
     def layer(self, standardized: bool = False) -> PretrainedEmbedding:
-        lay = PretrainedEmbedding(len(self.table.words), self.table.sums.shape[1],
+        t = self.table
+        pieces = 0 if t.pieces is None else len(np.unique(t.pieces))
+        lay = PretrainedEmbedding(len(t.words), t.sums.shape[1],
                                   None if standardized else self.standardize, self.scale,
                                   packed=True, l2=self.l2, fallback=self.fallback, strip=self.strip,
+                                  pieces=pieces, piece_refs=0 if t.pieces is None else len(t.pieces),
                                   name=f"vectorizer_{self.name}")
-        lay.set_table(self.table)
+        lay.set_table(t)
         return lay
 
     def fusable(self, units: int) -> bool:

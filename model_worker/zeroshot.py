@@ -53,8 +53,11 @@ TEMPERATURE = 0.07
 # bench/zeroshot.py's set: 30,000 words cover 87.5 % of the test texts' running
 # words (accuracy 0.563), 100,000 cover 92.7 % (0.585, the package's own
 # mean-vector cosine rule on whole texts: 0.586), 200,000 cover 94.3 % (0.597).
-# 100,000 float16 rows of 256: model.keras is 50 MB, and a process that loads it
-# holds 67 MB more (docs/models.md); a retrain on labels goes back to auto's table.
+# The table stores each subword vector its words use once and each word's
+# subword ids (build_table pieces=True, PretrainedEmbedding `pieces`): with
+# 100,000 words model.keras is 12.6 MB and a serving worker holds 100.6 MB
+# private (a summed float16 vector a word, the layout before: 65.2 MB and
+# 256.8 MB; docs/models.md); a retrain on labels goes back to auto's table.
 FREQUENT_WORDS = 100_000
 # How the zero-shot view splits a text: words as written (case kept, auto's
 # case-kept table: LLaMA's pieces are case-sensitive and the package's own
@@ -93,7 +96,7 @@ def train(descriptions: list[str], labels: list[Any], params: dict[str, Any]) ->
     order = sorted(range(len(names)), key=lambda i: names[i])
     names = [names[i] for i in order]
     texts = [descriptions[i] for i in order]
-    table = pretrained.build_table(texts, FREQUENT_WORDS, STANDARDIZE, CAPITALIZED)
+    table = pretrained.build_table(texts, FREQUENT_WORDS, STANDARDIZE, CAPITALIZED, pieces=True)
     view = pretrained.PretrainedView(table, standardize=STANDARDIZE, scale=1.0)  # unit vectors: dot = cosine
     vectors = description_vectors(view, texts)
     empty = [n for n, v in zip(names, vectors) if not np.any(v)]

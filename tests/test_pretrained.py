@@ -259,6 +259,50 @@ def test_packed_table_computes_what_the_first_layout_did():
         assert counts[1] == table.counts[4] and np.allclose(sums[1], table.sums[4].astype(np.float64))
 
 
+def test_piece_table_computes_what_the_summed_table_did(tmp_path):
+    """The pieces layout (zero-shot versions: each subword vector stored once,
+    each word's ids) gives the mean of the float16 layout, and exactly the
+    package's own numbers on texts whose words it knows; an alias row (a
+    lowercase form the table lacks) takes its capitalized form's pieces; the
+    layer saves and loads; and the table costs ids, not vectors, a word."""
+    import keras
+    import tensorflow as tf
+
+    texts = ["The man and the woman", "It is in the house", "Paris, France!", "GAMES and Music",
+             "", "zqxjv", "zorblax pie"]
+    table = pretrained.build_table(["Zorblax"], n_frequent=5_000, standardize="cased_punct",
+                                   capitalized=5_000, pieces=True)
+    assert table.pieces is not None and len(table.pieces) == int(table.counts.sum())
+    summed = pretrained.WordTable(table.words, table.sums, table.counts, alias_of=table.alias_of,
+                                  cased=True, fallback_rows=table.fallback_rows)
+    a = pretrained.PretrainedView(table, standardize="cased_punct", scale=0.0, l2=False)
+    b = pretrained.PretrainedView(summed, standardize="cased_punct", scale=0.0, l2=False)
+    lay = a.layer()
+    assert lay.pieces == len(np.unique(table.pieces)) and not b.layer().pieces
+    got, old = a.features(texts), b.features(texts)
+    assert np.allclose(got, old, atol=2e-3), np.abs(got - old).max()
+    known = [0, 1]
+    want = _package_means([texts[i] for i in known])
+    assert np.abs(got[known] - want).max() < 1e-5
+    assert not got[4].any() and not got[5].any()
+    ids = np.array([0, table.words.index("house") + 1, table.words.index("zorblax") + 1])
+    sums, counts = lay.table_rows(ids)
+    assert counts[0] == 0 and not sums[0].any()
+    assert np.allclose(sums[1:], table.sums[ids[1:] - 1].astype(np.float64), atol=2e-3)
+    assert table.alias_of[ids[2] - 1] == table.words.index("Zorblax")  # takes "Zorblax"'s pieces
+    text = keras.Input(shape=(), dtype="string")
+    model = keras.Model(text, lay(text))
+    model.save(tmp_path / "pieces.keras")
+    again = keras.saving.load_model(tmp_path / "pieces.keras", safe_mode=True)
+    assert np.array_equal(again(tf.constant(texts)).numpy(), model(tf.constant(texts)).numpy())
+    # per word: its ids (4 bytes each) and a start (8), against DIM + 1
+    # float16 numbers; the vectors are bounded by the distinct pieces (at most 32,000)
+    per_word = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize
+                   for w in (lay.word_splits, lay.word_pieces)) / len(table.words)
+    assert per_word < 0.05 * (pretrained.DIM + 1) * 2, per_word
+    assert lay.piece_vectors.embeddings.shape == (lay.pieces, pretrained.DIM) and lay.pieces < 32_000
+
+
 def test_saved_model_reloads_in_a_serving_process(tmp_path):
     import keras
     import tensorflow as tf
