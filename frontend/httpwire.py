@@ -167,6 +167,10 @@ class _Connection(asyncio.Protocol):
                 if not self.message_done:
                     self.events.append((_DONE,))
                 self.events.append((_END,))
+        except httptools.HttpParserCallbackError as exc:  # a bug of ours, not the client's
+            log.error("parsing a request from %s", self.context, exc_info=exc.__context__ or exc)
+            self._reject(500, "internal_error", "the request could not be read")
+            return
         except httptools.HttpParserError as exc:
             self._reject(400, "bad_request", f"malformed HTTP request: {exc}")
             return
@@ -214,8 +218,13 @@ class _Connection(asyncio.Protocol):
             return
         parser = self.parser
         headers = httputil.HTTPHeaders()
-        for name, value in self.headers:
-            headers.add(name.decode("latin1"), value.decode("latin1"))
+        try:
+            for name, value in self.headers:
+                # the field value without the whitespace around it, as Tornado reads it
+                headers.add(name.decode("latin1"), value.decode("latin1").strip(" \t"))
+        except httputil.HTTPInputError as exc:  # a value Tornado refuses (a control character)
+            self._reject(400, "bad_request", f"malformed HTTP request: {exc}")
+            return
         declared = headers.get("Content-Length", "")
         if declared.isdigit() and int(declared) > self.server.max_body_size:
             # as Tornado's server refuses it, before reading a byte of it

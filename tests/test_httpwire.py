@@ -182,6 +182,14 @@ def test_keep_alive_and_pipelined_requests_answered_in_order(wire):
     assert got == {"ip": "127.0.0.1", "path": "/echo", "query": "你"}
 
 
+def test_header_values_are_read_without_the_whitespace_around_them(wire):
+    """As Tornado reads them ("Bearer " is "Bearer"): a fuzzer's trailing
+    space once reached Tornado's header check and failed the request."""
+    raw = b"GET /echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \t\r\nX-A:  b  \r\n\r\n"
+    (status, _, body), = parse_all(wire.exchange(raw))
+    assert status == 200, body
+
+
 def test_http10_closes_unless_kept_alive(wire):
     data = wire.exchange(b"GET /echo HTTP/1.0\r\n\r\n", until_closed=True)
     (status, headers, _), = parse_all(data)
@@ -236,6 +244,7 @@ def test_expect_100_continue(wire):
     (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", 400,
      "bad_request"),
     (b"GET /echo HTTP/1.1\r\nX-Big: " + b"a" * (MAX_HEADER_BYTES + 10), 431, "headers_too_large"),
+    (b"GET /echo HTTP/1.1\r\nX-Odd: a\x7fb\r\n\r\n", 400, "bad_request"),
 ])
 def test_bad_requests_get_a_json_error_and_the_connection_ends(wire, raw, status, code):
     (got, headers, body), = parse_all(wire.exchange(raw, until_closed=True))

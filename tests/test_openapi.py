@@ -97,6 +97,9 @@ training:
 # - not_a_server_error on POST /apply and POST /rollback (which applies the
 #   previous version once probation is over): 503 worker_boot_failed is the
 #   documented answer that worker.boot_timeout above provokes on purpose.
+# - POST /auth/session answers 429 rate_limited to more than a few code
+#   exchanges a second from one address (the security pass's throttle): the
+#   fuzzer sends hundreds, so 429 is expected of any body there.
 # - use_after_free (excluded on the command line): DELETE /train/{id}
 #   cancels a job and keeps its record, so GET /train/{id} still answers 200.
 # Per-operation settings are repeated per phase: schemathesis reads a
@@ -136,6 +139,14 @@ include-method = "POST"
 {_per_phase('checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "503"]')}
 {_per_phase('checks.positive_data_acceptance.expected-statuses = '
             '["2xx", "401", "404", "409", "422", "5xx"]')}
+
+[[operations]]
+include-path = "/auth/session"
+include-method = "POST"
+{_per_phase('checks.negative_data_rejection.expected-statuses = '
+            '["400", "401", "404", "405", "409", "413", "415", "422", "429"]')}
+{_per_phase('checks.positive_data_acceptance.expected-statuses = '
+            '["2xx", "401", "403", "404", "409", "429"]')}
 
 [[operations]]
 include-path = "/rollback"
