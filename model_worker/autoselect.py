@@ -561,31 +561,38 @@ def _graph_predict(search: Search, views: tuple[str, ...], n_members: int
 
 
 def serving_speeds(search: Search, graphs: list[Graph]) -> dict[Graph, float]:
-    """Texts/s at batch 256 of each final graph, on training texts, timed
-    side by side: _SPEED_ROUNDS rounds, each timing every graph in turn for
-    _SPEED_SECONDS, and each graph's best round. The machine's load slows a
-    round, never speeds it up, and a load that comes and goes falls on every
-    graph alike: timed one after the other (0.4 s each), two graphs
-    within 10% of each other read 1.3x apart on a busy CI machine, and the
-    same data and seed gave another model."""
+    """Texts per CPU second at batch 256 of each final graph, on training
+    texts, timed side by side against the first graph: _SPEED_ROUNDS rounds,
+    each running every graph for _SPEED_SECONDS (the order reversed every
+    other round), and each graph's speed is the first graph's best round
+    times the median over rounds of the two graphs' ratio in the same round.
+    The process's CPU time, not the wall clock: other work on the machine
+    takes wall time from a graph, not CPU time (a busy CI machine read two
+    graphs within 10% of each other 1.3x apart by the wall clock, timed one
+    after the other, and a second member over the same views, a few percent
+    more work, 1.2x slower by each graph's best round; both times the same
+    data and seed gave another model); what is left of the load (caches,
+    the other hyperthread) falls on both graphs of a round alike, and the
+    median leaves out the rounds it hit one of them only."""
     keys = list(dict.fromkeys((tuple(sorted(v)), n) for v, n in graphs))
     texts = (search.texts * (_SPEED_BATCH // len(search.texts) + 1))[:_SPEED_BATCH]
     predicts = {}
     for key in keys:
         predicts[key] = _graph_predict(search, *key)
         predicts[key](texts)  # traced and warm before any round
-    best = dict.fromkeys(keys, 0.0)
-    for _ in range(_SPEED_ROUNDS):
-        for key in keys:
-            done, t0 = 0, time.perf_counter()
+    rates: dict[Graph, list[float]] = {key: [] for key in keys}
+    for r in range(_SPEED_ROUNDS):
+        for key in (keys if r % 2 == 0 else keys[::-1]):
+            done, t0, c0 = 0, time.perf_counter(), time.process_time()
             while True:
                 predicts[key](texts)
                 done += len(texts)
-                spent = time.perf_counter() - t0
-                if spent >= _SPEED_SECONDS:
+                if time.perf_counter() - t0 >= _SPEED_SECONDS:
                     break
-            best[key] = max(best[key], done / spent)
-    return best
+            rates[key].append(done / max(time.process_time() - c0, 1e-9))
+    first = keys[0]
+    return {key: max(rates[first]) * float(np.median(np.asarray(rates[key]) / np.asarray(rates[first])))
+            for key in keys}
 
 
 def serving_speed(search: Search, views: tuple[str, ...], n_members: int = 1) -> float:
