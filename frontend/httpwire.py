@@ -45,7 +45,7 @@ log = logging.getLogger("textswap.http")
 MAX_HEADER_BYTES = 65536  # Tornado's default max_header_size
 
 # parser events, queued per connection and handed to the delegate in order
-_HEADERS, _BODY, _DONE, _END = 0, 1, 2, 3
+_HEADERS, _BODY, _DONE, _END, _REJECT = 0, 1, 2, 3, 4
 
 
 class _Context:
@@ -121,6 +121,7 @@ class _Connection(asyncio.Protocol):
         self.blocked = False  # waiting on a delegate's awaitable
         self.paused = False  # reading paused: events wait for the answer before them
         self.ended = False  # closing or closed: nothing more is read or handed on
+        self.refused = False  # a request was refused: nothing more is read
         self.timer: asyncio.TimerHandle | None = None
         self.timer_kind = ""
         self.in_headers = False
@@ -154,7 +155,7 @@ class _Connection(asyncio.Protocol):
             log.exception("closing a connection")
 
     def data_received(self, data: bytes) -> None:
-        if self.ended:
+        if self.ended or self.refused:
             return
         if self.in_headers or self.exchange is None:
             self.header_bytes += len(data)
@@ -169,17 +170,14 @@ class _Connection(asyncio.Protocol):
                 self.events.append((_END,))
         except httptools.HttpParserCallbackError as exc:  # a bug of ours, not the client's
             log.error("parsing a request from %s", self.context, exc_info=exc.__context__ or exc)
-            self._reject(500, "internal_error", "the request could not be read")
-            return
+            self._fail(500, "internal_error", "the request could not be read")
         except httptools.HttpParserError as exc:
-            self._reject(400, "bad_request", f"malformed HTTP request: {exc}")
-            return
+            self._fail(400, "bad_request", f"malformed HTTP request: {exc}")
         if self.ended:
             return
-        if self.in_headers and self.header_bytes > MAX_HEADER_BYTES:
-            self._reject(431, "headers_too_large",
-                         f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
-            return
+        if self.in_headers and self.header_bytes > MAX_HEADER_BYTES and not self.refused:
+            self._fail(431, "headers_too_large",
+                       f"the request line and headers exceed {MAX_HEADER_BYTES} bytes")
         self._drain()
         if self.events and not self.paused and not self.ended:
             self.paused = True  # the next request waits for this answer: TCP holds the rest
@@ -194,6 +192,8 @@ class _Connection(asyncio.Protocol):
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+        if self.events and not self.ended:  # requests held back while the client read nothing
+            asyncio.get_running_loop().call_soon(self._drain)
 
     # -- httptools callbacks -----------------------------------------------------
     def on_message_begin(self) -> None:
@@ -214,7 +214,7 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.in_headers = False
         self.header_bytes = 0
-        if self.ended:
+        if self.ended or self.refused:
             return
         parser = self.parser
         headers = httputil.HTTPHeaders()
@@ -223,13 +223,13 @@ class _Connection(asyncio.Protocol):
                 # the field value without the whitespace around it, as Tornado reads it
                 headers.add(name.decode("latin1"), value.decode("latin1").strip(" \t"))
         except httputil.HTTPInputError as exc:  # a value Tornado refuses (a control character)
-            self._reject(400, "bad_request", f"malformed HTTP request: {exc}")
+            self._fail(400, "bad_request", f"malformed HTTP request: {exc}")
             return
         declared = headers.get("Content-Length", "")
         if declared.isdigit() and int(declared) > self.server.max_body_size:
             # as Tornado's server refuses it, before reading a byte of it
-            self._reject(413, "body_too_large", f"request body of {int(declared)} bytes exceeds "
-                                                f"the limit of {self.server.max_body_size}")
+            self._fail(413, "body_too_large", f"request body of {int(declared)} bytes exceeds "
+                                              f"the limit of {self.server.max_body_size}")
             return
         start_line = httputil.RequestStartLine(parser.get_method().decode("latin1"),
                                                b"".join(self.url).decode("latin1"),
@@ -237,18 +237,19 @@ class _Connection(asyncio.Protocol):
         self.events.append((_HEADERS, start_line, headers, parser.should_keep_alive()))
 
     def on_body(self, body: bytes) -> None:
-        if self.ended:
+        if self.ended or self.refused:
             return
         self.body_bytes += len(body)
         if self.body_bytes > self.server.max_body_size:
-            self._cut(413, "body_too_large",
-                      f"request body exceeds the limit of {self.server.max_body_size} bytes")
+            log.info("closing the connection of %s: a body over the transport cap", self.context)
+            self._fail(413, "body_too_large",
+                       f"request body exceeds the limit of {self.server.max_body_size} bytes")
             return
         self.events.append((_BODY, body))
 
     def on_message_complete(self) -> None:
         self.message_done = True
-        if not self.ended:
+        if not self.ended and not self.refused:
             self.events.append((_DONE,))
 
     # -- handing events to the delegate -----------------------------------------
@@ -256,8 +257,12 @@ class _Connection(asyncio.Protocol):
         events = self.events
         while events and not self.blocked and not self.ended:
             kind = events[0][0]
-            if kind == _HEADERS and self.exchange is not None:
-                break  # the answer before it is not finished yet
+            if kind == _HEADERS and (self.exchange is not None or self.writing_paused):
+                # the answer before it is not finished yet, or the client is
+                # not reading its answers: the next request waits (TCP holds the rest)
+                break
+            if kind == _REJECT and self.exchange is not None and self.exchange.read_done:
+                break  # the refusal is of a request behind the one being answered
             event = events.popleft()
             result: Any = None
             try:
@@ -270,6 +275,11 @@ class _Connection(asyncio.Protocol):
                     result = ex.delegate.headers_received(event[1], event[2])
                     if result is None:
                         ex.continue_if_expected()
+                elif kind == _REJECT:  # of the request being read, or of the next one
+                    if self.exchange is None or not self.exchange.started:
+                        self._write(event[1])
+                    self._close()
+                    return
                 elif kind == _END:
                     if self.exchange is None:
                         self._close()
@@ -354,6 +364,17 @@ class _Connection(asyncio.Protocol):
         if self.exchange is None or not self.exchange.started:
             self._write(_error_bytes(status, code, message))
         self._close()
+
+    def _fail(self, status: int, code: str, message: str) -> None:
+        """The request being read is refused: nothing more is read. When it is
+        the one being answered (or none is), now; when it is a request behind
+        one still being answered, after that answer, in order."""
+        self.refused = True
+        ex = self.exchange
+        if (ex is not None and not ex.read_done) or (ex is None and not self.events):
+            self._reject(status, code, message)
+        else:
+            self.events.append((_REJECT, _error_bytes(status, code, message)))
 
     def _cut(self, status: int, code: str, message: str) -> None:
         log.info("closing the connection of %s: %s", self.context, message)

@@ -64,9 +64,19 @@ class Empty(RequestHandler):
         self.set_status(204)
 
 
+class Big(RequestHandler):
+    """256 KiB an answer, and a count of the answers begun."""
+
+    served = 0
+
+    def get(self) -> None:
+        Big.served += 1
+        self.finish(b"b" * 262144)
+
+
 def _app() -> Application:
     return Application([("/echo", Echo), ("/stream", Streamed), ("/chunked", Chunked),
-                        ("/empty", Empty)])
+                        ("/empty", Empty), ("/big", Big)])
 
 
 class Wire:
@@ -250,6 +260,47 @@ def test_bad_requests_get_a_json_error_and_the_connection_ends(wire, raw, status
     (got, headers, body), = parse_all(wire.exchange(raw, until_closed=True))
     assert got == status and headers["connection"] == "close"
     assert json.loads(body)["error"]["code"] == code
+
+
+def test_a_bad_request_behind_one_being_answered_is_refused_after_it(wire):
+    """Pipelined: the first request's answer comes first, whole, then the
+    refusal of the broken one behind it, then the connection ends."""
+    raw = post("/echo?delay=0.2", b"first") + b"GARBAGE\r\n\r\n"
+    answers = parse_all(wire.exchange(raw, until_closed=True))
+    assert [s for s, _, _ in answers] == [200, 400], answers
+    assert json.loads(answers[0][2])["body"] == "first"
+    raw = post("/echo?delay=0.2", b"first") + post("/stream", b"x" * (CAP + 1))
+    answers = parse_all(wire.exchange(raw, until_closed=True))
+    assert [s for s, _, _ in answers] == [200, 413], answers
+
+
+def test_a_client_that_reads_no_answers_stops_being_read(wire):
+    """Requests pipelined by a client that reads none of the answers are
+    not all answered into memory: once the answers back up, the next
+    request waits (as Tornado's server waits on its writes); read, all come."""
+    Big.served = 0
+    n = 40
+
+    async def talk() -> tuple[int, int]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", wire.port)
+        writer.write(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * n)
+        await writer.drain()
+        deadline = time.monotonic() + 10
+        seen = -1
+        while time.monotonic() < deadline and Big.served != seen:  # until it stops moving
+            seen = Big.served
+            await asyncio.sleep(0.3)
+        served_unread = Big.served
+        got = 0
+        while got < n * 262144:
+            chunk = await asyncio.wait_for(reader.read(1 << 20), 20)
+            assert chunk
+            got += chunk.count(b"b")
+        writer.close()
+        return served_unread, Big.served
+    unread, total = wire.run(talk())
+    assert unread < n // 2, unread
+    assert total == n
 
 
 def test_body_over_the_transport_cap_is_cut_off(wire):
