@@ -11,12 +11,14 @@ message delegate's `headers_received`, `data_received`, `finish` and
 answer through. So POST /predict and OIP infer go to fastpath.py's lean path
 and every other request to the inference Application's handlers, unchanged;
 `server.http_parser: tornado` serves the port with Tornado's HTTPServer
-instead (the same answers; tests/test_httpwire.py runs the HTTP contract on
-both).
+instead (the same answers: tests/test_service.py runs on both;
+tests/test_httpwire.py checks this server's HTTP byte by byte).
 
 What it keeps of Tornado's HTTP/1.1 behaviour: keep-alive as Tornado decides
 it (HTTP/1.1 unless "Connection: close"; HTTP/1.0 only when asked), requests
-answered one at a time and in order (pipelined ones wait, reading paused),
+answered one at a time and in order (pipelined ones wait, reading paused;
+and while the client reads none of its answers, the next request waits, as
+Tornado waits on its writes),
 "100 (Continue)" for "Expect: 100-continue", chunked request bodies, chunked
 responses that declare no length, HEAD and 304 without a body, a delegate's
 awaitable honoured before the next event (flow control of streamed bodies),
@@ -25,7 +27,7 @@ What it adds: a header timeout (`server.header_timeout_s`: a client sending
 its request line and headers slowly is cut off, with 408) and an idle
 timeout for kept-alive connections (`server.idle_timeout_s`); a malformed
 request gets a JSON 400 and a header block over 64 KiB a JSON 431, each
-with "Connection: close".
+with "Connection: close" (after the answers of the requests before it).
 """
 from __future__ import annotations
 
@@ -80,7 +82,7 @@ class WireServer:
         self.header_timeout = header_timeout
         self.idle_timeout = idle_timeout
         self._servers: list[asyncio.Server] = []
-        self._starting: list[asyncio.Task[Any]] = []
+        self._starting: list[tuple[asyncio.Task[Any], socket.socket]] = []
         self.connections: set[_Connection] = set()
 
     def listen(self, port: int, address: str = "") -> None:
@@ -88,7 +90,7 @@ class WireServer:
         serving starts on the running loop."""
         loop = asyncio.get_running_loop()
         for sock in netutil.bind_sockets(port, address=address or None):
-            self._starting.append(loop.create_task(self._serve(sock)))
+            self._starting.append((loop.create_task(self._serve(sock)), sock))
 
     async def _serve(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -96,9 +98,10 @@ class WireServer:
 
     def stop(self) -> None:
         """No new connections; those open finish what they are answering."""
-        for task in self._starting:
-            if not task.done():
+        for task, sock in self._starting:
+            if not task.done():  # not serving yet: it never will
                 task.cancel()
+                sock.close()
         for server in self._servers:
             server.close()
 
