@@ -82,6 +82,9 @@ class WireServer:
         self.header_timeout = header_timeout
         self.idle_timeout = idle_timeout
         self._servers: list[asyncio.Server] = []
+        self._sweeper: asyncio.TimerHandle | None = None
+        # timeouts fire within this much after their deadline
+        self.sweep_s = min(1.0, max(0.05, min(body_timeout or 1.0, header_timeout, idle_timeout) / 4))
         self._starting: list[tuple[asyncio.Task[Any], socket.socket]] = []
         self.connections: set[_Connection] = set()
 
@@ -91,6 +94,19 @@ class WireServer:
         loop = asyncio.get_running_loop()
         for sock in netutil.bind_sockets(port, address=address or None):
             self._starting.append((loop.create_task(self._serve(sock)), sock))
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(self.sweep_s, self._sweep)
+
+    def _sweep(self) -> None:
+        """The connections whose timeout's deadline passed (header, body, idle)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for conn in [c for c in self.connections if c.deadline and c.deadline <= now]:
+            try:
+                conn._timeout(conn.timer_kind)
+            except Exception:  # pragma: no cover - keep sweeping the others
+                log.exception("timing out %s", conn.context)
+        self._sweeper = loop.call_later(self.sweep_s, self._sweep)
 
     async def _serve(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -102,6 +118,7 @@ class WireServer:
             if not task.done():  # not serving yet: it never will
                 task.cancel()
                 sock.close()
+        # the sweep goes on: the connections still open keep their timeouts
         for server in self._servers:
             server.close()
 
@@ -125,8 +142,9 @@ class _Connection(asyncio.Protocol):
         self.paused = False  # reading paused: events wait for the answer before them
         self.ended = False  # closing or closed: nothing more is read or handed on
         self.refused = False  # a request was refused: nothing more is read
-        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0  # loop time the armed timeout fires at (0: none); WireServer sweeps
         self.timer_kind = ""
+        self.loop = asyncio.get_running_loop()
         self.in_headers = False
         self.message_done = False
         self.header_bytes = 0
@@ -337,20 +355,20 @@ class _Connection(asyncio.Protocol):
 
     # -- timeouts and errors -------------------------------------------------------
     def _arm(self, kind: str, seconds: float) -> None:
-        self._disarm()
+        """One timeout at a time, a deadline the server's sweep reads (a timer
+        a request, armed and cancelled three times over, cost more)."""
         if seconds > 0 and not self.ended:
             self.timer_kind = kind
-            self.timer = asyncio.get_running_loop().call_later(seconds, self._timeout, kind)
+            self.deadline = self.loop.time() + seconds
+        else:
+            self._disarm()
 
     def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-            self.timer_kind = ""
+        self.deadline = 0.0
+        self.timer_kind = ""
 
     def _timeout(self, kind: str) -> None:
-        self.timer = None
-        self.timer_kind = ""
+        self._disarm()
         if self.ended:
             return
         if kind == "header":
