@@ -503,21 +503,22 @@ class PretrainedEmbedding(keras.layers.Layer):
             self.subword_counts.build((None,))
         self.built = True
 
-    def set_table(self, table: Any) -> None:
-        """table: a pretrained.WordTable (words, sums (n, dim), counts (n,))."""
+    def set_table(self, table: Any, codebook: Any = None) -> None:
+        """table: a pretrained.WordTable (words, sums (n, dim), counts (n,));
+        codebook: every subword's vector (the pieces layout takes those its words use)."""
         if len(table.words) != self.vocabulary_size:
             raise ValueError(f"table has {len(table.words)} words, layer expects {self.vocabulary_size}")
         if not self.built:
             self.build()
         self.lookup.set_vocabulary(list(table.words))
         if self.pieces:
-            from model_worker import pretrained  # trainers only: the package's vectors
-
+            if codebook is None:
+                raise ValueError("the pieces layout needs the subword vectors (codebook)")
             distinct, remapped = np.unique(np.asarray(table.pieces), return_inverse=True)
             if len(distinct) != self.pieces or len(remapped) != self.piece_refs:
                 raise ValueError(f"table has {len(distinct)} distinct pieces in {len(remapped)}, "
                                  f"layer expects {self.pieces} in {self.piece_refs}")
-            self.piece_vectors.embeddings.assign(pretrained.codebook()[distinct].astype(np.float16))
+            self.piece_vectors.embeddings.assign(np.asarray(codebook)[distinct].astype(np.float16))
             splits = np.zeros(self.vocabulary_size + 2, dtype=np.int64)
             splits[2:] = np.cumsum(np.asarray(table.counts, dtype=np.int64))
             self.word_splits.assign(splits)

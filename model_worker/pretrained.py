@@ -335,7 +335,7 @@ class PretrainedView:
                                   packed=True, l2=self.l2, fallback=self.fallback, strip=self.strip,
                                   pieces=pieces, piece_refs=0 if t.pieces is None else len(t.pieces),
                                   name=f"vectorizer_{self.name}")
-        lay.set_table(t)
+        lay.set_table(t, codebook() if t.pieces is not None else None)
         return lay
 
     def fusable(self, units: int) -> bool:
