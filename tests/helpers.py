@@ -95,8 +95,12 @@ class Service:
         # prefix: a command that runs the service, e.g. fiu-run (test_faults_disk.py)
         self.proc = subprocess.Popen((prefix or []) + cmd + (args or []), cwd=ROOT, stdout=self._log,
                                      stderr=subprocess.STDOUT, env=full_env)
-        wait_for(lambda: self.get("/healthz")[0] == 200, 30, "service /healthz")
-        self.keys = self.read_keys(env or {})
+        try:
+            wait_for(lambda: self.get("/healthz")[0] == 200, 30, "service /healthz")
+            self.keys = self.read_keys(env or {})
+        except BaseException:  # no test holds it to stop it: a service that did not come up goes
+            self.stop()
+            raise
         KEYS_BY_PORT[self.mport] = lambda path: self.keys.get("admin")
         KEYS_BY_PORT[self.port] = lambda path: self.keys.get(
             "feedback" if path == "/feedback" else "predict")
