@@ -138,17 +138,15 @@ def start_servers(sup: Service, config: Config) -> list[Any]:
         inference = PredictRouter(inference, pipeline, config.limits,
                                   auth.accesses(sup.keys, config)["predict"])
     cap = max(_MIN_TRANSPORT_CAP, 2 * config.limits.max_body_bytes)
-    wire = _wire_server(inference, config, cap)
-    if wire is not None:
-        wire.listen(s.port, address=s.host)
-        servers.append(wire)
-    for app, host, port in ((inference, s.host, s.port),
-                            (management_app(sup, config, pipeline, feedback), s.manage_host,
-                             s.manage_port)):
-        if app is inference and wire is not None:
-            continue
-        server = HTTPServer(app, max_body_size=cap, xheaders=False,
-                            body_timeout=float(s.body_timeout_s))
+
+    def tornado(app: Any) -> HTTPServer:
+        return HTTPServer(app, max_body_size=cap, xheaders=False,
+                          body_timeout=float(s.body_timeout_s))
+
+    for server, host, port in ((_wire_server(inference, config, cap) or tornado(inference),
+                                s.host, s.port),
+                               (tornado(management_app(sup, config, pipeline, feedback)),
+                                s.manage_host, s.manage_port)):
         server.listen(port, address=host)
         servers.append(server)
     m = config.metrics
