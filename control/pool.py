@@ -84,7 +84,7 @@ class WorkerPool:
         w = self.wcfg
         return {"max_batch": w.max_batch, "batch_wait_ms": w.batch_wait_ms,
                 "intra_op_threads": w.intra_op_threads,
-                "inter_op_threads": w.inter_op_threads,
+                "inter_op_threads": w.inter_op_threads, "engine": w.engine,
                 "boot_nice": 10 if nice else 0, "log_level": self.cfg.log_level,
                 "parent_pid": os.getpid()}
 

@@ -89,7 +89,7 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from model_worker import profile, textmodel
+    from model_worker import lean, profile, textmodel
     from model_worker.worker import quiet_absl
     from state.store import ModelStore
 
@@ -134,9 +134,18 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
         probe = texts[:16]
         again = keras.saving.load_model(path, safe_mode=True)
         a = textmodel.make_predict_fn(result.model)(probe)
-        b = textmodel.make_predict_fn(again)(probe)
+        served = textmodel.make_predict_fn(again)
+        b = served(probe)
         if not np.allclose(a, b, atol=1e-5):
             raise RuntimeError("saved model does not reproduce the trained model's outputs")
+        # the lean plan (lean.npz): what workers answer from, without
+        # TensorFlow; written only when it gives the saved model's scores
+        t_lean = time.monotonic()
+        lean_report = lean.export(again, staged, texts, served)
+        lean_report["seconds"] = round(time.monotonic() - t_lean, 3)
+        if lean_report["engine"] != "lean":
+            log.warning("job %s: no lean plan (%s); workers serve it through Keras",
+                        spec["job_id"], lean_report["reason"])
         # a model holding a pretrained word table carries the Llama 2 notice
         # (NOTICE) and a copy of the licence agreement and its acceptable use
         # policy (LICENSES/): whoever passes the version on passes them on
@@ -160,6 +169,7 @@ def run(sock: socket.socket, spec: dict[str, Any]) -> None:
             "history": result.history,
             "train_seconds": round(train_s, 3),
             "export_seconds": round(export_s, 3),
+            "serving": lean_report,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "job_id": spec["job_id"],
             "versions": {"python": platform.python_version(), "keras": keras.__version__,

@@ -168,6 +168,7 @@ def _do_fault(action: str, sock: socket.socket | None) -> None:
 class Worker:
     def __init__(self, sock: socket.socket, options: dict[str, Any]) -> None:
         self.sock = sock
+        self.options = options
         self.max_batch = int(options.get("max_batch", 256))
         self.batch_wait = float(options.get("batch_wait_ms", 0.0)) / 1000.0
         self.queue: "queue.Queue[Any]" = queue.Queue()
@@ -202,8 +203,11 @@ class Worker:
             # guess first (one extra load per process, bounded by the supervisor)
             import gc
 
+            was_keras = not getattr(self.predict_fn, "lean", False)
             self.predict_fn = None
-            keras.backend.clear_session()
+            self._explainer = None
+            if was_keras:
+                keras.backend.clear_session()
             gc.collect()
         t0 = time.monotonic()
         path = msg["path"]
@@ -214,8 +218,10 @@ class Worker:
                 isinstance(x, str) for x in labels):
             raise ValueError("meta.json has no valid 'labels' list (two or more strings)")
         fault("load", f"{msg.get('name')}@{msg.get('version')}")
-        model = keras.saving.load_model(os.path.join(path, "model.keras"), safe_mode=True)
-        predict_fn = textmodel.make_predict_fn(model)
+        predict_fn = self.lean_predict(path) if self.options.get("engine", "lean") == "lean" else None
+        if predict_fn is None:
+            model = keras.saving.load_model(os.path.join(path, "model.keras"), safe_mode=True)
+            predict_fn = textmodel.make_predict_fn(model)
         t1 = time.monotonic()
         scores = predict_fn(["warm-up 预热"])
         if scores.shape != (1, len(labels)):
@@ -227,7 +233,25 @@ class Worker:
         self.model_name = str(msg.get("name"))
         self.model_version = msg.get("version")
         self.send({"t": "ready", "labels": labels, "load_s": t1 - t0, "warm_s": t2 - t1,
-                   "pid": os.getpid()})
+                   "pid": os.getpid(), "engine": "lean" if getattr(predict_fn, "lean", False) else "keras"})
+
+    @staticmethod
+    def lean_predict(path: str) -> Callable[[list[str]], Any] | None:
+        """The version's lean plan as a predict function (model_worker/lean.py),
+        or None when it has none. Explanations load the Keras model from
+        `path` when first asked (Worker.explain)."""
+        from model_worker import lean
+
+        plan = lean.load(path)
+        if plan is None:
+            return None
+
+        def predict(texts: list[str]) -> Any:
+            return plan.predict(texts)
+
+        predict.lean = True  # type: ignore[attr-defined]
+        predict.path = path  # type: ignore[attr-defined]
+        return predict
 
     # -- serving ---------------------------------------------------------------
     def _gather(self, first: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]]:
@@ -309,8 +333,16 @@ class Worker:
                 raise ValueError("'x' must be a non-negative integer")
             cached = getattr(self, "_explainer", None)
             if cached is None or cached[0] is not self.predict_fn:  # built once per model
-                self._explainer = cached = (self.predict_fn,
-                                            explain.explainer_for(getattr(self.predict_fn, "model", None)))
+                model = getattr(self.predict_fn, "model", None)
+                if getattr(self.predict_fn, "lean", False):
+                    # the lean engine serves without Keras: the first explanation loads the model
+                    import keras
+
+                    from model_worker import textmodel  # noqa: F401  (registers the layers)
+
+                    model = keras.saving.load_model(os.path.join(self.predict_fn.path, "model.keras"),  # type: ignore[attr-defined]
+                                                    safe_mode=True)
+                self._explainer = cached = (self.predict_fn, explain.explainer_for(model))
             t0 = time.perf_counter()
             probs, explained = cached[1](req["texts"], k)
             took = time.perf_counter() - t0

@@ -247,8 +247,11 @@ def main(sock: socket.socket, options: dict[str, Any],
         import threadpoolctl  # noqa: F401
 
         # the worker's and the trainer's code, and what they import lazily
-        from model_worker import autoselect, textmodel, trainer, worker  # noqa: F401
+        from model_worker import autoselect, lean, textmodel, trainer, worker  # noqa: F401
         from state import store  # noqa: F401
+
+        # the lean engine's compiled patterns and tables, shared by every worker
+        lean.text_ops()
 
         worker.quiet_absl(level)
         if tf_context_started():

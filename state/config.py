@@ -100,6 +100,11 @@ DEFAULTS: dict[str, Any] = {
         # big machine serving big batches.
         "intra_op_threads": 1,
         "inter_op_threads": 1,
+        # How a worker computes a model: "lean" (default) answers from the
+        # version's lean.npz when it has one (model_worker/lean.py: the same
+        # scores in NumPy, no TensorFlow in the worker: a fifth of the
+        # memory), else through Keras; "keras": always through Keras.
+        "engine": "lean",
         "max_restarts": 5,      # crashes within restart_window -> FAILED
         # Every worker process at once (serving, draining, standby, preloading,
         # loading); 0 = no limit. Applies that would need more get 409.
@@ -337,6 +342,7 @@ class WorkerSettings:
     zygote: bool
     intra_op_threads: int
     inter_op_threads: int
+    engine: str
     max_restarts: int
     max_workers: int
     max_requests: int
@@ -492,6 +498,9 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     if merged["server"]["event_loop"] not in ("uvloop", "asyncio"):
         raise ConfigError("setting 'server.event_loop' must be uvloop or asyncio, got "
                           f"{merged['server']['event_loop']!r}")
+    if merged["worker"]["engine"] not in ("lean", "keras"):
+        raise ConfigError("setting 'worker.engine' must be lean or keras, got "
+                          f"{merged['worker']['engine']!r}")
     if merged["server"]["http_parser"] not in ("httptools", "tornado"):
         raise ConfigError("setting 'server.http_parser' must be httptools or tornado, got "
                           f"{merged['server']['http_parser']!r}")

@@ -6,7 +6,8 @@ process must not):  python -m tests.featuremodels MODELS_DIR
 - "lin": architecture auto on a small English topic set (a linear model,
   explainable);
 - "bowm": architecture bow on the same texts (cannot explain);
-published with the meta.json keys the trainer writes.
+published with the meta.json keys and the lean plan (model_worker/lean.py)
+the trainer writes.
 """
 from __future__ import annotations
 
@@ -14,14 +15,19 @@ import os
 import sys
 
 
-def publish(models_dir: str, name: str, result, params: dict, extra: dict | None = None) -> int:
+def publish(models_dir: str, name: str, result, params: dict, extra: dict | None = None,
+            texts: list[str] | None = None) -> int:
+    from model_worker import lean, textmodel
     from state.store import ModelStore
 
     store = ModelStore(models_dir)
     store.ensure()
     staged = store.staging_dir()
     result.model.save(os.path.join(staged, "model.keras"))
-    meta = {"labels": result.labels, "params": params, "metrics": result.metrics, **(extra or {})}
+    serving = lean.export(result.model, staged, texts or [], textmodel.make_predict_fn(result.model))
+    assert serving["engine"] == "lean", serving
+    meta = {"labels": result.labels, "params": params, "metrics": result.metrics, "serving": serving,
+            **(extra or {})}
     if result.report is not None:
         meta["report"] = result.report
     return store.publish(name, staged, meta)
@@ -37,9 +43,9 @@ def main(models_dir: str) -> None:
     # (tests/test_pretrained*.py cover the pretrained view)
     p = validate_params({"architecture": "auto", "time_budget_s": 20, "folds": 3,
                          "pretrained": False})
-    publish(models_dir, "lin", textmodel.train_model(texts, labels, p), p)
+    publish(models_dir, "lin", textmodel.train_model(texts, labels, p), p, texts=texts)
     p = validate_params({**textmodel.TINY_PARAMS})
-    publish(models_dir, "bowm", textmodel.train_model(texts, labels, p), p)
+    publish(models_dir, "bowm", textmodel.train_model(texts, labels, p), p, texts=texts)
 
 
 if __name__ == "__main__":

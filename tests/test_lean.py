@@ -1,0 +1,216 @@
+"""The lean engine (model_worker/lean.py) answers what the Keras graph answers.
+
+Real TensorFlow on one side, the lean steps on the other, on texts that
+hypothesis draws from an alphabet of the awkward cases (case, marks, CJK,
+Greek sigma, whitespace that only some splitters know, NUL, characters
+whose Unicode properties changed between TensorFlow's tables and Python's):
+- every standardizer and split gives the same words, lowercasing and mark
+  stripping the same strings;
+- the character tables shipped in tf_unicode.json are the installed
+  TensorFlow's;
+- every graph `auto` builds (word, char, punct and pretrained views, the
+  folded and the vector table, ensembles, sigmoid), `bow` on words and on
+  characters, and the zero-shot layout give the same scores within 1e-5;
+- export writes nothing for a graph it cannot compute, or one whose plan
+  disagrees.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from model_worker import lean
+
+tf = pytest.importorskip("tensorflow")
+
+ALPHABET = (
+    "abcdefghijklmnopqrstuvwxyz" "ABCDEFGHIJKLMNOPQRSTUVWXYZ" "0123456789"
+    " \t\n\x0b\x0c\r" "\x1c\x85\xa0\u2003\u3000\u200b"
+    ".,;:!?'\"()[]{}-_/\\@#%&*+=<>|~^`$" "©®™→∑∞€£"
+    "éèêëàâäïîôöùûüçñßÆæØøÅåœŒ" "ΣσςΟΔΑΒΓ" "İıǅǄǆ" "\u0301\u0308\u030a"
+    "我你他的是不了在人有这中大为上个国好用电池太行很" "ひらがなカタカナー・" "한국"
+    "😀👍🎉" "\U00010570\U00010597\u2c2f\ua7c0" "\x00"
+)
+WORDS = ["the", "The", "THE", "match", "Match", "football", "café", "Café", "很好", "电池", "iPhone",
+         "don't", "(the", "kernel,", "Linux.", "ΟΔΟΣ", "straße"]
+
+
+def _text(draw_chars: str, words: list[str]) -> str:
+    return draw_chars + " " + " ".join(words) if words else draw_chars
+
+
+texts_st = st.lists(
+    st.builds(_text, st.text(alphabet=ALPHABET, max_size=40), st.lists(st.sampled_from(WORDS), max_size=6)),
+    min_size=1, max_size=24)
+
+
+def _tf_words(name: str, texts: list[str]) -> list[list[str]]:
+    from model_worker import layers
+
+    out = tf.strings.split(layers._STANDARDIZERS[name](tf.constant(texts))).to_list()
+    return [[w.decode("utf-8") for w in row] for row in out]
+
+
+def test_tables_are_the_installed_tensorflows():
+    """tf_unicode.json is what `python -m model_worker.lean --write-tables`
+    reads from this TensorFlow (its classes, its lowercase, where Python's
+    own Unicode tables differ)."""
+    with open(lean.TABLES_FILE, encoding="ascii") as fh:
+        shipped = json.load(fh)
+    fresh = lean.read_tables()
+    for key in ("word", "cjk", "space", "lower", "python_differs"):
+        assert shipped[key] == json.loads(json.dumps(fresh[key])), key
+    # the tables matter: Python's and TensorFlow's Unicode differ (newer
+    # letters, Vithkuqi's case), and TensorFlow's lowercase stops at NUL
+    assert shipped["python_differs"]
+    assert tf.strings.lower("a\x00B", encoding="utf-8").numpy() == b"a"
+    assert lean.text_ops().lower("a\x00B") == "a"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(texts_st)
+def test_words_are_tensorflows(texts):
+    ops = lean.text_ops()
+    for name in ("char", "word", "lower", "word_punct", "cased", "cased_punct"):
+        want = _tf_words(name, texts)
+        got = [ops.tokenizers[name](t) for t in texts]
+        assert got == want, name
+    lowered = [b.decode("utf-8") for b in tf.strings.lower(tf.constant(texts), encoding="utf-8").numpy()]
+    assert [ops.lower(t) for t in texts] == lowered
+    from model_worker import layers
+
+    words = [w for t in texts for w in lean.split_words(t)]
+    if words:
+        bare = [b.decode("utf-8") for b in layers.strip_marks(tf.constant(words)).numpy()]
+        assert [ops.strip_marks(w) for w in words] == bare
+        char = layers._char_ngrams(tf.constant([" ".join(words)]), (2, 3, 4, 5), False).to_list()[0]
+        assert sorted(lean.char_ngrams(words, (2, 3, 4, 5), False)) == sorted(c.decode("utf-8") for c in char)
+
+
+# --------------------------------------------------------------------------
+# Whole graphs
+# --------------------------------------------------------------------------
+
+CORPUS = [
+    "The striker scored twice in the second half!", "a new smartphone chip promises longer battery life",
+    "Grilled salmon with lemon and fresh herbs.", "Stock markets fell sharply after the announcement",
+    "the compiler crashed while building the kernel", "She planted tomatoes and beans in the garden",
+    "iPhone很好用，但是电池不太行。", "这个电池很好", "don't (the) kernel, Linux. café Café",
+    "ΟΔΟΣ straße -- 100% of C++ & $HOME", "football match today", "news about football match",
+]
+
+
+def _graphs() -> list[tuple[str, object]]:
+    """(what, a Keras model) for each kind of graph the lean engine serves."""
+    import keras
+
+    from model_worker import autofeatures, layers, pretrained, textmodel
+
+    rng = np.random.default_rng(3)
+    out: list[tuple[str, object]] = []
+    for tokenize in ("word", "char"):
+        views = autofeatures.views_for(tokenize)
+        parts = []
+        for name in ("word", "char", "punct"):
+            counts = autofeatures.count_matrix(views[name], CORPUS, 5000)
+            parts.append((views[name], counts.vocabulary, autofeatures.idf_weights(counts.matrix)))
+        for n_members in (1, 2):
+            members = [({v.name: rng.normal(size=(len(vocab), 3)) for v, vocab, _ in parts}, rng.normal(size=3))
+                       for _ in range(n_members)]
+            out.append((f"{tokenize} views, {n_members} member(s)", autofeatures.linear_graph(parts, members)))
+        one = [({v.name: rng.normal(size=(len(vocab), 4)) for v, vocab, _ in parts}, rng.normal(size=4))]
+        out.append((f"{tokenize} views, sigmoid", autofeatures.linear_graph(parts, one, activation="sigmoid")))
+    # characters through TextVectorization (a vocabulary too wide to pack)
+    fits = layers.CharNgramCounts.fits
+    layers.CharNgramCounts.fits = classmethod(lambda cls, vocabulary, widths: False)  # type: ignore[method-assign]
+    try:
+        out.append(("char view through TextVectorization", autofeatures.linear_graph(parts, members)))
+    finally:
+        layers.CharNgramCounts.fits = fits  # type: ignore[method-assign]
+    # the pretrained view: folded table, vector table, beside n-grams
+    view, _ = pretrained.fit_view(CORPUS, n_frequent=2000)
+    word = autofeatures.views_for("word")["word"]
+    counts = autofeatures.count_matrix(word, CORPUS, 5000)
+    pv = [(view, view.vocabulary(), np.ones(pretrained.DIM)),
+          (word, counts.vocabulary, autofeatures.idf_weights(counts.matrix))]
+    members = [({"pretrained": rng.normal(size=(pretrained.DIM, 3)),
+                 "word": rng.normal(size=(len(counts.vocabulary), 3))}, rng.normal(size=3)) for _ in range(2)]
+    out.append(("pretrained, folded", autofeatures.linear_graph(pv, members)))
+    out.append(("pretrained, vector table", autofeatures.linear_graph(pv, members, fuse=False)))
+    normed = pretrained.PretrainedView(view.table)  # per-text norm (versions before)
+    out.append(("pretrained, per-text norm", autofeatures.linear_graph(
+        [(normed, normed.vocabulary(), np.ones(pretrained.DIM))], [({"pretrained": members[0][0]["pretrained"]},
+                                                                    members[0][1])])))
+    # zero-shot's layout: subword pieces, case kept, marks split, cosine to descriptions
+    table = pretrained.build_table(["Zorblax"], n_frequent=3000, standardize="cased_punct", capitalized=3000,
+                                   pieces=True)
+    zs = pretrained.PretrainedView(table, standardize="cased_punct", scale=1.0, l2=True)
+    text = keras.Input(shape=(), dtype="string")
+    dense = keras.layers.Dense(3, use_bias=False, activation="softmax")
+    model = keras.Model(text, dense(zs.layer()(text)))
+    dense.kernel.assign(rng.normal(size=(pretrained.DIM, 3)).astype("float32") * 5)
+    out.append(("zero-shot pieces", model))
+    # bow, on words and on characters (tokenize "char": Chinese)
+    labels = ["a", "b", "c"] * 4
+    for tokenize in ("word", "char"):
+        res = textmodel.train_tiny(CORPUS, labels, tokenize=tokenize, epochs=3)
+        out.append((f"bow {tokenize}", res.model))
+    return out
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    from model_worker import textmodel
+
+    built = []
+    for what, model in _graphs():
+        spec, arrays = lean.build(model)
+        built.append((what, textmodel.make_predict_fn(model), lean.Plan(spec, arrays)))
+    return built
+
+
+def test_every_graph_kind_has_a_plan(graphs):
+    assert len(graphs) == 13
+    for what, keras_fn, plan in graphs:
+        probe = [*CORPUS, *lean.PROBES, ""]
+        got, want = plan.predict(probe), keras_fn(probe)
+        assert got.shape == want.shape and np.abs(got - want).max() < lean.TOLERANCE, what
+        assert plan.predict([]).shape == (0, want.shape[1])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(texts_st)
+def test_plans_answer_as_the_graphs(graphs, texts):
+    for what, keras_fn, plan in graphs:
+        got, want = plan.predict(texts), keras_fn(texts)
+        assert np.abs(got - want).max() < lean.TOLERANCE, (what, texts)
+
+
+def test_export_writes_the_plan_only_when_it_agrees(tmp_path, monkeypatch):
+    """A graph with a step the engine lacks (cnn) and a plan whose scores
+    differ get no lean.npz: the version serves through Keras. A plan that
+    agrees is written, and loads back to the same scores."""
+    from model_worker import textmodel
+
+    labels = ["a", "b", "c"] * 4
+    cnn = textmodel.train_tiny(CORPUS, labels, architecture="cnn", epochs=1, sequence_length=16,
+                               embedding_dim=8).model
+    got = lean.export(cnn, str(tmp_path), CORPUS, textmodel.make_predict_fn(cnn))
+    assert got["engine"] == "keras" and "TextVectorization" in got["reason"]  # its token ids
+    assert lean.load(str(tmp_path)) is None
+    bow = textmodel.train_tiny(CORPUS, labels, epochs=3).model
+    fn = textmodel.make_predict_fn(bow)
+    real = lean.Plan.predict
+    monkeypatch.setattr(lean.Plan, "predict", lambda self, texts: real(self, texts) + 1e-3)
+    got = lean.export(bow, str(tmp_path), CORPUS, fn)
+    assert got["engine"] == "keras" and "differ" in got["reason"] and lean.load(str(tmp_path)) is None
+    monkeypatch.setattr(lean.Plan, "predict", real)
+    got = lean.export(bow, str(tmp_path), CORPUS, fn)
+    assert got["engine"] == "lean" and got["bytes"] > 0
+    plan = lean.load(str(tmp_path))
+    assert plan is not None and np.abs(plan.predict(CORPUS) - fn(CORPUS)).max() < lean.TOLERANCE
