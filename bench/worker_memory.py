@@ -1,6 +1,6 @@
 """A serving worker's memory: PSS, USS and where its private pages go.
 
-    .venv/bin/python -m bench.worker_memory [--rounds 2] [--variants today,arena2]
+    .venv/bin/python -m bench.worker_memory [--rounds 2] [--variants lean,keras] [--replicas 4]
 
 Trains three versions through the service's own /train (a real service on
 free ports): `bow` on the bundled Chinese reviews (the demo's architecture),
@@ -16,10 +16,16 @@ the figure that does not depend on how many processes share the libraries),
 and the private pages by mapping (the C heap, anonymous mappings: TensorFlow's
 and glibc's arenas, the model's weights; each shared library).
 
-Variants (environment of the whole service, so of every worker it forks):
-    today     the defaults
+Variants (the service's settings or environment, so of every worker it forks):
+    lean      the defaults: workers answer from the version's lean plan
+              (model_worker/lean.py), TensorFlow untouched in the worker
+    keras     worker.engine: keras, every model through Keras (before the
+              lean engine)
     arena2    MALLOC_ARENA_MAX=2 (glibc: at most two malloc arenas a process)
     arena1    MALLOC_ARENA_MAX=1
+`--replicas N` serves each model with N workers: PSS is then a worker's
+share among 3N workers and the zygote, closer to a service holding many
+models (the target's case) than three workers alone.
 Results: a table on stdout and JSON in bench/results/.
 """
 from __future__ import annotations
@@ -45,8 +51,9 @@ MODELS = {  # name: /train params
     "auto": {"architecture": "auto", "pretrained": False},
     "autopre": {"architecture": "auto", "views": ["word", "char", "pretrained"]},
 }
-VARIANTS = {
-    "today": {},
+VARIANTS: dict[str, dict[str, str]] = {  # "engine": worker.engine; the rest: environment
+    "lean": {},
+    "keras": {"engine": "keras"},
     "arena2": {"MALLOC_ARENA_MAX": "2"},
     "arena1": {"MALLOC_ARENA_MAX": "1"},
 }
@@ -66,9 +73,11 @@ def english_examples() -> list[dict[str, str]]:
 def start(models_dir: str, workdir: str, tag: str, env: dict[str, str]) -> Any:
     from tests.helpers import Service
 
+    env = dict(env)
+    engine = env.pop("engine", "lean")
     cfg = os.path.join(workdir, f"config-{tag}.yaml")
     with open(cfg, "w", encoding="utf-8") as fh:
-        fh.write("worker:\n  standby: false\ntraining:\n  demo_on_empty_store: false\n"
+        fh.write(f"worker:\n  standby: false\n  engine: {engine}\ntraining:\n  demo_on_empty_store: false\n"
                  "  max_concurrent: 2\n  data_roots: [" + json.dumps(os.path.join(ROOT, "data"))
                  + "]\nwatcher:\n  enabled: false\nrollout:\n  probation_s: 0\n"
                  "log_level: WARNING\n")
@@ -141,13 +150,11 @@ def smaps(pid: int) -> dict[str, Any]:
     return {"pss": pss, "uss": uss, "private": dict(private)}
 
 
-def measure(models_dir: str, workdir: str, tag: str, env: dict[str, str]) -> dict[str, Any]:
-    from tests.helpers import wait_for
-
+def measure(models_dir: str, workdir: str, tag: str, env: dict[str, str], replicas: int = 1) -> dict[str, Any]:
     svc = start(models_dir, workdir, tag, env)
     try:
         for name in MODELS:
-            code, body = svc.mpost("/apply", {"name": name, "version": 1}, timeout=300)
+            code, body = svc.mpost("/apply", {"name": name, "version": 1, "replicas": replicas}, timeout=300)
             assert code == 200, body
         texts = [json.loads(line)["text"] for _, line in zip(range(256), open(DEMO,
                                                                          encoding="utf-8"))]
@@ -158,7 +165,7 @@ def measure(models_dir: str, workdir: str, tag: str, env: dict[str, str]) -> dic
                 code, body = svc.predict({"text": pool[i % len(pool)], "model": name})
                 assert code == 200, body
             batch = (pool * (256 // len(pool) + 1))[:256]
-            for _ in range(20):
+            for _ in range(20 * replicas):  # the least busy replica takes each: all get some
                 code, body = svc.predict({"texts": batch, "model": name})
                 assert code == 200, body
         # the worker gives its freed heap back when idle after a large call, at
@@ -168,10 +175,13 @@ def measure(models_dir: str, workdir: str, tag: str, env: dict[str, str]) -> dic
         for name in MODELS:
             svc.predict({"text": "hello", "model": name})
         time.sleep(1.0)
-        workers = {w["model"]["name"]: w["pid"] for w in svc.status()["workers"]
-                   if w.get("model") and w["state"] == "SERVING"}
-        wait_for(lambda: set(workers) == set(MODELS) or None, 5, "three serving workers")
-        return {name: smaps(pid) for name, pid in workers.items()}
+        pids: dict[str, list[int]] = collections.defaultdict(list)
+        for w in svc.status()["workers"]:
+            if w.get("model") and w["state"] == "SERVING":
+                pids[w["model"]["name"]].append(w["pid"])
+        assert set(pids) == set(MODELS) and all(len(p) == replicas for p in pids.values()), pids
+        # one worker a model: its figures (the replicas' differ by what each served)
+        return {name: smaps(p[0]) for name, p in pids.items()}
     finally:
         svc.stop()
 
@@ -179,7 +189,8 @@ def measure(models_dir: str, workdir: str, tag: str, env: dict[str, str]) -> dic
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--variants", default="today,arena2",
+    ap.add_argument("--replicas", type=int, default=1, help="workers per model")
+    ap.add_argument("--variants", default="lean,keras",
                     help=f"comma-separated, of {', '.join(VARIANTS)}")
     args = ap.parse_args()
     variants = args.variants.split(",")
@@ -190,14 +201,14 @@ def main() -> int:
         for v in (variants if r % 2 == 0 else variants[::-1]):
             d = os.path.join(workdir, f"models-{v}-{r}")
             shutil.copytree(store, d)
-            got = measure(d, workdir, f"{v}-{r}", VARIANTS[v])
+            got = measure(d, workdir, f"{v}-{r}", VARIANTS[v], args.replicas)
             runs[v].append(got)
             log(f"round {r + 1} {v}: " + ", ".join(
                 f"{n} PSS {m['pss'] / 2**20:.1f} USS {m['uss'] / 2**20:.1f} MB"
                 for n, m in got.items()))
             shutil.rmtree(d, ignore_errors=True)
     mb = 2 ** 20
-    print(f"\nworker memory, MB (medians of {args.rounds} rounds; PSS with three workers "
+    print(f"\nworker memory, MB (medians of {args.rounds} rounds; PSS with {3 * args.replicas} workers "
           f"and the zygote sharing the libraries)")
     print(f"{'variant':<10}" + "".join(f"{n + ' PSS':>14}{n + ' USS':>14}" for n in MODELS))
     for v in variants:

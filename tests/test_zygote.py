@@ -180,6 +180,40 @@ def test_worker_forked_after_many_others_predicts_correctly(tiny_store):
 
 
 @pytest.mark.timeout(900)  # above its BOOT and STEP waits together
+def test_a_lean_plan_is_served_without_tensorflow(feature_models):
+    """A version with a lean plan (model_worker/lean.py) is answered from it:
+    the ready frame says so, the scores are the Keras engine's for the same
+    version (worker.engine: keras), and the worker runs no TensorFlow: none
+    of its threads is one of the pools TensorFlow's context starts ("tf_..."),
+    which the Keras worker has. An explanation still comes:
+    the first one loads the Keras model."""
+    def thread_names(pid: int) -> list[str]:
+        names = []
+        for t in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{t}/comm", encoding="utf-8") as fh:
+                names.append(fh.read().strip())
+        return names
+
+    async def test(z: zmod.Zygote, workers: list[WorkerHandle]) -> None:
+        path = os.path.join(feature_models, "lin", "1")
+        assert os.path.isfile(os.path.join(path, "lean.npz"))
+        lean_w = await _worker(z, workers, BOOT)
+        keras_w = await _worker(z, workers, engine="keras")
+        ready = [await _within(w.load(path, "lin", 1)) for w in (lean_w, keras_w)]
+        assert [r["engine"] for r in ready] == ["lean", "keras"]
+        texts = ["the striker scored a late goal", "new phone chip", "", "Café -- ΟΔΟΣ 很好!"]
+        for _ in range(3):
+            got = await _within(lean_w.predict(texts))
+            want = await _within(keras_w.predict(texts))
+            assert _same(got, want)
+        tf_threads = [n for n in thread_names(keras_w.pid) if n.startswith("tf_")]
+        assert tf_threads, thread_names(keras_w.pid)  # TensorFlow's pools ("tf_Compute", ...)
+        assert not [n for n in thread_names(lean_w.pid) if n.startswith("tf_")], thread_names(lean_w.pid)
+        explained = await _within(lean_w.predict(texts[:1], {"x": 3}))
+        assert _same(explained["scores"], got[:1]) and explained["explain"][0]["features"]
+    _run(test)
+
+
 def test_kill9_of_a_forked_worker_is_seen_with_its_exit_status(tiny_store):
     async def test(z: zmod.Zygote, workers: list[WorkerHandle]) -> None:
         w = await _worker(z, workers, BOOT)
