@@ -1,7 +1,7 @@
 """Where a forked serving worker's private pages are: the zygote's pages it
 wrote to (copied on write) against pages it mapped itself.
 
-    .venv/bin/python -m bench.worker_pages MODEL_DIR [MODEL_DIR ...]
+    .venv/bin/python -m bench.worker_pages [--engine lean|keras] MODEL_DIR [MODEL_DIR ...]
 
 MODEL_DIR is a version folder of the store (it holds model.keras), e.g.
 models/demo/v1; "none": a child that only starts TensorFlow's context and
@@ -9,8 +9,9 @@ runs one op (the floor under any model). This process imports what the zygote im
 (model_worker/zygote.py: TensorFlow, Keras, the worker's and the trainer's
 code, with the thread pools held at one), collects and freezes the
 collector as the zygote does, then forks one child per model. The child
-loads the model as a worker does (safe mode, the worker's predict
-function, one intra-op and one inter-op thread), answers 20 batches of 256
+loads the model as a worker does (its lean plan when the folder has one and
+--engine is lean, the default; else through Keras in safe mode, the worker's
+predict function, one intra-op and one inter-op thread), answers 20 batches of 256
 and 200 single texts, gives its freed heap back, and reads its own
 /proc/self/smaps: private pages (clean + dirty) by mapping, each marked
 "zygote's" when the parent had the same address range before the fork (a
@@ -50,6 +51,9 @@ def _private_by_mapping(pid: int, parent: set[str]) -> dict[str, float]:
     return dict(agg)
 
 
+ENGINE = "lean"  # --engine: what a worker with worker.engine set so does
+
+
 def _child(model_dir: str, parent: set[str], out: int) -> None:
     import keras
 
@@ -63,8 +67,10 @@ def _child(model_dir: str, parent: set[str], out: int) -> None:
         worker.release_free_memory()
         _report(model_dir, parent, out)
         return
-    model = keras.saving.load_model(os.path.join(model_dir, "model.keras"), safe_mode=True)
-    predict = textmodel.make_predict_fn(model)
+    predict = worker.Worker.lean_predict(model_dir) if ENGINE == "lean" else None
+    if predict is None:
+        model = keras.saving.load_model(os.path.join(model_dir, "model.keras"), safe_mode=True)
+        predict = textmodel.make_predict_fn(model)
     predict(["warm-up 预热"])
     for _ in range(20):
         predict(["a short text to classify 一段短文本"] * 256)
@@ -80,7 +86,7 @@ def _report(model_dir: str, parent: set[str], out: int) -> None:
     for name, mb in pages.items():
         by_origin["zygote" if name.endswith("(zygote)") else "new"] += mb
     top = sorted(pages.items(), key=lambda kv: -kv[1])[:10]
-    os.write(out, json.dumps({"model": model_dir, "private_mb": round(sum(pages.values()), 1),
+    os.write(out, json.dumps({"model": model_dir, "engine": ENGINE, "private_mb": round(sum(pages.values()), 1),
                               "by_origin_mb": {k: round(v, 1) for k, v in by_origin.items()},
                               "top_mb": [(k, round(v, 1)) for k, v in top]}).encode())
 
@@ -88,14 +94,20 @@ def _report(model_dir: str, parent: set[str], out: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("models", nargs="+", help="version folders holding model.keras")
+    ap.add_argument("--engine", choices=("lean", "keras"), default="lean",
+                    help="lean (the default): a folder with lean.npz is served from it, as workers do")
     args = ap.parse_args(argv)
+    global ENGINE
+    ENGINE = args.engine
     for v in _POOL_VARS:
         os.environ[v] = "1"
     import keras  # noqa: F401
     import tensorflow  # noqa: F401
 
-    from model_worker import autoselect, textmodel, trainer, worker  # noqa: F401
+    from model_worker import autoselect, lean, textmodel, trainer, worker  # noqa: F401
     from state import store  # noqa: F401
+
+    lean.text_ops()  # as the zygote does
 
     gc.collect()
     gc.freeze()

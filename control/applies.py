@@ -319,6 +319,8 @@ class Applies:
             "from_probation": run.reused,
             "load_s": round(first.get("load_s", 0.0), 4),
             "warmup_s": round(first.get("warm_s", 0.0), 4),
+            # how the workers compute the model: "lean" (model_worker/lean.py) or "keras"
+            "engine": str(first.get("engine", "keras")),
             "old_worker": ended[0] if ended else None,
             "old_workers": ended,
             "probation": slot.probation.describe() if slot.probation else None,

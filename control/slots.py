@@ -51,6 +51,7 @@ class ApplyResult(TypedDict, total=False):
     from_probation: bool
     load_s: float
     warmup_s: float
+    engine: str
     old_worker: dict[str, object] | None
     old_workers: list[dict[str, object]]
     probation: dict[str, object] | None

@@ -356,6 +356,7 @@ class WorkerHandle(ChildProcess):
         self.state = State.STARTING
         self.model: "LoadedModel | None" = None  # {"name", "version"}
         self.labels: list[str] = []
+        self.engine = "keras"  # how its model is computed: "lean" or "keras" (its ready frame)
         self.pending: dict[int, tuple[Future[Any], float]] = {}
         self.served = 0
         self.slot: "Slot | None" = None  # the Slot it serves in, once it does
@@ -414,6 +415,7 @@ class WorkerHandle(ChildProcess):
                 self.booted.set_result(msg)
         elif kind == "ready":
             self.labels = list(msg["labels"])
+            self.engine = str(msg.get("engine", "keras"))
             self.set_state(State.READY)
             if not self.ready.done():
                 self.ready.set_result(msg)
@@ -529,6 +531,7 @@ class WorkerHandle(ChildProcess):
             "forked": self.forked,
             "state": self.state.value,
             "model": self.model,
+            "engine": self.engine if self.model else None,
             "served": self.served,
             "inflight": self.inflight,
             "rss_bytes": self.rss(),

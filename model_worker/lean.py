@@ -61,8 +61,13 @@ class Unsupported(Exception):
 # TensorFlow's text operations, in Python
 # --------------------------------------------------------------------------
 
-def _char_class(ranges: list[list[int]]) -> str:
-    return "".join(f"\\U{lo:08x}" if lo == hi else f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in ranges)
+def _char_class(ranges: list[list[int]], negate: bool = False) -> str:
+    """A regular expression class of these code points (one that matches
+    nothing, or anything, when there are none)."""
+    if not ranges:
+        return r"[^\x00-\U0010ffff]" if not negate else r"[\x00-\U0010ffff]"
+    body = "".join(f"\\U{lo:08x}" if lo == hi else f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in ranges)
+    return f"[{'^' if negate else ''}{body}]"
 
 
 _UNICODE = 0x110000
@@ -105,12 +110,13 @@ class TextOps:
         self._patterns = []
         for top in (0x80, 0x10000, _UNICODE):
             c = {k: _char_class(_as_ranges(v[:top])) for k, v in cls.items()}
+            non_word = _char_class(_as_ranges(cls["word"][:top]), negate=True)
             self._patterns.append((
-                re.compile(f"[{c['word']}]+").findall,
-                re.compile(f"[{c['cjk_word']}]|[{c['word_not_cjk']}]+").findall,
-                re.compile(f"[{c['punct']}]|[{c['not_punct_blank']}]+").findall,
-                re.compile(f"[{c['not_space_blank']}]+").findall,
-                re.compile(f"^[^{c['word']}]+|[^{c['word']}]+\\Z").sub))
+                re.compile(f"{c['word']}+").findall,
+                re.compile(f"{c['cjk_word']}|{c['word_not_cjk']}+").findall,
+                re.compile(f"{c['punct']}|{c['not_punct_blank']}+").findall,
+                re.compile(f"{c['not_space_blank']}+").findall,
+                re.compile(f"^{non_word}+|{non_word}+\\Z").sub))
         # TensorFlow's lowercase of each code point it changes; where Python's
         # str.lower (its own Unicode version) says otherwise, TensorFlow's wins
         tf_lower = {int(k): v for k, v in tables["lower"].items()}
@@ -120,7 +126,7 @@ class TextOps:
             differ = [cp for cp in range(1, 0x110000) if not 0xD800 <= cp <= 0xDFFF
                       and chr(cp).lower() != tf_lower.get(cp, chr(cp))]
         self._differ = {cp: tf_lower.get(cp, chr(cp)) for cp in differ}
-        self._differ_re = re.compile(f"[{_char_class([[cp, cp] for cp in differ])}]") if differ else None
+        self._differ_re = re.compile(_char_class([[cp, cp] for cp in differ])) if differ else None
         lower, pick = self.lower, self._pick
         self.tokenizers: dict[str, Callable[[str], list[str]]] = {
             "char": lambda text: pick(text := lower(text))[1](text),
@@ -219,23 +225,72 @@ def _vocab_blob(tokens: list[str]) -> np.ndarray:
     return np.frombuffer("\n".join(tokens).encode("utf-8"), dtype=np.uint8)
 
 
-def _vocab_index(blob: np.ndarray) -> dict[str, int]:
-    tokens = blob.tobytes().decode("utf-8").split("\n")
-    return {t: i for i, t in enumerate(tokens)}
+# odd, so that distinct lengths mix into distinct 64-bit patterns
+_LENGTH_MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
-def _counts(per_text: list[list[int]], width: int) -> Bag:
-    """Per-text column ids (0 included) -> counts as a Bag, cells sorted."""
-    n = len(per_text)
-    lengths = np.fromiter((len(c) for c in per_text), dtype=np.int64, count=n)
-    total = int(lengths.sum())
-    if not total:
-        empty = np.zeros(0, dtype=np.int64)
-        return Bag(empty, empty, np.zeros(0, dtype=np.float32), n, width)
-    cols = np.fromiter(chain.from_iterable(per_text), dtype=np.int64, count=total)
-    cells = np.repeat(np.arange(n, dtype=np.int64), lengths) * width + cols
-    cells, counts = np.unique(cells, return_counts=True)
+def _keys(tokens: list[str]) -> np.ndarray:
+    """Each token's key: its hash, mixed with its length (Vocab)."""
+    n = len(tokens)
+    hashes = np.fromiter(map(hash, tokens), dtype=np.int64, count=n).view(np.uint64)
+    lengths = np.fromiter(map(len, tokens), dtype=np.uint64, count=n)
+    return (hashes ^ (lengths * _LENGTH_MIX)).view(np.int64)
+
+
+class Vocab:
+    """token -> id (0: unknown) for a vocabulary, in 12 bytes a token.
+
+    A dict of the tokens would hold each as a Python string and an int
+    object, about 150 bytes a token: 15 MB for a bag of 100,000 n-grams,
+    most of a lean worker's memory. This holds the tokens' 64-bit keys,
+    sorted, and each one's id; a lookup keys the batch's tokens and finds
+    them all with one binary search. A key is Python's own string hash
+    (computed in this process, and kept with the string) mixed with the
+    length: Python hashes a string's stored bytes, so "/f" (two one-byte
+    characters) and "是" (U+662F, stored as the same two bytes) hash alike,
+    and only their lengths tell them apart (a string stored with 1, 2 or 4
+    bytes a character has the same bytes as another only at another
+    length). Otherwise a token matches only a vocabulary token with the same
+    64-bit key: a false match needs a collision, about once in 10^14
+    lookups for 100,000 tokens. A vocabulary whose own keys collide keeps a dict.
+    """
+
+    def __init__(self, blob: np.ndarray) -> None:
+        tokens = blob.tobytes().decode("utf-8").split("\n")
+        self.size = len(tokens)
+        hashes = _keys(tokens)
+        order = np.argsort(hashes, kind="stable")
+        self.keys = hashes[order]
+        self.dict: dict[str, int] | None = None
+        if self.size > 1 and bool((self.keys[1:] == self.keys[:-1]).any()):
+            self.dict = {t: i for i, t in enumerate(tokens)}
+        self.ids = order.astype(np.int32 if self.size < 2**31 else np.int64)
+        del tokens, hashes
+
+    def __len__(self) -> int:
+        return self.size
+
+    def lookup(self, tokens: list[str]) -> np.ndarray:
+        """The tokens' ids (int64), 0 where unknown."""
+        if self.dict is not None:
+            get = self.dict.get
+            return np.fromiter((get(t, 0) for t in tokens), dtype=np.int64, count=len(tokens))
+        h = _keys(tokens)
+        pos = np.searchsorted(self.keys, h)
+        pos[pos == self.size] = 0
+        return np.where(self.keys[pos] == h, self.ids[pos], 0).astype(np.int64)
+
+
+def _counts(rows: np.ndarray, cols: np.ndarray, n: int, width: int) -> Bag:
+    """Each (row, column) pair once with how often it came, cells sorted."""
+    cells, counts = np.unique(rows * width + cols, return_counts=True)
     return Bag(cells // width, cells % width, counts.astype(np.float32), n, width)
+
+
+def _flat(per_text: list[list[str]]) -> tuple[list[str], np.ndarray]:
+    """Every text's tokens in one list, and each token's text (ascending)."""
+    lengths = np.fromiter(map(len, per_text), dtype=np.int64, count=len(per_text))
+    return list(chain.from_iterable(per_text)), np.repeat(np.arange(len(per_text), dtype=np.int64), lengths)
 
 
 def _csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n: int, width: int) -> Any:
@@ -267,13 +322,6 @@ def _product(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n: int, width
     if len(rows) * kernel.shape[1] <= _GATHER_MAX:
         return _segment_sum(kernel[cols] * vals[:, None], rows, n)
     return np.asarray(_csr(rows, cols, vals, n, width) @ kernel, dtype=np.float32)
-
-
-def _segment_rows(per_text: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    n = len(per_text)
-    lengths = np.fromiter((len(c) for c in per_text), dtype=np.int64, count=n)
-    ids = np.fromiter(chain.from_iterable(per_text), dtype=np.int64, count=int(lengths.sum()))
-    return ids, np.repeat(np.arange(n, dtype=np.int64), lengths)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -308,7 +356,7 @@ class Plan:
             for key in step.get("arrays", ()):
                 own[key] = arrays[f"{name}/{key}"]
             if "vocab" in own:
-                own["index"] = _vocab_index(own.pop("vocab"))
+                own["vocab"] = Vocab(own["vocab"])
             if kind == "linear":  # a bag's rows index the kernel: float32, contiguous
                 own["kernel"] = np.ascontiguousarray(own["kernel"], dtype=np.float32)
             self.data[name] = own
@@ -331,23 +379,24 @@ class Plan:
         tokenize = self.ops.tokenizers[name] if name else split_words
         return Tokens(tokenize(t) for t in values)
 
-    def _lookup(self, index: dict[str, int], words: list[str], fallback: bool, strip: bool) -> list[int]:
-        """layers._lookup: as written; with `fallback`, lowercased; with `strip`,
-        without the marks at the ends, as written, then lowercased."""
-        get = index.get
-        ids = [get(w, 0) for w in words]
+    def _lookup(self, vocab: Vocab, words: list[str], fallback: bool, strip: bool) -> np.ndarray:
+        """layers._lookup: as written; with `fallback`, a word unknown so
+        lowercased; with `strip`, one still unknown without the marks at its
+        ends, as written, then lowercased."""
+        ids = vocab.lookup(words)
         if not fallback:
             return ids
         lower, strip_marks = self.ops.lower, self.ops.strip_marks
-        for i, found in enumerate(ids):
-            if found:
-                continue
-            w = words[i]
-            found = get(lower(w), 0)
-            if not found and strip:
-                bare = strip_marks(w)
-                found = get(bare, 0) or get(lower(bare), 0)
-            ids[i] = found
+        miss = np.flatnonzero(ids == 0)
+        if not len(miss):
+            return ids
+        unknown = [words[i] for i in miss.tolist()]
+        found = vocab.lookup([lower(w) for w in unknown])
+        if strip:
+            bare = [strip_marks(w) for w in unknown]
+            found = np.where(found > 0, found, vocab.lookup(bare))
+            found = np.where(found > 0, found, vocab.lookup([lower(w) for w in bare]))
+        ids[miss] = found
         return ids
 
     def _run(self, step: dict[str, Any], args: list[Any]) -> Any:
@@ -358,25 +407,23 @@ class Plan:
             return self._tokens(step["standardize"], args[0])
         if kind == "ngrams":  # TextVectorization, output_mode "count", sparse
             words = self._tokens(step["standardize"], args[0])
-            index, width = own["index"], len(own["index"])
-            get = index.get
+            vocab = own["vocab"]
             if step["split"] == "whitespace":
                 widths = tuple(step["ngrams"]) if step["ngrams"] else None
                 grams = [word_ngrams(w, widths) for w in words] if widths else words
             else:
                 w, uni = tuple(step["char_widths"]), step["char_unigrams"]
                 grams = [char_ngrams(ws, w, uni) for ws in words]
-            return _counts([[get(g, 0) for g in row] for row in grams], width)
+            flat, rows = _flat(grams)
+            return _counts(rows, vocab.lookup(flat), len(words), len(vocab))
         if kind == "char_ngrams":  # CharNgramCounts: no OOV column emitted
             words = self._tokens(step["standardize"], args[0])
-            index, width = own["index"], len(own["index"])
-            get = index.get
+            vocab = own["vocab"]
             widths, uni = tuple(step["widths"]), step["unigrams"]
-            per_text = []
-            for ws in words:
-                ids = [get(g, 0) for g in char_ngrams(ws, widths, uni)]
-                per_text.append([i for i in ids if i])
-            return _counts(per_text, width)
+            flat, rows = _flat([char_ngrams(ws, widths, uni) for ws in words])
+            cols = vocab.lookup(flat)
+            known = cols > 0
+            return _counts(rows[known], cols[known], len(words), len(vocab))
         if kind == "weighting":
             return self._weigh(step, own, args[0])
         if kind == "linear":
@@ -428,8 +475,8 @@ class Plan:
         """PretrainedLogits ("word_logits") and PretrainedEmbedding ("word_mean")."""
         words = self._tokens(step["standardize"], texts)
         n = len(words)
-        per_text = [self._lookup(own["index"], ws, step["fallback"], step["strip"]) for ws in words]
-        ids, rows = _segment_rows(per_text)
+        flat, rows = _flat(words)
+        ids = self._lookup(own["vocab"], flat, step["fallback"], step["strip"])
         if step["op"] == "word_logits":
             table = own["table"]  # (words + 1) x (units + 1): s_w @ K and the subword count
             summed = _segment_sum(table[ids], rows, n)

@@ -242,7 +242,12 @@ class Worker:
         `path` when first asked (Worker.explain)."""
         from model_worker import lean
 
-        plan = lean.load(path)
+        try:
+            plan = lean.load(path)
+        except Exception as exc:  # a damaged plan: model.keras still serves
+            log.warning("lean plan of %s unreadable (%s: %s); serving through Keras",
+                        path, type(exc).__name__, exc)
+            return None
         if plan is None:
             return None
 

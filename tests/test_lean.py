@@ -30,12 +30,12 @@ tf = pytest.importorskip("tensorflow")
 ALPHABET = (
     "abcdefghijklmnopqrstuvwxyz" "ABCDEFGHIJKLMNOPQRSTUVWXYZ" "0123456789"
     " \t\n\x0b\x0c\r" "\x1c\x85\xa0\u2003\u3000\u200b"
-    ".,;:!?'\"()[]{}-_/\\@#%&*+=<>|~^`$" "©®™→∑∞€£"
+    ".,;:!?'\"()[]{}-_/\\@#%&*+=<>|~^`$" "©®™→∑∞€£" "TTT[[[]]]"
     "éèêëàâäïîôöùûüçñßÆæØøÅåœŒ" "ΣσςΟΔΑΒΓ" "İıǅǄǆ" "\u0301\u0308\u030a"
     "我你他的是不了在人有这中大为上个国好用电池太行很" "ひらがなカタカナー・" "한국"
     "😀👍🎉" "\U00010570\U00010597\u2c2f\ua7c0" "\x00"
 )
-WORDS = ["the", "The", "THE", "match", "Match", "football", "café", "Café", "很好", "电池", "iPhone",
+WORDS = ["T[", "t[", "/f", "是", "the", "The", "THE", "match", "Match", "football", "café", "Café", "很好", "电池", "iPhone",
          "don't", "(the", "kernel,", "Linux.", "ΟΔΟΣ", "straße"]
 
 
@@ -43,8 +43,13 @@ def _text(draw_chars: str, words: list[str]) -> str:
     return draw_chars + " " + " ".join(words) if words else draw_chars
 
 
+ASCII = "".join(c for c in ALPHABET if c.isascii())
+BMP = "".join(c for c in ALPHABET if c <= "\uffff")
+# each text is matched by the narrowest of three pattern sets (ASCII, BMP,
+# all of Unicode): every alphabet draws texts that fit each
 texts_st = st.lists(
-    st.builds(_text, st.text(alphabet=ALPHABET, max_size=40), st.lists(st.sampled_from(WORDS), max_size=6)),
+    st.builds(_text, st.sampled_from([ALPHABET, BMP, ASCII]).flatmap(lambda a: st.text(alphabet=a, max_size=40)),
+              st.lists(st.sampled_from(WORDS), max_size=6)),
     min_size=1, max_size=24)
 
 
