@@ -23,9 +23,10 @@ taken in the same run, so the ratios mean something on any machine:
      (budget: at most 3% fewer req/s), and Open Inference Protocol infer
      (JSON tensors) vs /predict, 1 and 256 texts; runs interleaved, medians
   7. the event loop and JSON (alone: --loops): single text at c64 (log on)
-     and 256 texts at c4 on five services alike but for server.event_loop
-     (asyncio, uvloop), TEXTSWAP_JSON (stdlib, orjson) and server.http_parser
-     (tornado, httptools): as before, each change alone, all three; against the bare
+     and 256 texts at c4 on six services alike but for server.event_loop
+     (asyncio, uvloop), TEXTSWAP_JSON (stdlib, orjson), server.http_parser
+     (tornado, httptools) and worker.engine (keras, lean): as before, each
+     change alone, the three, and all four (the default); against the bare
      Tornado echo on asyncio's default loop, interleaved rounds, medians; and
      the request path's JSON calls timed in-process
 
@@ -376,7 +377,7 @@ def loadgen(spec: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------
 
 def write_config(path: str, models_dir: str, standby: bool, metrics: bool = True,
-                 server: dict[str, Any] | None = None) -> str:
+                 server: dict[str, Any] | None = None, engine: str | None = None) -> str:
     import yaml
 
     cfg: dict[str, Any] = {
@@ -391,6 +392,8 @@ def write_config(path: str, models_dir: str, standby: bool, metrics: bool = True
     }
     if server:
         cfg["server"] = dict(server)
+    if engine:
+        cfg["worker"]["engine"] = engine
     with open(path, "w", encoding="utf-8") as fh:
         yaml.safe_dump(cfg, fh)
     return path
@@ -510,11 +513,11 @@ def timed_apply(svc: Any, version: int, poller: ServingPoller) -> dict[str, Any]
 
 def start_service(workdir: str, models_dir: str, standby: bool, tag: str,
                   metrics: bool = True, server: dict[str, Any] | None = None,
-                  env: dict[str, str] | None = None) -> Any:
+                  env: dict[str, str] | None = None, engine: str | None = None) -> Any:
     from tests.helpers import Service
 
     cfg = write_config(os.path.join(workdir, f"config-{tag}.yaml"), models_dir, standby,
-                       metrics, server)
+                       metrics, server, engine)
     t0 = time.monotonic()
     svc = Service(models_dir, args=["--config", cfg], env=env,
                   log_path=os.path.join(workdir, f"service-{tag}.log"))
@@ -1000,14 +1003,16 @@ def run_ecosystem(args: argparse.Namespace) -> int:
 # The event loop and JSON (--loops): each change alone, against bare Tornado
 # ---------------------------------------------------------------------------
 
-# (label, server.event_loop, TEXTSWAP_JSON, server.http_parser): the service as
-# it was (asyncio's loop, the standard library's json, Tornado's HTTP server),
-# each change alone, and all three (the default)
-LOOP_VARIANTS = [("asyncio+json+tornado", "asyncio", "stdlib", "tornado"),
-                 ("uvloop+json+tornado", "uvloop", "stdlib", "tornado"),
-                 ("asyncio+orjson+tornado", "asyncio", "", "tornado"),
-                 ("asyncio+json+httptools", "asyncio", "stdlib", "httptools"),
-                 ("uvloop+orjson+httptools", "uvloop", "", "httptools")]
+# (label, server.event_loop, TEXTSWAP_JSON, server.http_parser, worker.engine):
+# the service as it was (asyncio's loop, the standard library's json,
+# Tornado's HTTP server, the model through Keras), each change alone, the
+# three of the supervisor together, and with the lean engine too (the default)
+LOOP_VARIANTS = [("asyncio+json+tornado", "asyncio", "stdlib", "tornado", "keras"),
+                 ("uvloop+json+tornado", "uvloop", "stdlib", "tornado", "keras"),
+                 ("asyncio+orjson+tornado", "asyncio", "", "tornado", "keras"),
+                 ("asyncio+json+httptools", "asyncio", "stdlib", "httptools", "keras"),
+                 ("uvloop+orjson+httptools", "uvloop", "", "httptools", "keras"),
+                 ("all three + lean engine", "uvloop", "", "httptools", "lean")]
 BEFORE, DEFAULT = LOOP_VARIANTS[0][0], LOOP_VARIANTS[-1][0]
 
 
@@ -1084,13 +1089,13 @@ def run_loops(args: argparse.Namespace) -> int:
                            "machine": {"cpus": os.cpu_count()},
                            "durations_s": {"measure": dur, "rounds": rounds}}
     try:
-        for label, loop_kind, json_env, parser in LOOP_VARIANTS:
+        for label, loop_kind, json_env, parser, engine in LOOP_VARIANTS:
             d = os.path.join(workdir, f"models-{label}")
             shutil.copytree(models_dir, d, ignore=shutil.ignore_patterns(".state.db*", ".tmp"))
             env = {"TEXTSWAP_JSON": json_env} if json_env else {}
             svcs[label] = s = start_service(workdir, d, standby=False, tag=label,
                                             server={"event_loop": loop_kind,
-                                                    "http_parser": parser}, env=env)
+                                                    "http_parser": parser}, env=env, engine=engine)
             wait_for(lambda: s.status()["serving"], 300, f"{label}: the startup apply",
                      interval=0.2)
         wait_for(lambda: _port_open(eport), 20, "echo server")
