@@ -702,7 +702,8 @@ def build(model: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
 def _save(folder: str, spec: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     buf = io.BytesIO()
     plan = np.frombuffer(json.dumps(spec).encode("utf-8"), dtype=np.uint8)
-    np.savez(buf, plan=plan, **arrays)
+    members: dict[str, Any] = {"plan": plan, **arrays}
+    np.savez(buf, **members)
     path = os.path.join(folder, PLAN_FILE)
     with open(path + ".tmp", "wb") as fh:
         fh.write(buf.getvalue())

@@ -178,6 +178,7 @@ class Worker:
         self.model_version: Any = None
         self.restore_nice: int | None = None  # priority to return to when serving
         self.grown, self.trimmed = False, 0.0  # a large call since the last trim; when that was
+        self._explainer: tuple[Any, Any] | None = None  # (the predict function, its Explainer)
 
     def send(self, msg: dict[str, Any]) -> None:
         protocol.write_frame(self.sock, msg)
@@ -336,7 +337,7 @@ class Worker:
             k = req["x"]
             if isinstance(k, bool) or not isinstance(k, int) or k < 0:
                 raise ValueError("'x' must be a non-negative integer")
-            cached = getattr(self, "_explainer", None)
+            cached = self._explainer
             if cached is None or cached[0] is not self.predict_fn:  # built once per model
                 model = getattr(self.predict_fn, "model", None)
                 if getattr(self.predict_fn, "lean", False):
@@ -345,8 +346,8 @@ class Worker:
 
                     from model_worker import textmodel  # noqa: F401  (registers the layers)
 
-                    model = keras.saving.load_model(os.path.join(self.predict_fn.path, "model.keras"),  # type: ignore[attr-defined]
-                                                    safe_mode=True)
+                    path = getattr(self.predict_fn, "path")
+                    model = keras.saving.load_model(os.path.join(path, "model.keras"), safe_mode=True)
                 self._explainer = cached = (self.predict_fn, explain.explainer_for(model))
             t0 = time.perf_counter()
             probs, explained = cached[1](req["texts"], k)
