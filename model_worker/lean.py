@@ -173,7 +173,7 @@ def word_ngrams(words: list[str], widths: tuple[int, ...]) -> list[str]:
         elif w == 2:
             out.extend([a + " " + b for a, b in zip(words, words[1:])])
         else:
-            out.extend(" ".join(words[i:i + w]) for i in range(len(words) - w + 1))
+            out += [" ".join(words[i:i + w]) for i in range(len(words) - w + 1)]
     return out
 
 
@@ -183,11 +183,11 @@ def char_ngrams(words: list[str], widths: tuple[int, ...], unigrams: bool) -> li
     out: list[str] = []
     for word in words:
         if unigrams:
-            out.extend(word)
+            out += word
         padded = f" {word} "
         n = len(padded)
         for w in widths:
-            out.extend(padded[i:i + w] for i in range(n - w + 1))
+            out += [padded[i:i + w] for i in range(n - w + 1)]
     return out
 
 

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import re
+import shutil
 import signal
 import time
 from typing import Any, Awaitable, Callable
@@ -180,13 +181,14 @@ def test_worker_forked_after_many_others_predicts_correctly(tiny_store):
 
 
 @pytest.mark.timeout(900)  # above its BOOT and STEP waits together
-def test_a_lean_plan_is_served_without_tensorflow(feature_models):
+def test_a_lean_plan_is_served_without_tensorflow(feature_models, tmp_path):
     """A version with a lean plan (model_worker/lean.py) is answered from it:
     the ready frame says so, the scores are the Keras engine's for the same
     version (worker.engine: keras), and the worker runs no TensorFlow: none
     of its threads is one of the pools TensorFlow's context starts ("tf_..."),
     which the Keras worker has. An explanation still comes:
-    the first one loads the Keras model."""
+    the first one loads the Keras model. A damaged plan is passed over for
+    model.keras."""
     def thread_names(pid: int) -> list[str]:
         names = []
         for t in os.listdir(f"/proc/{pid}/task"):
@@ -211,6 +213,14 @@ def test_a_lean_plan_is_served_without_tensorflow(feature_models):
         assert not [n for n in thread_names(lean_w.pid) if n.startswith("tf_")], thread_names(lean_w.pid)
         explained = await _within(lean_w.predict(texts[:1], {"x": 3}))
         assert _same(explained["scores"], got[:1]) and explained["explain"][0]["features"]
+        # a plan that cannot be read: logged, and model.keras serves
+        damaged = os.path.join(str(tmp_path), "lin", "1")
+        shutil.copytree(path, damaged)
+        with open(os.path.join(damaged, "lean.npz"), "wb") as fh:
+            fh.write(b"PK\x03\x04 not a zip archive")
+        fresh = await _worker(z, workers)
+        assert (await _within(fresh.load(damaged, "lin", 1)))["engine"] == "keras"
+        assert _same(await _within(fresh.predict(texts)), want)
     _run(test)
 
 
