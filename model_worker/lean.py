@@ -89,106 +89,280 @@ def _as_ranges(mask: np.ndarray) -> list[list[int]]:
 # What tf.strings.split splits on: " \t\n\v\f\r"
 _BLANKS = [[9, 13], [32, 32]]
 
+# A code point's category (TextOps.category): what every standardizer does
+# with it follows from it (_ROLES)
+BLANK, SPACE, CJK, WORD, MARK = range(5)
+# per standardizer (None: the text split as it is), what each category is in
+# its words: 0 a separator, 1 part of a run (a word), 2 a word of its own
+_ROLES = {
+    "word": (0, 0, 1, 1, 0),         # letters, marks, digits; CJK runs whole
+    "char": (0, 0, 2, 1, 0),         # ... each CJK character a word of its own
+    "lower": (0, 0, 1, 1, 1),        # anything but whitespace
+    "word_punct": (0, 1, 1, 1, 2),   # each mark or symbol a word of its own
+    "cased": (0, 1, 1, 1, 1),        # anything but the split's blanks
+    "cased_punct": (0, 1, 1, 1, 2),
+}
+_LOWERED = ("word", "char", "lower", "word_punct")
+
+
+class Words:
+    """A batch's words, as code points: word k is cps[starts[k]:starts[k] +
+    lengths[k]], from text text[k] (ascending; a text's words in order)."""
+    __slots__ = ("cps", "starts", "lengths", "text", "n", "_keys")
+
+    def __init__(self, cps: np.ndarray, starts: np.ndarray, lengths: np.ndarray, text: np.ndarray,
+                 n: int) -> None:
+        self.cps, self.starts, self.lengths, self.text, self.n = cps, starts, lengths, text, n
+        self._keys: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def keys(self) -> np.ndarray:
+        """Each word's key (_poly_keys), computed once."""
+        if self._keys is None:
+            self._keys = _poly_keys(self.cps, self.starts, self.lengths)
+        return self._keys
+
+    def strings(self, which: np.ndarray | None = None) -> list[str]:
+        idx = range(len(self.starts)) if which is None else which.tolist()
+        cps, starts, lengths = self.cps, self.starts, self.lengths
+        return [cps[starts[k]:starts[k] + lengths[k]].tobytes().decode("utf-32-le") for k in idx]
+
+    def per_text(self) -> list[list[str]]:
+        out: list[list[str]] = [[] for _ in range(self.n)]
+        for t, w in zip(self.text.tolist(), self.strings()):
+            out[t].append(w)
+        return out
+
 
 class TextOps:
-    """The standardizers of layers.py followed by tf.strings.split, as one
-    tokenizer each (text -> its words), with TensorFlow's character classes
-    and lowercasing (tf_unicode.json). Every lean step reads a text as the
-    words of its split, so a standardizer's spacing never needs building."""
+    """The standardizers of layers.py followed by tf.strings.split, on a
+    whole batch at once in NumPy (`words`), with TensorFlow's character
+    classes and lowercasing (tf_unicode.json). Every lean step reads a text
+    as the words of its split, so a standardizer's spacing is never built:
+    what a standardizer does to a character depends only on its category
+    (blank, other whitespace, CJK letter, other letter or digit, mark or
+    symbol), and the words are the runs and singles it leaves."""
 
     def __init__(self, tables: dict[str, Any]) -> None:
         word, cjk, space = (_mask(tables[k]) for k in ("word", "cjk", "space"))
-        blank, surrogate = _mask(_BLANKS), _mask([[0xD800, 0xDFFF]])
-        cls = {"word": word, "cjk_word": word & cjk, "word_not_cjk": word & ~cjk,
-               # a mark or symbol: standardize_*_punct spaces it out
-               "punct": ~(word | space | surrogate),
-               "not_punct_blank": (word | space) & ~blank, "not_space_blank": ~(space | blank | surrogate)}
+        blank = _mask(_BLANKS)
+        cat = np.full(_UNICODE, MARK, dtype=np.uint8)
+        cat[word & ~cjk] = WORD
+        cat[word & cjk] = CJK
+        cat[space & ~blank] = SPACE
+        cat[blank] = BLANK
+        self.category = cat
+        self._roles = {k: np.array(v, dtype=np.uint8) for k, v in _ROLES.items()}
         # Python's re tests a class with characters past U+FFFF range by
-        # range (hundreds of them); restricted to the BMP it is a bitmap. So
-        # each pattern comes three times: for ASCII texts, for texts within
-        # the BMP, and for any text, and a text takes the narrowest it fits.
-        self._patterns = []
-        for top in (0x80, 0x10000, _UNICODE):
-            c = {k: _char_class(_as_ranges(v[:top])) for k, v in cls.items()}
-            non_word = _char_class(_as_ranges(cls["word"][:top]), negate=True)
-            self._patterns.append((
-                re.compile(f"{c['word']}+").findall,
-                re.compile(f"{c['cjk_word']}|{c['word_not_cjk']}+").findall,
-                re.compile(f"{c['punct']}|{c['not_punct_blank']}+").findall,
-                re.compile(f"{c['not_space_blank']}+").findall,
-                re.compile(f"^{non_word}+|{non_word}+\\Z").sub))
-        # TensorFlow's lowercase of each code point it changes; where Python's
-        # str.lower (its own Unicode version) says otherwise, TensorFlow's wins
+        # range; restricted to the BMP it is a bitmap: a text takes the
+        # narrowest pattern it fits
+        self._edges = []
+        self._differ_res: list[Any] = []
         tf_lower = {int(k): v for k, v in tables["lower"].items()}
         if tables.get("python_unicode") == unicodedata.unidata_version:
             differ = [int(k) for k in tables["python_differs"]]
         else:
             differ = [cp for cp in range(1, 0x110000) if not 0xD800 <= cp <= 0xDFFF
                       and chr(cp).lower() != tf_lower.get(cp, chr(cp))]
+        # TensorFlow's lowercase of each code point it changes; where Python's
+        # str.lower (its own Unicode version) says otherwise, TensorFlow's wins
         self._differ = {cp: tf_lower.get(cp, chr(cp)) for cp in differ}
-        self._differ_re = re.compile(_char_class([[cp, cp] for cp in differ])) if differ else None
-        lower, pick = self.lower, self._pick
-        self.tokenizers: dict[str, Callable[[str], list[str]]] = {
-            "char": lambda text: pick(text := lower(text))[1](text),
-            "word": lambda text: pick(text := lower(text))[0](text),
-            "lower": lambda text: pick(text := lower(text))[3](text),
-            "word_punct": lambda text: pick(text := lower(text))[2](text),
-            "cased": split_words,
-            "cased_punct": lambda text: pick(text)[2](text)}
+        for top in (0x80, 0x10000, _UNICODE):
+            non_word = _char_class(_as_ranges(word[:top]), negate=True)
+            self._edges.append(re.compile(f"^{non_word}+|{non_word}+\\Z").sub)
+            here = [cp for cp in differ if cp < top]
+            self._differ_res.append(re.compile(_char_class([[cp, cp] for cp in here])).search if here else None)
 
-    def _pick(self, text: str) -> tuple[Callable[..., Any], ...]:
+    def _narrowest(self, text: str) -> int:
         if text.isascii():
-            return self._patterns[0]
-        return self._patterns[1] if max(text) <= "\uffff" else self._patterns[2]
+            return 0
+        return 1 if max(text) <= "\uffff" else 2
 
     def lower(self, text: str) -> str:
         """tf.strings.lower(text, encoding="utf-8"): ICU's full lowercase
         (final sigma included), the text cut at its first NUL (TensorFlow
         reads it as a C string there)."""
         text = text.partition("\x00")[0]
-        if text.isascii() or self._differ_re is None or not self._differ_re.search(text):
+        search = self._differ_res[self._narrowest(text)]
+        if search is None or not search(text):
             return text.lower()
         out, pos = [], 0
-        for m in self._differ_re.finditer(text):
-            out.append(text[pos:m.start()].lower())
-            out.append(self._differ[ord(m.group())])
-            pos = m.end()
+        for ch_pos, ch in enumerate(text):
+            if ord(ch) in self._differ:
+                out.append(text[pos:ch_pos].lower())
+                out.append(self._differ[ord(ch)])
+                pos = ch_pos + 1
         out.append(text[pos:].lower())
         return "".join(out)
 
     def strip_marks(self, word: str) -> str:
-        return self._pick(word)[4]("", word)
+        return self._edges[self._narrowest(word)]("", word)
+
+    def words(self, texts: list[str], standardize: str | None) -> Words:
+        """The words of each text, standardized `standardize`'s way and split
+        (None: split only), as tf.strings.split(_STANDARDIZERS[...](texts))."""
+        if standardize in _LOWERED:
+            texts = [self.lower(t) for t in texts]
+        roles = self._roles[standardize or "cased"]
+        n = len(texts)
+        # "\n" is a blank: no word runs from one text into the next
+        cps = np.frombuffer("\n".join(texts).encode("utf-32-le"), dtype=np.uint32)
+        role = roles[self.category[cps]]
+        member = role != 0
+        after_run = np.empty(len(role), dtype=bool)
+        if len(role):
+            after_run[0] = False
+            after_run[1:] = role[:-1] == 1
+        start = member & ((role == 2) | ~after_run)
+        pos = np.flatnonzero(member)
+        first = np.flatnonzero(start[pos])
+        lengths = np.diff(np.append(first, len(pos)))
+        chars = np.fromiter(map(len, texts), dtype=np.int64, count=n)
+        text_of = np.repeat(np.arange(n, dtype=np.int64), chars + 1)
+        return Words(cps[pos], first, lengths, text_of[pos[first]], n)
+
+    def tokenize(self, texts: list[str], standardize: str | None) -> list[list[str]]:
+        """The words as strings, text by text (tests, and what a person reads)."""
+        return self.words(texts, standardize).per_text()
 
 
-# tf.strings.split with no separator: runs of anything but " \t\n\v\f\r"
-split_words = re.compile(r"[^ \t\n\x0b\x0c\r]+").findall
+# --------------------------------------------------------------------------
+# Keys: 64-bit numbers for tokens, computed alike from a batch's code points
+# and from a vocabulary's strings
+# --------------------------------------------------------------------------
+
+# odd multipliers: a string's key is its code points (each + 1, so that no
+# digit is 0) as a number in base _P, modulo 2^64; an n-gram of words is its
+# words' keys in base _Q
+_P = np.uint64(0x9E3779B97F4A7C15)
+_Q = np.uint64(0xC2B2AE3D27D4EB4F)
+_MAX_POW = 1 << 12
 
 
-def word_ngrams(words: list[str], widths: tuple[int, ...]) -> list[str]:
-    """tf.strings.ngrams(words, widths, separator=" ") (no short sequences kept)."""
-    out: list[str] = []
+def _powers(n: int) -> np.ndarray:
+    out = np.empty(max(n, 1), dtype=np.uint64)
+    out[0] = 1
+    with np.errstate(over="ignore"):
+        for i in range(1, len(out)):  # small n: the longest word
+            out[i] = out[i - 1] * _P
+    return out
+
+
+_POW = _powers(_MAX_POW)
+
+
+def _poly_keys(cps: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Each segment's key: sum of (cp + 1) * P^(places after it), mod 2^64."""
+    if not len(starts):
+        return np.zeros(0, dtype=np.uint64)
+    seg = np.repeat(np.arange(len(starts), dtype=np.int64), lengths)
+    after = (starts + lengths)[seg] - 1 - np.arange(len(cps), dtype=np.int64)
+    pw = _POW if int(after.max(initial=0)) < _MAX_POW else _powers(int(after.max()) + 1)
+    with np.errstate(over="ignore"):
+        terms = (cps.astype(np.uint64) + np.uint64(1)) * pw[after]
+        keys = np.add.reduceat(terms, starts) if len(terms) else np.zeros(len(starts), np.uint64)
+    keys = keys.astype(np.uint64)
+    keys[lengths == 0] = 1
+    keys[keys == 0] = 1  # 0 marks an empty slot in Vocab
+    return keys
+
+
+def string_keys(tokens: list[str]) -> np.ndarray:
+    """Each string's key, as _poly_keys computes it from code points."""
+    cps = np.frombuffer("".join(tokens).encode("utf-32-le"), dtype=np.uint32)
+    lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+    starts = np.zeros(len(tokens), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    keys = np.ones(len(tokens), dtype=np.uint64)
+    full = lengths > 0
+    if full.any():
+        keys[full] = _poly_keys(cps, starts[full], lengths[full])
+    return keys
+
+
+def _fold(parts: list[np.ndarray]) -> np.ndarray:
+    """The key of n-grams whose words' keys are parts[0], parts[1], ..."""
+    h = parts[0].copy()
+    with np.errstate(over="ignore"):
+        for k in parts[1:]:
+            h = h * _Q + k
+    h[h == 0] = 1
+    return h
+
+
+def ngram_string_keys(tokens: list[str]) -> np.ndarray:
+    """Keys of word n-grams written as strings ("the striker": words joined by
+    one space), as the batch's word keys fold them (_fold)."""
+    words = [t.split(" ") for t in tokens]
+    counts = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+    flat = string_keys(list(chain.from_iterable(words)))
+    first = np.zeros(len(words), dtype=np.int64)
+    np.cumsum(counts[:-1], out=first[1:])
+    out = flat[first].copy()
+    with np.errstate(over="ignore"):
+        for i in range(1, int(counts.max(initial=1))):
+            more = counts > i
+            out[more] = out[more] * _Q + flat[first[more] + i]
+    out[out == 0] = 1
+    return out
+
+
+def word_ngram_keys(words: Words, widths: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, texts) of the batch's word n-grams of `widths` (no n-gram
+    spans two texts), as tf.strings.ngrams with separator " "."""
+    k, text = words.keys(), words.text
+    keys, rows = [], []
     for w in widths:
-        if w == 1:
-            out.extend(words)
-        elif w == 2:
-            out.extend([a + " " + b for a, b in zip(words, words[1:])])
-        else:
-            out += [" ".join(words[i:i + w]) for i in range(len(words) - w + 1)]
-    return out
+        m = len(k) - w + 1
+        if m <= 0:
+            continue
+        same = text[:m] == text[w - 1:w - 1 + m]
+        keys.append(_fold([k[i:i + m] for i in range(w)])[same] if w > 1 else k)
+        rows.append(text[:m][same] if w > 1 else text)
+    if not keys:
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(keys), np.concatenate(rows)
 
 
-def char_ngrams(words: list[str], widths: tuple[int, ...], unigrams: bool) -> list[str]:
-    """layers._char_ngrams: each word padded with a space, its n-grams of
-    `widths` characters; with `unigrams`, the word's characters too."""
-    out: list[str] = []
-    for word in words:
-        if unigrams:
-            out += word
-        padded = f" {word} "
-        n = len(padded)
-        for w in widths:
-            out += [padded[i:i + w] for i in range(n - w + 1)]
-    return out
+def char_ngram_keys(words: Words, widths: tuple[int, ...], unigrams: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, texts) of each word's character n-grams of `widths` within the
+    word padded with a space at each end (layers._char_ngrams), and with
+    `unigrams` its characters; keyed as string_keys keys the n-gram."""
+    n_words = len(words)
+    if not n_words:
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
+    lengths = words.lengths
+    padded = lengths + 2
+    out_start = np.zeros(n_words, dtype=np.int64)
+    np.cumsum(padded[:-1], out=out_start[1:])
+    total = int(padded.sum())
+    top = max(widths)
+    digits = np.full(total + top, 33, dtype=np.uint64)  # " " + 1
+    digits[total:] = 0
+    of_char = np.repeat(np.arange(n_words, dtype=np.int64), lengths)
+    char_at = np.arange(len(words.cps), dtype=np.int64) + 2 * of_char + 1
+    digits[char_at] = words.cps.astype(np.uint64) + np.uint64(1)
+    of_place = np.repeat(np.arange(n_words, dtype=np.int64), padded)
+    room = (out_start + padded)[of_place] - np.arange(total, dtype=np.int64)
+    keys, rows = [], []
+    if unigrams:
+        keys.append(digits[char_at])
+        rows.append(words.text[of_char])
+    h = digits[:total].copy()
+    with np.errstate(over="ignore"):
+        for w in range(2, top + 1):
+            h = h * _P + digits[w - 1:w - 1 + total]
+            if w in widths:
+                ok = room >= w
+                keys.append(h[ok])
+                rows.append(words.text[of_place[ok]])
+    if not keys:
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
+    out = np.concatenate(keys)
+    out[out == 0] = 1
+    return out, np.concatenate(rows)
 
 
 _TEXT_OPS: TextOps | None = None
@@ -206,10 +380,6 @@ def text_ops() -> TextOps:
 # The plan: steps and their arrays
 # --------------------------------------------------------------------------
 
-class Tokens(list):  # type: ignore[type-arg]
-    """Each text's words, as a Standardize step hands them on."""
-
-
 class Bag:
     """A batch's sparse rows: (row, column) cells in row order, float32 values."""
     __slots__ = ("rows", "cols", "vals", "n", "width")
@@ -225,72 +395,69 @@ def _vocab_blob(tokens: list[str]) -> np.ndarray:
     return np.frombuffer("\n".join(tokens).encode("utf-8"), dtype=np.uint8)
 
 
-# odd, so that distinct lengths mix into distinct 64-bit patterns
-_LENGTH_MIX = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _keys(tokens: list[str]) -> np.ndarray:
-    """Each token's key: its hash, mixed with its length (Vocab)."""
-    n = len(tokens)
-    hashes = np.fromiter(map(hash, tokens), dtype=np.int64, count=n).view(np.uint64)
-    lengths = np.fromiter(map(len, tokens), dtype=np.uint64, count=n)
-    return (hashes ^ (lengths * _LENGTH_MIX)).view(np.int64)
-
-
 class Vocab:
-    """token -> id (0: unknown) for a vocabulary, in 12 bytes a token.
+    """key -> id (0: unknown) for a vocabulary: an open-addressing hash
+    table in two NumPy arrays, 12 bytes a slot, at most half full.
 
     A dict of the tokens would hold each as a Python string and an int
     object, about 150 bytes a token: 15 MB for a bag of 100,000 n-grams,
-    most of a lean worker's memory. This holds the tokens' 64-bit keys,
-    sorted, and each one's id; a lookup keys the batch's tokens and finds
-    them all with one binary search. A key is Python's own string hash
-    (computed in this process, and kept with the string) mixed with the
-    length: Python hashes a string's stored bytes, so "/f" (two one-byte
-    characters) and "是" (U+662F, stored as the same two bytes) hash alike,
-    and only their lengths tell them apart (a string stored with 1, 2 or 4
-    bytes a character has the same bytes as another only at another
-    length). Otherwise a token matches only a vocabulary token with the same
-    64-bit key: a false match needs a collision, about once in 10^14
-    lookups for 100,000 tokens. A vocabulary whose own keys collide keeps a dict.
+    most of a lean worker's memory, and a lookup would need each n-gram as
+    a Python string. Here a batch's n-grams are keyed from its code points
+    in NumPy (string_keys, word_ngram_keys, char_ngram_keys: the same key a
+    vocabulary token's string gets) and all found at once. A token matches
+    only a vocabulary token with the same 64-bit key: a false match needs a
+    collision, about once in 10^14 lookups for 100,000 tokens. A vocabulary
+    whose own keys collide cannot be planned (Unsupported).
     """
 
-    def __init__(self, blob: np.ndarray) -> None:
+    def __init__(self, blob: np.ndarray, kind: str) -> None:
         tokens = blob.tobytes().decode("utf-8").split("\n")
         self.size = len(tokens)
-        hashes = _keys(tokens)
-        order = np.argsort(hashes, kind="stable")
-        self.keys = hashes[order]
-        self.dict: dict[str, int] | None = None
-        if self.size > 1 and bool((self.keys[1:] == self.keys[:-1]).any()):
-            self.dict = {t: i for i, t in enumerate(tokens)}
-        self.ids = order.astype(np.int32 if self.size < 2**31 else np.int64)
-        del tokens, hashes
+        keys = ngram_string_keys(tokens) if kind == "ngrams" else string_keys(tokens)
+        del tokens
+        if len(np.unique(keys)) != len(keys):
+            raise Unsupported("two vocabulary tokens share a key")
+        bits = max(4, int(2 * len(keys) - 1).bit_length())
+        self.mask = np.uint64((1 << bits) - 1)
+        self.keys = np.zeros(1 << bits, dtype=np.uint64)
+        self.ids = np.zeros(1 << bits, dtype=np.int32 if self.size < 2**31 else np.int64)
+        pending = np.arange(len(keys), dtype=np.int64)
+        slot = keys & self.mask
+        while len(pending):
+            s = slot[pending]
+            free = self.keys[s] == 0
+            cand, cs = pending[free], s[free]
+            taken, first = np.unique(cs, return_index=True)
+            won = cand[first]
+            self.keys[taken] = keys[won]
+            self.ids[taken] = won
+            placed = np.zeros(len(keys), dtype=bool)
+            placed[won] = True
+            pending = pending[~placed[pending]]
+            slot[pending] = (slot[pending] + np.uint64(1)) & self.mask
 
     def __len__(self) -> int:
         return self.size
 
-    def lookup(self, tokens: list[str]) -> np.ndarray:
-        """The tokens' ids (int64), 0 where unknown."""
-        if self.dict is not None:
-            get = self.dict.get
-            return np.fromiter((get(t, 0) for t in tokens), dtype=np.int64, count=len(tokens))
-        h = _keys(tokens)
-        pos = np.searchsorted(self.keys, h)
-        pos[pos == self.size] = 0
-        return np.where(self.keys[pos] == h, self.ids[pos], 0).astype(np.int64)
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """The keys' ids (int64), 0 where unknown."""
+        out = np.zeros(len(keys), dtype=np.int64)
+        todo = np.arange(len(keys), dtype=np.int64)
+        want = keys
+        slot = keys & self.mask
+        while len(todo):
+            held = self.keys[slot]
+            hit = held == want
+            out[todo[hit]] = self.ids[slot[hit]]
+            go = ~hit & (held != 0)
+            todo, want, slot = todo[go], want[go], (slot[go] + np.uint64(1)) & self.mask
+        return out
 
 
 def _counts(rows: np.ndarray, cols: np.ndarray, n: int, width: int) -> Bag:
     """Each (row, column) pair once with how often it came, cells sorted."""
     cells, counts = np.unique(rows * width + cols, return_counts=True)
     return Bag(cells // width, cells % width, counts.astype(np.float32), n, width)
-
-
-def _flat(per_text: list[list[str]]) -> tuple[list[str], np.ndarray]:
-    """Every text's tokens in one list, and each token's text (ascending)."""
-    lengths = np.fromiter(map(len, per_text), dtype=np.int64, count=len(per_text))
-    return list(chain.from_iterable(per_text)), np.repeat(np.arange(len(per_text), dtype=np.int64), lengths)
 
 
 def _csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n: int, width: int) -> Any:
@@ -355,8 +522,9 @@ class Plan:
             own: dict[str, Any] = {}
             for key in step.get("arrays", ()):
                 own[key] = arrays[f"{name}/{key}"]
-            if "vocab" in own:
-                own["vocab"] = Vocab(own["vocab"])
+            if "vocab" in own:  # word n-grams are keyed from their words' keys
+                own["vocab"] = Vocab(own["vocab"], "ngrams" if kind == "ngrams" and step.get("split") == "whitespace"
+                                     else "strings")
             if kind == "linear":  # a bag's rows index the kernel: float32, contiguous
                 own["kernel"] = np.ascontiguousarray(own["kernel"], dtype=np.float32)
             self.data[name] = own
@@ -369,61 +537,56 @@ class Plan:
         return cls(spec, arrays)
 
     # -- the steps --------------------------------------------------------------
-    def _tokens(self, name: str | None, values: Any) -> list[list[str]]:
-        """Each text's words: `values` are raw texts standardized the `name`
+    def _words_of(self, name: str | None, values: Any) -> Words:
+        """The batch's words: `values` are raw texts, standardized the `name`
         way and split, or a Standardize step's words already (name None)."""
-        if isinstance(values, Tokens):
+        if isinstance(values, Words):
             if name:
                 raise Unsupported("a standardizer after a Standardize step")
             return values
-        tokenize = self.ops.tokenizers[name] if name else split_words
-        return Tokens(tokenize(t) for t in values)
+        return self.ops.words(values, name)
 
-    def _lookup(self, vocab: Vocab, words: list[str], fallback: bool, strip: bool) -> np.ndarray:
+    def _lookup(self, vocab: Vocab, words: Words, fallback: bool, strip: bool) -> np.ndarray:
         """layers._lookup: as written; with `fallback`, a word unknown so
         lowercased; with `strip`, one still unknown without the marks at its
         ends, as written, then lowercased."""
-        ids = vocab.lookup(words)
+        ids = vocab.lookup(words.keys())
         if not fallback:
             return ids
-        lower, strip_marks = self.ops.lower, self.ops.strip_marks
         miss = np.flatnonzero(ids == 0)
         if not len(miss):
             return ids
-        unknown = [words[i] for i in miss.tolist()]
-        found = vocab.lookup([lower(w) for w in unknown])
+        lower, strip_marks = self.ops.lower, self.ops.strip_marks
+        unknown = words.strings(miss)
+        found = vocab.lookup(string_keys([lower(w) for w in unknown]))
         if strip:
             bare = [strip_marks(w) for w in unknown]
-            found = np.where(found > 0, found, vocab.lookup(bare))
-            found = np.where(found > 0, found, vocab.lookup([lower(w) for w in bare]))
+            found = np.where(found > 0, found, vocab.lookup(string_keys(bare)))
+            found = np.where(found > 0, found, vocab.lookup(string_keys([lower(w) for w in bare])))
         ids[miss] = found
         return ids
 
     def _run(self, step: dict[str, Any], args: list[Any]) -> Any:
         kind, own = step["op"], self.data[step["name"]]
         if kind == "standardize":
-            if isinstance(args[0], Tokens):
+            if isinstance(args[0], Words):
                 raise Unsupported("a Standardize step after another")
-            return self._tokens(step["standardize"], args[0])
+            return self._words_of(step["standardize"], args[0])
         if kind == "ngrams":  # TextVectorization, output_mode "count", sparse
-            words = self._tokens(step["standardize"], args[0])
+            words = self._words_of(step["standardize"], args[0])
             vocab = own["vocab"]
             if step["split"] == "whitespace":
-                widths = tuple(step["ngrams"]) if step["ngrams"] else None
-                grams = [word_ngrams(w, widths) for w in words] if widths else words
+                keys, rows = word_ngram_keys(words, tuple(step["ngrams"] or (1,)))
             else:
-                w, uni = tuple(step["char_widths"]), step["char_unigrams"]
-                grams = [char_ngrams(ws, w, uni) for ws in words]
-            flat, rows = _flat(grams)
-            return _counts(rows, vocab.lookup(flat), len(words), len(vocab))
+                keys, rows = char_ngram_keys(words, tuple(step["char_widths"]), step["char_unigrams"])
+            return _counts(rows, vocab.lookup(keys), words.n, len(vocab))
         if kind == "char_ngrams":  # CharNgramCounts: no OOV column emitted
-            words = self._tokens(step["standardize"], args[0])
+            words = self._words_of(step["standardize"], args[0])
             vocab = own["vocab"]
-            widths, uni = tuple(step["widths"]), step["unigrams"]
-            flat, rows = _flat([char_ngrams(ws, widths, uni) for ws in words])
-            cols = vocab.lookup(flat)
+            keys, rows = char_ngram_keys(words, tuple(step["widths"]), step["unigrams"])
+            cols = vocab.lookup(keys)
             known = cols > 0
-            return _counts(rows[known], cols[known], len(words), len(vocab))
+            return _counts(rows[known], cols[known], words.n, len(vocab))
         if kind == "weighting":
             return self._weigh(step, own, args[0])
         if kind == "linear":
@@ -473,10 +636,9 @@ class Plan:
 
     def _words(self, step: dict[str, Any], own: dict[str, Any], texts: list[str]) -> np.ndarray:
         """PretrainedLogits ("word_logits") and PretrainedEmbedding ("word_mean")."""
-        words = self._tokens(step["standardize"], texts)
-        n = len(words)
-        flat, rows = _flat(words)
-        ids = self._lookup(own["vocab"], flat, step["fallback"], step["strip"])
+        words = self._words_of(step["standardize"], texts)
+        n, rows = words.n, words.text
+        ids = self._lookup(own["vocab"], words, step["fallback"], step["strip"])
         if step["op"] == "word_logits":
             table = own["table"]  # (words + 1) x (units + 1): s_w @ K and the subword count
             summed = _segment_sum(table[ids], rows, n)

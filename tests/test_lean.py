@@ -78,22 +78,40 @@ def test_tables_are_the_installed_tensorflows():
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(texts_st)
-def test_words_are_tensorflows(texts):
-    ops = lean.text_ops()
-    for name in ("char", "word", "lower", "word_punct", "cased", "cased_punct"):
-        want = _tf_words(name, texts)
-        got = [ops.tokenizers[name](t) for t in texts]
-        assert got == want, name
-    lowered = [b.decode("utf-8") for b in tf.strings.lower(tf.constant(texts), encoding="utf-8").numpy()]
-    assert [ops.lower(t) for t in texts] == lowered
+def test_words_and_keys_are_tensorflows(texts):
+    """Each standardizer and split gives TensorFlow's words; lowercasing and
+    mark stripping TensorFlow's strings; the keys of the batch's word and
+    character n-grams (computed from code points) are the keys of the
+    n-gram strings TensorFlow builds (what a vocabulary's tokens get)."""
+    from collections import Counter
+
     from model_worker import layers
 
-    words = [w for t in texts for w in lean.split_words(t)]
-    if words:
-        bare = [b.decode("utf-8") for b in layers.strip_marks(tf.constant(words)).numpy()]
-        assert [ops.strip_marks(w) for w in words] == bare
-        char = layers._char_ngrams(tf.constant([" ".join(words)]), (2, 3, 4, 5), False).to_list()[0]
-        assert sorted(lean.char_ngrams(words, (2, 3, 4, 5), False)) == sorted(c.decode("utf-8") for c in char)
+    ops = lean.text_ops()
+    for name in ("char", "word", "lower", "word_punct", "cased", "cased_punct"):
+        assert ops.tokenize(texts, name) == _tf_words(name, texts), name
+    split = [[w.decode("utf-8") for w in row] for row in tf.strings.split(tf.constant(texts)).to_list()]
+    assert ops.tokenize(texts, None) == split
+    lowered = [b.decode("utf-8") for b in tf.strings.lower(tf.constant(texts), encoding="utf-8").numpy()]
+    assert [ops.lower(t) for t in texts] == lowered
+    words = ops.words(texts, "cased")
+    flat = words.strings()
+    if flat:
+        bare = [b.decode("utf-8") for b in layers.strip_marks(tf.constant(flat)).numpy()]
+        assert [ops.strip_marks(w) for w in flat] == bare
+        assert np.array_equal(words.keys(), lean.string_keys(flat))
+
+    def per_text(keys, rows):
+        return [Counter(keys[rows == i].tolist()) for i in range(len(texts))]
+
+    for widths, uni in (((2, 3, 4, 5), False), ((2, 3), True)):
+        want = layers._char_ngrams(tf.constant([" ".join(ws) for ws in ops.tokenize(texts, "cased")]),
+                                   widths, uni).to_list()
+        got = per_text(*lean.char_ngram_keys(words, widths, uni))
+        assert got == [Counter(lean.string_keys([g.decode("utf-8") for g in row]).tolist()) for row in want]
+    grams = tf.strings.ngrams(tf.strings.split(tf.constant(texts)), ngram_width=(1, 2, 3), separator=" ").to_list()
+    got = per_text(*lean.word_ngram_keys(words, (1, 2, 3)))
+    assert got == [Counter(lean.ngram_string_keys([g.decode("utf-8") for g in row]).tolist()) for row in grams]
 
 
 # --------------------------------------------------------------------------
