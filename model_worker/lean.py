@@ -47,7 +47,7 @@ import numpy as np
 
 # The plan's file inside a version folder.
 PLAN_FILE = "lean.npz"
-FORMAT = 1
+FORMAT = 2  # 1: vocabularies as strings (never served by a release)
 # Scores may differ from the Keras graph's by float rounding only.
 TOLERANCE = 1e-5
 TABLES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tf_unicode.json")
@@ -218,7 +218,10 @@ class TextOps:
         start = member & ((role == 2) | ~after_run)
         pos = np.flatnonzero(member)
         first = np.flatnonzero(start[pos])
-        lengths = np.diff(np.append(first, len(pos)))
+        lengths = np.empty(len(first), dtype=np.int64)
+        lengths[:-1] = first[1:] - first[:-1]
+        if len(first):
+            lengths[-1] = len(pos) - first[-1]
         chars = np.fromiter(map(len, texts), dtype=np.int64, count=n)
         text_of = np.repeat(np.arange(n, dtype=np.int64), chars + 1)
         return Words(cps[pos], first, lengths, text_of[pos[first]], n)
@@ -239,6 +242,7 @@ class TextOps:
 _P = np.uint64(0x9E3779B97F4A7C15)
 _Q = np.uint64(0xC2B2AE3D27D4EB4F)
 _MAX_POW = 1 << 12
+_SLOT_MIX = np.uint64(0xD6E8FEB86659FD93)
 
 
 def _powers(n: int) -> np.ndarray:
@@ -388,13 +392,6 @@ class Bag:
         self.rows, self.cols, self.vals, self.n, self.width = rows, cols, vals, n, width
 
 
-def _vocab_blob(tokens: list[str]) -> np.ndarray:
-    for t in tokens:
-        if "\n" in t:
-            raise Unsupported(f"vocabulary token {t!r} holds a newline")
-    return np.frombuffer("\n".join(tokens).encode("utf-8"), dtype=np.uint8)
-
-
 class Vocab:
     """key -> id (0: unknown) for a vocabulary: an open-addressing hash
     table in two NumPy arrays, 12 bytes a slot, at most half full.
@@ -410,19 +407,28 @@ class Vocab:
     whose own keys collide cannot be planned (Unsupported).
     """
 
-    def __init__(self, blob: np.ndarray, kind: str) -> None:
-        tokens = blob.tobytes().decode("utf-8").split("\n")
-        self.size = len(tokens)
+    def __init__(self, keys: np.ndarray, ids: np.ndarray, size: int) -> None:
+        """The table as `build` made it (a plan stores it: a worker reads two
+        arrays and builds nothing)."""
+        bits = len(keys).bit_length() - 1
+        if len(keys) != 1 << bits or len(ids) != len(keys) or bits < 4:
+            raise Unsupported("a vocabulary table that is not a power of two of slots")
+        self.keys, self.ids, self.size = np.asarray(keys, dtype=np.uint64), np.asarray(ids), int(size)
+        self.mask = np.uint64((1 << bits) - 1)
+        self.shift = np.uint64(64 - bits)
+
+    @classmethod
+    def build(cls, tokens: list[str], kind: str) -> "Vocab":
+        """The table of a vocabulary (token i: id i). kind "ngrams": word
+        n-grams written with single spaces; "strings": anything else."""
         keys = ngram_string_keys(tokens) if kind == "ngrams" else string_keys(tokens)
-        del tokens
         if len(np.unique(keys)) != len(keys):
             raise Unsupported("two vocabulary tokens share a key")
         bits = max(4, int(2 * len(keys) - 1).bit_length())
-        self.mask = np.uint64((1 << bits) - 1)
-        self.keys = np.zeros(1 << bits, dtype=np.uint64)
-        self.ids = np.zeros(1 << bits, dtype=np.int32 if self.size < 2**31 else np.int64)
+        self = cls(np.zeros(1 << bits, dtype=np.uint64),
+                   np.zeros(1 << bits, dtype=np.int32 if len(tokens) < 2**31 else np.int64), len(tokens))
         pending = np.arange(len(keys), dtype=np.int64)
-        slot = keys & self.mask
+        slot = self._slot(keys)
         while len(pending):
             s = slot[pending]
             free = self.keys[s] == 0
@@ -435,16 +441,29 @@ class Vocab:
             placed[won] = True
             pending = pending[~placed[pending]]
             slot[pending] = (slot[pending] + np.uint64(1)) & self.mask
+        return self
 
     def __len__(self) -> int:
         return self.size
 
+    def _slot(self, keys: np.ndarray) -> np.ndarray:
+        """A key's first slot: the top bits of key * an odd constant (the low
+        bits of a polynomial key depend on the low bits of its digits only)."""
+        with np.errstate(over="ignore"):
+            return (keys * _SLOT_MIX) >> self.shift
+
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """The keys' ids (int64), 0 where unknown."""
-        out = np.zeros(len(keys), dtype=np.int64)
-        todo = np.arange(len(keys), dtype=np.int64)
-        want = keys
-        slot = keys & self.mask
+        slot = self._slot(keys)
+        held = self.keys[slot]
+        hit = held == keys
+        out = np.where(hit, self.ids[slot], 0).astype(np.int64)
+        go = ~hit & (held != 0)
+        if not go.any():  # most lookups end at their first slot
+            return out
+        todo = np.flatnonzero(go)
+        want = keys[todo]
+        slot = (slot[todo] + np.uint64(1)) & self.mask
         while len(todo):
             held = self.keys[slot]
             hit = held == want
@@ -478,7 +497,7 @@ def _segment_sum(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
     """Sum of `values`' rows per text (rows ascending), float32; zeros for a text with none."""
     out = np.zeros((n, values.shape[1]), dtype=np.float32)
     if len(rows):
-        starts = np.flatnonzero(np.diff(rows, prepend=-1))
+        starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
         out[rows[starts]] = np.add.reduceat(values.astype(np.float32, copy=False), starts, axis=0)
     return out
 
@@ -522,9 +541,8 @@ class Plan:
             own: dict[str, Any] = {}
             for key in step.get("arrays", ()):
                 own[key] = arrays[f"{name}/{key}"]
-            if "vocab" in own:  # word n-grams are keyed from their words' keys
-                own["vocab"] = Vocab(own["vocab"], "ngrams" if kind == "ngrams" and step.get("split") == "whitespace"
-                                     else "strings")
+            if "vocab_keys" in own:
+                own["vocab"] = Vocab(own.pop("vocab_keys"), own.pop("vocab_ids"), step["vocab_size"])
             if kind == "linear":  # a bag's rows index the kernel: float32, contiguous
                 own["kernel"] = np.ascontiguousarray(own["kernel"], dtype=np.float32)
             self.data[name] = own
@@ -753,6 +771,14 @@ def _describe(layer: Any, config: dict[str, Any], arrays: dict[str, np.ndarray])
         arrays[f"{name}/{key}"] = np.asarray(value)
         step.setdefault("arrays", []).append(key)
 
+    def put_vocab(tokens: list[str], kind: str) -> None:
+        # the vocabulary's lookup table, built here: the tokens themselves
+        # are not needed to serve (explanations read the Keras model)
+        vocab = Vocab.build(tokens, kind)
+        put("vocab_keys", vocab.keys)
+        put("vocab_ids", vocab.ids)
+        step["vocab_size"] = vocab.size
+
     if isinstance(layer, keras.layers.InputLayer):
         if config["config"].get("dtype") != "string":
             raise Unsupported("the input is not a string")
@@ -775,12 +801,11 @@ def _describe(layer: Any, config: dict[str, Any], arrays: dict[str, np.ndarray])
             step.update(split="char", char_widths=list(widths), char_unigrams=bool(uni))
         else:
             raise Unsupported(f"split {split!r}")
-        vocab = [str(t) for t in layer.get_vocabulary()]
-        put("vocab", _vocab_blob(vocab))
+        put_vocab([str(t) for t in layer.get_vocabulary()], "ngrams" if split == "whitespace" else "strings")
     elif isinstance(layer, layers.CharNgramCounts):
         step.update(op="char_ngrams", widths=list(layer.widths), unigrams=layer.unigrams,
                     standardize=layer.standardize)
-        put("vocab", _vocab_blob(["[UNK]", *layer.get_vocabulary()]))
+        put_vocab(["[UNK]", *layer.get_vocabulary()], "strings")
     elif isinstance(layer, layers.TermWeighting):
         step.update(op="weighting", mode=layer.mode, normalize=layer.normalize, sublinear_tf=layer.sublinear_tf)
         put("weights", np.asarray(layer.weights_per_term.numpy(), dtype=np.float32))
@@ -801,14 +826,14 @@ def _describe(layer: Any, config: dict[str, Any], arrays: dict[str, np.ndarray])
     elif isinstance(layer, layers.PretrainedLogits):
         step.update(op="word_logits", standardize=layer.standardize, scale=layer.scale, fallback=layer.fallback,
                     strip=layer.strip)
-        put("vocab", _vocab_blob([str(t) for t in layer.lookup.get_vocabulary()]))
+        put_vocab([str(t) for t in layer.lookup.get_vocabulary()], "strings")
         put("table", np.asarray(layer.projected.embeddings.numpy(), dtype=np.float32))
         if layer.bias is not None:
             put("bias", np.asarray(layer.bias.numpy(), dtype=np.float32))
     elif isinstance(layer, layers.PretrainedEmbedding):
         step.update(op="word_mean", standardize=layer.standardize, scale=layer.scale, l2=layer.l2,
                     fallback=layer.fallback, strip=layer.strip, dim=layer.dim)
-        put("vocab", _vocab_blob([str(t) for t in layer.lookup.get_vocabulary()]))
+        put_vocab([str(t) for t in layer.lookup.get_vocabulary()], "strings")
         if layer.pieces:
             put("piece_vectors", np.asarray(layer.piece_vectors.embeddings.numpy(), dtype=np.float16))
             put("word_splits", np.asarray(layer.word_splits.numpy(), dtype=np.int64))
