@@ -25,6 +25,14 @@ in `tf_unicode.json` were read from TensorFlow itself, one code point at a
 time (`python -m model_worker.lean --write-tables`;
 tests/test_lean.py checks them against the TensorFlow installed).
 
+How: a batch is standardized and split in NumPy (TextOps.words: each
+character's category decides what every standardizer does with it), its
+words and n-grams are keyed from their code points (64-bit polynomial
+keys: no n-gram string is built), and the keys are looked up in each
+vocabulary's hash table (Vocab), which the trainer builds and the plan
+stores; then TF-IDF weights, the linear maps and the activation, in
+float32 as the layers compute them.
+
 Not planned (served through Keras): `cnn` models, layers this module does
 not know, and versions trained before the plan existed. Explanations load
 the Keras model on the first request that asks for one.
