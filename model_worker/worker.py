@@ -204,7 +204,8 @@ class Worker:
             # guess first (one extra load per process, bounded by the supervisor)
             import gc
 
-            was_keras = not getattr(self.predict_fn, "lean", False)
+            # Keras holds a model: the guess's own, or one an explanation loaded
+            was_keras = not getattr(self.predict_fn, "lean", False) or self._explainer is not None
             self.predict_fn = None
             self._explainer = None
             if was_keras:
