@@ -931,16 +931,6 @@ def export(model: Any, folder: str, texts: list[str], predict: Callable[[list[st
 # The tables (python -m model_worker.lean --write-tables; needs TensorFlow)
 # --------------------------------------------------------------------------
 
-def _ranges(points: list[int]) -> list[list[int]]:
-    out: list[list[int]] = []
-    for cp in points:
-        if out and out[-1][1] == cp - 1:
-            out[-1][1] = cp
-        else:
-            out.append([cp, cp])
-    return out
-
-
 def read_tables() -> dict[str, Any]:
     """TensorFlow's classes and lowercase, one code point at a time."""
     import tensorflow as tf
@@ -950,18 +940,19 @@ def read_tables() -> dict[str, Any]:
     points = [cp for cp in range(1, 0x110000) if not 0xD800 <= cp <= 0xDFFF]
     chars = tf.constant([chr(cp) for cp in points])
 
-    def members(pattern: str) -> list[int]:
-        hit = tf.strings.regex_full_match(chars, pattern).numpy()
-        return [cp for cp, h in zip(points, hit) if h]
+    def members(pattern: str) -> list[list[int]]:
+        mask = np.zeros(_UNICODE, dtype=bool)
+        mask[np.asarray(points)] = tf.strings.regex_full_match(chars, pattern).numpy()
+        return _as_ranges(mask)
 
     lowered = [b.decode("utf-8") for b in tf.strings.lower(chars, encoding="utf-8").numpy()]
     lower = {cp: low for cp, low in zip(points, lowered) if low != chr(cp)}
     differ = [cp for cp in [0, *points] if chr(cp).lower() != lower.get(cp, chr(cp))]
     return {
         "tensorflow": tf.__version__,
-        "word": _ranges(members(r"[\p{L}\p{M}\p{N}]")),
-        "cjk": _ranges(members(layers._CJK_CHAR)),
-        "space": _ranges(members(r"[\s\x0b\p{Z}]")),
+        "word": members(r"[\p{L}\p{M}\p{N}]"),
+        "cjk": members(layers._CJK_CHAR),
+        "space": members(r"[\s\x0b\p{Z}]"),
         "lower": {str(cp): low for cp, low in lower.items()},
         "python_unicode": unicodedata.unidata_version,
         "python_differs": [cp for cp in differ if cp],
