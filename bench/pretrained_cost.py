@@ -1,7 +1,7 @@
 """Serving cost of auto's pretrained view: worker memory (PSS, USS) and throughput.
 
     .venv/bin/python -m bench.pretrained_cost [--set debian_en] [--n 1000] [--rounds 3] [--vector-table] [--first-layout]
-                                              [--folded]
+                                              [--folded] [--engine lean|keras]
 
 Builds `auto`'s served graph from the set's first --n training texts for the
 same learner (svm C=1) on word + char with and without the pretrained view
@@ -23,6 +23,11 @@ of the two on a machine where other TensorFlow processes share the
 libraries' pages), texts/s at batch 1 and at batch 256 (make_predict_fn, one
 thread), and the artifact's size. Prints the medians, and each model against
 the one without the view (today's auto) measured in the same run.
+
+--engine lean (the default, what workers serve from): each model's lean plan
+is exported beside it as the trainer does (model_worker/lean.py, checked
+against the Keras model's scores) and the fresh interpreter serves from the
+plan alone, without TensorFlow; --engine keras loads the .keras model.
 """
 from __future__ import annotations
 
@@ -65,6 +70,37 @@ worker.release_free_memory()  # as the worker does when idle after a large call
 info = psutil.Process().memory_full_info()
 pss = info.pss
 bad = [p for p in ("tokenizers", "safetensors", "wordfreq", "wordllama") if p in sys.modules]
+print(json.dumps({"pss_mb": round(pss / 2**20, 1), "uss_mb": round(info.uss / 2**20, 1), "pss_model_mb": round((pss - before) / 2**20, 1),
+                  "uss_single_mb": round(uss_single / 2**20, 1),
+                  "texts_per_s_1": round(r1), "texts_per_s_256": round(r256), "imported": bad}))
+"""
+
+# a lean worker: the plan alone, no TensorFlow
+LEAN_CHILD = r"""
+import json, os, sys, time
+import psutil
+from model_worker import lean, worker
+texts = json.load(open(sys.argv[2]))
+lean.text_ops()  # the tables, as the zygote loads them before a worker forks
+before = psutil.Process().memory_full_info().pss
+plan = lean.load(os.path.dirname(sys.argv[1]))
+predict = plan.predict
+predict(texts[:1])
+worker.release_free_memory()
+uss_single = psutil.Process().memory_full_info().uss
+predict(texts[:256])
+def rate(batch, seconds=2.0):
+    chunk = (texts * (batch // len(texts) + 1))[:batch]
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        predict(chunk); done += batch
+    return done / (time.perf_counter() - t0)
+r1, r256 = rate(1), rate(256)
+r1, r256 = max(r1, rate(1)), max(r256, rate(256))
+worker.release_free_memory()
+info = psutil.Process().memory_full_info()
+pss = info.pss
+bad = [p for p in ("tensorflow", "keras", "tokenizers", "safetensors", "wordfreq", "wordllama") if p in sys.modules]
 print(json.dumps({"pss_mb": round(pss / 2**20, 1), "uss_mb": round(info.uss / 2**20, 1), "pss_model_mb": round((pss - before) / 2**20, 1),
                   "uss_single_mb": round(uss_single / 2**20, 1),
                   "texts_per_s_1": round(r1), "texts_per_s_256": round(r256), "imported": bad}))
@@ -114,6 +150,8 @@ def main() -> None:
                          "the case-kept view's baseline")
     ap.add_argument("--first-layout", action="store_true",
                     help="also the view in its first layout (two Embeddings), as the first versions hold it")
+    ap.add_argument("--engine", choices=("lean", "keras"), default="lean",
+                    help="serve each model from its lean plan (default, as workers do) or through Keras")
     args = ap.parse_args()
     from bench import datasets
 
@@ -162,16 +200,26 @@ def main() -> None:
             with layout("fused" if kind == "folded" else kind):
                 model = autoselect.final_model(folded if kind == "folded" and folded is not None else search,
                                                [autoselect.Candidate(views, "svm", 1.0)], [1.0])
-            paths[name] = os.path.join(tmp, name.replace(" ", "_").replace(",", "").replace("(", "")
-                                       .replace(")", "") + ".keras")
+            folder = os.path.join(tmp, name.replace(" ", "_").replace(",", "").replace("(", "").replace(")", ""))
+            os.makedirs(folder, exist_ok=True)
+            paths[name] = os.path.join(folder, "model.keras")
             model.save(paths[name])
-            out[name] = {"views": "+".join(views), "artifact_mb": round(os.path.getsize(paths[name]) / 2**20, 1),
+            if args.engine == "lean":
+                from model_worker import lean, textmodel
+
+                report = lean.export(model, folder, texts, textmodel.make_predict_fn(model))
+                if report["engine"] != "lean":
+                    raise SystemExit(f"{name}: no lean plan ({report['reason']})")
+            plan = os.path.join(folder, "lean.npz")
+            out[name] = {"views": "+".join(views), "engine": args.engine,
+                         "artifact_mb": round(os.path.getsize(plan if args.engine == "lean" else paths[name]) / 2**20, 1),
                          "runs": []}
         # the variants take turns, --rounds times, each in a fresh process:
         # the machine's drift falls on all of them alike
         for r in range(args.rounds):
             for name, path in paths.items():
-                got = subprocess.run([sys.executable, "-c", CHILD, path, probe], capture_output=True, text=True,
+                child = LEAN_CHILD if args.engine == "lean" else CHILD
+                got = subprocess.run([sys.executable, "-c", child, path, probe], capture_output=True, text=True,
                                      env=env, check=True)
                 row = json.loads(got.stdout.strip().splitlines()[-1])
                 out[name]["runs"].append(row)
@@ -183,7 +231,7 @@ def main() -> None:
             out[name]["imported"] = sorted({p for x in runs for p in x["imported"]})
             out[name]["rounds"] = len(runs)
     base = out["without"]
-    print(f"\n{args.set}, {args.n} training texts, medians of {args.rounds} rounds")
+    print(f"\n{args.set}, {args.n} training texts, {args.engine} engine, medians of {args.rounds} rounds")
     print("| model | artifact MB | PSS MB | USS MB | USS MB before batches | texts/s, single | texts/s, batch 256 |")
     print("|---|---|---|---|---|---|---|")
     for name, row in out.items():

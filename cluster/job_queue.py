@@ -9,7 +9,10 @@ dies stops renewing; once its lease expires any node's reaper marks the job
 its lease taken by the reaper (it was cut off too long) stops its trainer;
 one whose lease merely ran out, unreaped, takes it again. After this node
 sees the store's primary move (a failover: every runner's renewals failed
-alike), its reaper waits one lease, so that runners renew first.
+alike), its reaper waits one lease, so that runners renew first. And a
+reaper ends a job only once it has seen its lease missing for a whole lease
+(two passes at least): a new primary may lack the last renewal, and a node
+may see the new primary before the runner does.
 
 Keys (prefix as in cluster.py):
 
@@ -86,11 +89,24 @@ end
 return 1
 """
 
-# running jobs whose lease expired -> interrupted
-_REAP = """
+# running jobs whose lease key is missing now (candidates: the reaper waits)
+_EXPIRED = """
 local out = {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if redis.call('EXISTS', ARGV[1] .. ':lease:' .. id) == 0 then
+    table.insert(out, id)
+  end
+end
+return out
+"""
+
+# the candidates (ARGV[3..]) still running with no lease -> interrupted
+_REAP = """
+local out = {}
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  if redis.call('SISMEMBER', KEYS[1], id) == 1 and
+     redis.call('EXISTS', ARGV[1] .. ':lease:' .. id) == 0 then
     local jk = ARGV[1] .. ':job:' .. id
     redis.call('HSET', jk, 'state', 'interrupted', 'finished_at', ARGV[2],
                'error', 'the node running it (' .. (redis.call('HGET', jk, 'node') or '?') ..
@@ -136,7 +152,10 @@ class ClusterJobs:
         self._claim = self.r.register_script(_CLAIM)
         self._renew = self.r.register_script(_RENEW)
         self._save = self.r.register_script(_SAVE)
+        self._expired = self.r.register_script(_EXPIRED)
         self._reap = self.r.register_script(_REAP)
+        # job id -> when this node first saw it running with no lease (monotonic)
+        self._missing_since: dict[str, float] = {}
         self._cancel = self.r.register_script(_CANCEL)
 
     def _jk(self, job_id: str) -> str:
@@ -178,8 +197,26 @@ class ClusterJobs:
         return bool(ok)
 
     async def reap(self) -> list[str]:
-        return await self.c.call(lambda: self._reap(
-            keys=[self.k_running, self.k_cancel], args=[self.c.prefix, time.time()]))
+        """End the running jobs whose lease this node has seen missing for a
+        whole lease, on two passes at least; -> the ids it ended.
+
+        A lease missing once is not enough: after a failover the new primary
+        may lack the runner's last renewal (replication is asynchronous), and
+        this node may reach the new primary before the runner does. The wait
+        gives the runner a lease to take its lease again."""
+        missing = await self.c.call(lambda: self._expired(
+            keys=[self.k_running], args=[self.c.prefix]))
+        now = time.monotonic()
+        seen = {job_id: self._missing_since.get(job_id, now) for job_id in missing}
+        self._missing_since = seen
+        due = [job_id for job_id, since in seen.items() if now - since >= self.lease_ms / 1000.0]
+        if not due:
+            return []
+        reaped = await self.c.call(lambda: self._reap(
+            keys=[self.k_running, self.k_cancel], args=[self.c.prefix, time.time(), *due]))
+        for job_id in reaped:
+            self._missing_since.pop(job_id, None)
+        return list(reaped)
 
     async def cancel(self, job_id: str) -> str:
         out = await self.c.call(lambda: self._cancel(

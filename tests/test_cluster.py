@@ -142,12 +142,15 @@ def test_job_queue_leases(redis_server):
         # a cancel asked on another node reaches the runner through its renewal
         assert await qb.cancel(mine) == "requested"
         assert await qa.renew(mine) == "cancel"
-        # b "dies": its lease expires and its job becomes interrupted, once;
-        # a's job, whose lease holds, is never reaped
+        # b "dies": its lease expires and its job becomes interrupted, once
+        # (reaped by a node whose lease setting is b's: a reaper waits one
+        # lease after it first sees a lease missing); a's job, whose lease
+        # holds, is never reaped
+        reaper = ClusterJobs(a, lease_s=0.5)
         deadline = time.monotonic() + 30
         reaped: list[str] = []
         while time.monotonic() < deadline and not reaped:
-            reaped += await qa.reap()
+            reaped += await reaper.reap()
             await asyncio.sleep(0.1)
         assert reaped == [theirs]
         assert await qa.reap() == [] and await qb.reap() == []
@@ -209,6 +212,48 @@ def test_a_lease_run_out_unreaped_is_taken_again_and_a_failover_delays_the_reape
         assert (await qa.claim())["id"] == second
         b = Cluster(redis_server.url, "b", prefix="t9")
         assert await ClusterJobs(b, lease_s=0.3).renew(second) == "lost"
+        await a.stop()
+        await b.stop()
+    _run(main())
+
+
+@needs_redis_and_nginx
+def test_a_lease_missing_once_is_not_reaped_before_a_whole_lease(redis_server):
+    """A new primary may lack the runner's last renewal (replication is
+    asynchronous), and a node may reach it before the runner does: the lease
+    key is gone while the runner lives. Here the key is deleted by hand, as
+    that new primary would lack it. The reaper ends a job only once it has
+    seen its lease missing for a whole lease; a renewal in between keeps it."""
+    from cluster.job_queue import ClusterJobs
+    from cluster.record import Cluster
+
+    async def main():
+        a = Cluster(redis_server.url, "a", prefix="t10")
+        b = Cluster(redis_server.url, "b", prefix="t10")
+        qa, qb = ClusterJobs(a, lease_s=600), ClusterJobs(b, lease_s=1.0)
+        job_id = await qa.new_id()
+        await qa.enqueue({"id": job_id, "name": "x", "state": "queued"})
+        assert (await qa.claim())["id"] == job_id
+        await a.redis.delete(f"t10:lease:{job_id}")
+        assert await qb.reap() == []  # seen missing once: not yet
+        assert await qa.renew(job_id) == "ok"  # the runner takes it again
+        assert await qb.reap() == []
+        assert (await qb.get(job_id))["state"] == "running"
+        # missing again, and never renewed: reaped, a lease after it was first seen
+        await a.redis.delete(f"t10:lease:{job_id}")
+        first_seen = time.monotonic()
+        assert await qb.reap() == []
+        deadline = first_seen + 30
+        reaped: list[str] = []
+        while not reaped:
+            assert time.monotonic() < deadline, "never reaped"
+            reaped = await qb.reap()
+            if not reaped:
+                await asyncio.sleep(0.05)
+        assert time.monotonic() - first_seen >= 1.0
+        assert reaped == [job_id]
+        assert (await qa.get(job_id))["state"] == "interrupted"
+        assert await qa.renew(job_id) == "lost"
         await a.stop()
         await b.stop()
     _run(main())
