@@ -424,6 +424,7 @@ class Vocab:
         self.keys, self.ids, self.size = np.asarray(keys, dtype=np.uint64), np.asarray(ids), int(size)
         self.mask = np.uint64((1 << bits) - 1)
         self.shift = np.uint64(64 - bits)
+        self.reach: int | None = None
 
     @classmethod
     def build(cls, tokens: list[str], kind: str) -> "Vocab":
@@ -460,6 +461,18 @@ class Vocab:
         with np.errstate(over="ignore"):
             return (keys * _SLOT_MIX) >> self.shift
 
+    _WINDOW = 8  # slots compared at once for the last keys not found at their first slot
+    _FEW = 512  # "the last keys"
+
+    def _reach(self) -> int:
+        """The farthest any stored key sits from its first slot: a lookup
+        that has looked that far without finding its key stops (computed
+        once, at the first lookup that needs it)."""
+        if self.reach is None:
+            held = np.flatnonzero(self.keys)
+            self.reach = int(((held.astype(np.uint64) - self._slot(self.keys[held])) & self.mask).max(initial=0))
+        return self.reach
+
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """The keys' ids (int64), 0 where unknown."""
         slot = self._slot(keys)
@@ -469,15 +482,33 @@ class Vocab:
         go = ~hit & (held != 0)
         if not go.any():  # most lookups end at their first slot
             return out
+        # the rest, a slot at a time while many keys are left (each pass ends
+        # most of them), then _WINDOW slots at a time: a few NumPy passes for
+        # the last keys, where a slot a pass cost a pass per slot of the
+        # longest probe (most of a single text's lookup)
         todo = np.flatnonzero(go)
         want = keys[todo]
         slot = (slot[todo] + np.uint64(1)) & self.mask
-        while len(todo):
+        reach, done = self._reach(), 1
+        while len(todo) > self._FEW and done <= reach:
             held = self.keys[slot]
             hit = held == want
             out[todo[hit]] = self.ids[slot[hit]]
             go = ~hit & (held != 0)
             todo, want, slot = todo[go], want[go], (slot[go] + np.uint64(1)) & self.mask
+            done += 1
+        steps = np.arange(self._WINDOW, dtype=np.uint64)[None, :]
+        want, base = want[:, None], slot[:, None]
+        while len(todo) and done <= reach:
+            places = (base + steps) & self.mask
+            held = self.keys[places]
+            match = held == want
+            found = match.any(axis=1)
+            col = match.argmax(axis=1)
+            out[todo[found]] = self.ids[places[found, col[found]]]
+            go = ~found & (held != 0).all(axis=1)  # an empty slot ends a miss
+            todo, want, base = todo[go], want[go], (base[go] + np.uint64(self._WINDOW)) & self.mask
+            done += self._WINDOW
         return out
 
 
@@ -584,12 +615,14 @@ class Plan:
             return ids
         lower, strip_marks = self.ops.lower, self.ops.strip_marks
         unknown = words.strings(miss)
-        found = vocab.lookup(string_keys([lower(w) for w in unknown]))
+        # every form at once: one key pass and one lookup, the first form found wins
+        forms = [lower(w) for w in unknown]
         if strip:
             bare = [strip_marks(w) for w in unknown]
-            found = np.where(found > 0, found, vocab.lookup(string_keys(bare)))
-            found = np.where(found > 0, found, vocab.lookup(string_keys([lower(w) for w in bare])))
-        ids[miss] = found
+            forms += bare + [lower(w) for w in bare]
+        found = vocab.lookup(string_keys(forms)).reshape(-1, len(unknown))
+        first = (found > 0).argmax(axis=0)
+        ids[miss] = found[first, np.arange(len(unknown))]
         return ids
 
     def _run(self, step: dict[str, Any], args: list[Any]) -> Any:

@@ -237,3 +237,22 @@ def test_export_writes_the_plan_only_when_it_agrees(tmp_path, monkeypatch):
     assert got["engine"] == "lean" and got["bytes"] > 0
     plan = lean.load(str(tmp_path))
     assert plan is not None and np.abs(plan.predict(CORPUS) - fn(CORPUS)).max() < lean.TOLERANCE
+
+
+def test_vocabulary_lookups_find_every_token_and_nothing_else():
+    """The hash table against a dict, for batches of every size the lookup
+    treats differently: one key, a few (the windowed probe), and more than
+    Vocab._FEW left after the first slot (a slot a pass first). A table
+    built full enough that probes run past one window."""
+    rng = np.random.default_rng(7)
+    tokens = sorted({"".join(rng.choice(list("abcdeé是ΣZ_-"), rng.integers(1, 9))) for _ in range(30000)})
+    vocab = lean.Vocab.build(tokens, "strings")
+    assert vocab._reach() > lean.Vocab._WINDOW  # some probes are longer than a window
+    want = {t: i for i, t in enumerate(tokens)}
+    absent = [t + "\u2603" for t in tokens[:5000]] + ["", "zz\u00a0"]
+    queries = [tokens[i] for i in rng.permutation(len(tokens))] + absent
+    keys = lean.string_keys(queries)
+    expected = np.array([want.get(q, 0) for q in queries])
+    for size in (1, 3, 40, 700, len(queries)):
+        got = np.concatenate([vocab.lookup(keys[i:i + size]) for i in range(0, len(queries), size)])
+        assert np.array_equal(got, expected), size
