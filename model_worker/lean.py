@@ -162,6 +162,7 @@ class TextOps:
         cat[space & ~blank] = SPACE
         cat[blank] = BLANK
         self.category = cat
+        self.is_word = word  # the class strip_marks keeps (layers.strip_marks)
         self._roles = {k: np.array(v, dtype=np.uint8) for k, v in _ROLES.items()}
         # Python's re tests a class with characters past U+FFFF range by
         # range; restricted to the BMP it is a bitmap: a text takes the
@@ -207,6 +208,50 @@ class TextOps:
 
     def strip_marks(self, word: str) -> str:
         return self._edges[self._narrowest(word)]("", word)
+
+    def fallback_keys(self, words: Words, miss: np.ndarray, strip: bool) -> np.ndarray:
+        """(forms, len(miss)) keys of the other forms of the words `miss`
+        (layers._lookup): lowercased; with `strip`, also without the marks at
+        their ends, as written, then lowercased. ASCII words (most words
+        unknown as written) are lowercased and stripped in NumPy, without a
+        string each; the others go through lower and strip_marks."""
+        lengths = words.lengths[miss]
+        cps, starts = _gather(words.cps, words.starts[miss], lengths)
+        lowered = np.where((cps >= 65) & (cps <= 90), cps + 32, cps)
+        if not strip:
+            rows = [_segment_keys(lowered, starts, lengths)]
+        else:
+            m = len(miss)
+            seg = np.repeat(np.arange(m, dtype=np.int64), lengths)
+            inner = self.is_word[cps]
+            through = np.cumsum(inner, dtype=np.int64)  # word characters up to here...
+            through -= (through[starts] - inner[starts])[seg]  # ...from the word's start
+            total = np.bincount(seg, weights=inner, minlength=m).astype(np.int64)
+            lead = np.bincount(seg, weights=through == 0, minlength=m).astype(np.int64)
+            trail = np.bincount(seg, weights=(through == total[seg]) & ~inner, minlength=m).astype(np.int64)
+            keep = np.where(total > 0, lengths - lead - trail, 0)
+            # the three forms' segments in one array (lowered, then as
+            # written without the marks, then lowered without them): one
+            # key pass
+            both = np.concatenate([lowered, cps])
+            n = len(cps)
+            forms, at = _gather(both, np.concatenate([starts, starts + lead + n, starts + lead]),
+                                np.concatenate([lengths, keep, keep]))
+            rows = list(_segment_keys(forms, at, np.concatenate([lengths, keep, keep])).reshape(3, m))
+        keys = np.stack(rows)
+        # the rest as strings: another script's lowercase is TensorFlow's
+        # table's, and a NUL cuts the lowercase there
+        plain = (np.maximum.reduceat(cps, starts) < 128) & (np.minimum.reduceat(cps, starts) > 0) \
+            if len(cps) else np.ones(len(miss), dtype=bool)
+        other = np.flatnonzero(~plain)
+        if len(other):
+            unknown = words.strings(miss[other])
+            forms = [self.lower(w) for w in unknown]
+            if strip:
+                bare_words = [self.strip_marks(w) for w in unknown]
+                forms += bare_words + [self.lower(w) for w in bare_words]
+            keys[:, other] = string_keys(forms).reshape(-1, len(other))
+        return keys
 
     def words(self, texts: list[str], standardize: str | None) -> Words:
         """The words of each text, standardized `standardize`'s way and split
@@ -287,7 +332,21 @@ def string_keys(tokens: list[str]) -> np.ndarray:
     lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
     starts = np.zeros(len(tokens), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
-    keys = np.ones(len(tokens), dtype=np.uint64)
+    return _segment_keys(cps, starts, lengths)
+
+
+def _gather(cps: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The segments cps[starts[k]:starts[k] + lengths[k]], one after the
+    other, and where each now starts."""
+    at = np.cumsum(lengths) - lengths
+    idx = np.repeat(starts - at, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+    return cps[idx], at
+
+
+def _segment_keys(cps: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Each segment's key, as string_keys gives its string's (segments one
+    after the other in cps; an empty one is the empty string's)."""
+    keys = np.ones(len(starts), dtype=np.uint64)
     full = lengths > 0
     if full.any():
         keys[full] = _poly_keys(cps, starts[full], lengths[full])
@@ -613,16 +672,11 @@ class Plan:
         miss = np.flatnonzero(ids == 0)
         if not len(miss):
             return ids
-        lower, strip_marks = self.ops.lower, self.ops.strip_marks
-        unknown = words.strings(miss)
-        # every form at once: one key pass and one lookup, the first form found wins
-        forms = [lower(w) for w in unknown]
-        if strip:
-            bare = [strip_marks(w) for w in unknown]
-            forms += bare + [lower(w) for w in bare]
-        found = vocab.lookup(string_keys(forms)).reshape(-1, len(unknown))
+        forms = self.ops.fallback_keys(words, miss, strip)
+        # every form at once: one lookup, the first form found wins
+        found = vocab.lookup(forms.ravel()).reshape(forms.shape)
         first = (found > 0).argmax(axis=0)
-        ids[miss] = found[first, np.arange(len(unknown))]
+        ids[miss] = found[first, np.arange(len(miss))]
         return ids
 
     def _run(self, step: dict[str, Any], args: list[Any]) -> Any:
