@@ -423,29 +423,9 @@ class Search:
         total = (len(screen) + len(pre) + union + with_pretrained * len(weights) + view_sets * len(_LEARNERS)
                  + int(balanced) + len(networks))
         index = 0
-        # With the pretrained view in play, the words + characters union and
-        # that union with the view (at the first weight) are screened before
-        # the punctuation-keeping view: on a large set a binding budget then
-        # cuts "punct" (an alternative to "char" that rarely wins on English
-        # text) rather than the view (debian_en, 4,666 texts, 60 s on 2 cores:
-        # the view was never screened, 0.8 points under the fair anchor).
-        # "punct" still replaces "char" when it screens better by the margin.
-        late = ([c for c in screen if c.views == ("punct",)]
-                if with_pretrained and union and len(char_views) == 2 else [])
         for cand in screen:
-            if cand in late:
-                continue
             index += 1
             self.run(cand, index, total)
-        if late:
-            base = ("word", "char")
-            index += 1
-            self.run(Candidate(base, *_SCREEN, balanced), index, total)
-            index += 1
-            self.run(Candidate((*base, "pretrained"), *_SCREEN, balanced, weights[0]), index, total)
-            for cand in late:
-                index += 1
-                self.run(cand, index, total)
         # one character view goes on (a pruned or skipped one counts as worse)
         single = {s.candidate.views[0]: s.score for s in self.scored}
         chars: str | None
@@ -454,24 +434,17 @@ class Search:
         else:
             chars = char_views[0] if char_views else None
         dropped = next((v for v in char_views if v != chars), None)
-        # what the early screen ran (scored, stopped or skipped) is not run again
-        done = ({s.candidate.name for s in self.scored} | {p["name"] for p in self.pruned}
-                | {k["name"] for k in self.skipped})
-        union_cand = Candidate(("word", chars), *_SCREEN, balanced)  # type: ignore[arg-type]  # union: a char view
-        if union and union_cand.name not in done:
+        if union:
             index += 1
-            self.run(union_cand, index, total)
+            self.run(Candidate(("word", chars), *_SCREEN, balanced), index, total)  # type: ignore[arg-type]  # union: a char view
         for cand in pre:  # after the n-gram screen, so that it races against the best of it
             index += 1
             self.run(cand, index, total)
         if with_pretrained:  # beside the n-grams: the union, else the one n-gram view left
             base = ("word", chars) if union else (chars or ngram_views[0],)
             for w in weights:  # the view's weight, by CV (the budget cuts the last)
-                cand = Candidate((*base, "pretrained"), *_SCREEN, balanced, w)
-                if cand.name in done:
-                    continue
                 index += 1
-                self.run(cand, index, total)
+                self.run(Candidate((*base, "pretrained"), *_SCREEN, balanced, w), index, total)
         # each view set with its best screened weight (1 without the pretrained view)
         screened: dict[tuple[str, ...], tuple[float, float]] = {}
         for s in self.scored:

@@ -132,26 +132,14 @@ def test_report_fields(english_result):
         assert 0.0 <= cand["cv_macro_f1"] <= 1.0 and cand["cv_std"] >= 0 and cand["seconds"] >= 0
         assert len(cand["fold_scores"]) == 3
         assert cand["learner"] in ("svm", "nbsvm", "lr")
-    # the screen: one learner over the single views, then words + the better
-    # character view; with the pretrained view in play, words + characters
-    # and that union with the view come before the punctuation-keeping view
-    # (a binding budget cuts that one first)
+    # the screen: one learner over the single views, then words + the better character view
+    screen = [h["name"].split("/")[0] for h in result.history[:4]]
+    assert screen[:3] == ["word", "char", "punct"]
+    # punct goes on only when it screened better than char by the margin
     from model_worker import autoselect
-    screen = [h["name"].split("/")[0] for h in result.history]
-    punct = -1.0 if result.history[screen.index("punct")].get("pruned") else \
-        result.history[screen.index("punct")]["score"]
-    char = -1.0 if result.history[1].get("pruned") else result.history[1]["score"]
-    if report["pretrained"].get("used"):
-        assert screen[:5] == ["word", "char", "word+char", "word+char+pretrained", "punct"], screen
-        # punct goes on only when it screened better than char by the margin
-        if punct > char + autoselect._PUNCT_MARGIN:
-            assert screen[5] == "word+punct", screen
-        else:
-            assert "word+punct" not in screen and screen.count("word+char") >= 1, screen
-    else:
-        assert screen[:3] == ["word", "char", "punct"]
-        want = "word+punct" if punct > char + autoselect._PUNCT_MARGIN else "word+char"
-        assert screen[3] == want, screen
+    char, punct = (-1.0 if h.get("pruned") else h["score"] for h in result.history[1:3])
+    want = "word+punct" if punct > char + autoselect._PUNCT_MARGIN else "word+char"
+    assert screen[3] == want, result.history[:4]
     best = max(c["cv_macro_f1"] for c in report["candidates"])
     chosen = report["chosen"]
     assert chosen["members"] and all(m["temperature"] > 0 for m in chosen["members"])
