@@ -246,11 +246,11 @@ class TextOps:
         other = np.flatnonzero(~plain)
         if len(other):
             unknown = words.strings(miss[other])
-            forms = [self.lower(w) for w in unknown]
+            strings = [self.lower(w) for w in unknown]
             if strip:
                 bare_words = [self.strip_marks(w) for w in unknown]
-                forms += bare_words + [self.lower(w) for w in bare_words]
-            keys[:, other] = string_keys(forms).reshape(-1, len(other))
+                strings += bare_words + [self.lower(w) for w in bare_words]
+            keys[:, other] = string_keys(strings).reshape(-1, len(other))
         return keys
 
     def words(self, texts: list[str], standardize: str | None) -> Words:
