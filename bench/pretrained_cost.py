@@ -43,17 +43,36 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-CHILD = r"""
+# what a serving worker does to load the model, per engine: defines
+# `predict`, `before` (PSS before the load) and `unwanted` (modules the
+# process must not have imported)
+KERAS_LOAD = r"""
 import json, os, sys, time
 import psutil, tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 import keras
 from model_worker import textmodel, worker
-texts = json.load(open(sys.argv[2]))
 before = psutil.Process().memory_full_info().pss
 model = keras.saving.load_model(sys.argv[1], safe_mode=True)
 predict = textmodel.make_predict_fn(model)
+unwanted = ("tokenizers", "safetensors", "wordfreq", "wordllama")
+"""
+
+# a lean worker: the plan alone, no TensorFlow
+LEAN_LOAD = r"""
+import json, os, sys, time
+import psutil
+from model_worker import lean, worker
+lean.text_ops()  # the tables, as the zygote loads them before a worker forks
+before = psutil.Process().memory_full_info().pss
+predict = lean.load(os.path.dirname(sys.argv[1])).predict
+unwanted = ("tensorflow", "keras", "tokenizers", "safetensors", "wordfreq", "wordllama")
+"""
+
+# then the same measurements for both
+MEASURE = r"""
+texts = json.load(open(sys.argv[2]))
 predict(texts[:1])
 worker.release_free_memory()  # as the worker does after its load's warm-up
 uss_single = psutil.Process().memory_full_info().uss
@@ -69,38 +88,7 @@ r1, r256 = max(r1, rate(1)), max(r256, rate(256))
 worker.release_free_memory()  # as the worker does when idle after a large call
 info = psutil.Process().memory_full_info()
 pss = info.pss
-bad = [p for p in ("tokenizers", "safetensors", "wordfreq", "wordllama") if p in sys.modules]
-print(json.dumps({"pss_mb": round(pss / 2**20, 1), "uss_mb": round(info.uss / 2**20, 1), "pss_model_mb": round((pss - before) / 2**20, 1),
-                  "uss_single_mb": round(uss_single / 2**20, 1),
-                  "texts_per_s_1": round(r1), "texts_per_s_256": round(r256), "imported": bad}))
-"""
-
-# a lean worker: the plan alone, no TensorFlow
-LEAN_CHILD = r"""
-import json, os, sys, time
-import psutil
-from model_worker import lean, worker
-texts = json.load(open(sys.argv[2]))
-lean.text_ops()  # the tables, as the zygote loads them before a worker forks
-before = psutil.Process().memory_full_info().pss
-plan = lean.load(os.path.dirname(sys.argv[1]))
-predict = plan.predict
-predict(texts[:1])
-worker.release_free_memory()
-uss_single = psutil.Process().memory_full_info().uss
-predict(texts[:256])
-def rate(batch, seconds=2.0):
-    chunk = (texts * (batch // len(texts) + 1))[:batch]
-    done, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        predict(chunk); done += batch
-    return done / (time.perf_counter() - t0)
-r1, r256 = rate(1), rate(256)
-r1, r256 = max(r1, rate(1)), max(r256, rate(256))
-worker.release_free_memory()
-info = psutil.Process().memory_full_info()
-pss = info.pss
-bad = [p for p in ("tensorflow", "keras", "tokenizers", "safetensors", "wordfreq", "wordllama") if p in sys.modules]
+bad = [p for p in unwanted if p in sys.modules]
 print(json.dumps({"pss_mb": round(pss / 2**20, 1), "uss_mb": round(info.uss / 2**20, 1), "pss_model_mb": round((pss - before) / 2**20, 1),
                   "uss_single_mb": round(uss_single / 2**20, 1),
                   "texts_per_s_1": round(r1), "texts_per_s_256": round(r256), "imported": bad}))
@@ -218,7 +206,7 @@ def main() -> None:
         # the machine's drift falls on all of them alike
         for r in range(args.rounds):
             for name, path in paths.items():
-                child = LEAN_CHILD if args.engine == "lean" else CHILD
+                child = (LEAN_LOAD if args.engine == "lean" else KERAS_LOAD) + MEASURE
                 got = subprocess.run([sys.executable, "-c", child, path, probe], capture_output=True, text=True,
                                      env=env, check=True)
                 row = json.loads(got.stdout.strip().splitlines()[-1])
