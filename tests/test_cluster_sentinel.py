@@ -198,7 +198,8 @@ class Applies:
             asked = time.time()
             code, body = node.mpost("/apply", {"name": "sent", "version": 1 + i % 2},
                                     timeout=120)
-            what = body["cluster"]["revision"] if code == 200 else \
+            # a 200's revision (None: unchanged, nothing written), else the error
+            what = (body.get("cluster") or {}).get("revision") if code == 200 else \
                 (body or {}).get("error", {}).get("code")
             self.answers.append((time.time(), node.node_id, code, what, asked))
             self._stop.wait(self.period if code == 200 else 0.3)
@@ -255,11 +256,19 @@ def test_failover_loses_no_answered_write_and_applies_come_back(sc):
     # 0 failed predictions
     assert load.failed == [], load.failed[:5]
     assert load.ok > 0
-    # applies: refused with a retryable 503 meanwhile (one asked while there
-    # was no primary at least), back within 5 s of the promotion
+    # applies: none answered 200 while there was no primary; any refused
+    # meanwhile with a retryable 503; back within 5 s of the promotion. An
+    # apply asked in the gap may still be answered 200 after the promotion:
+    # the node reaches the store only after its HTTP layer takes the request
+    # and its workers are ready (a loaded machine queues it past the
+    # promotion), and then it writes to the new primary, which is right
     assert all(a[2] == 503 and a[3] in RETRYABLE for a in refused), refused
     assert all(a[2] != 200 for a in after if killed < a[4] and a[0] < promoted), after
-    assert refused or not any(killed < a[4] < promoted for a in after), after
+    # the applies run one after another: each written one's revision is past
+    # the one before it, across the failover too (a lost answered record
+    # write would let the new primary hand out a revision again)
+    revs = [int(a[3]) for a in applies.answers if a[2] == 200 and isinstance(a[3], int)]
+    assert all(b > a for a, b in zip(revs, revs[1:])), applies.answers
     # back, not stuck: the 5 s target is a figure the print above reports (and
     # docs/cluster.md gives), not a timing this test could hold on a loaded machine
     assert first_ok - promoted <= 20.0, (first_ok - promoted, after)
@@ -280,7 +289,7 @@ def test_failover_loses_no_answered_write_and_applies_come_back(sc):
         assert s["primary"] == f"127.0.0.1:{promoted_port}", s
         assert "cluster store failover: the primary moved" in n.log()
     # all three converge on the last applied revision
-    last_rev = max(a[3] for a in applies.answers if a[2] == 200)
+    last_rev = max(revs)
     wait_for(lambda: _converged(sc, last_rev), 60, f"every node on revision {last_rev}")
     # the job queued before the kill ran exactly once
     def done():
