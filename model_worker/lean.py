@@ -214,7 +214,10 @@ class TextOps:
         (layers._lookup): lowercased; with `strip`, also without the marks at
         their ends, as written, then lowercased. ASCII words (most words
         unknown as written) are lowercased and stripped in NumPy, without a
-        string each; the others go through lower and strip_marks."""
+        string each; the others go through lower and strip_marks, and so do
+        all of a few words (a single text's: fewer NumPy calls)."""
+        if len(miss) <= self._FEW_WORDS:
+            return self._fallback_strings(words.strings(miss), strip)
         lengths = words.lengths[miss]
         cps, starts = _gather(words.cps, words.starts[miss], lengths)
         lowered = np.where((cps >= 65) & (cps <= 90), cps + 32, cps)
@@ -245,13 +248,18 @@ class TextOps:
             if len(cps) else np.ones(len(miss), dtype=bool)
         other = np.flatnonzero(~plain)
         if len(other):
-            unknown = words.strings(miss[other])
-            strings = [self.lower(w) for w in unknown]
-            if strip:
-                bare_words = [self.strip_marks(w) for w in unknown]
-                strings += bare_words + [self.lower(w) for w in bare_words]
-            keys[:, other] = string_keys(strings).reshape(-1, len(other))
+            keys[:, other] = self._fallback_strings(words.strings(miss[other]), strip)
         return keys
+
+    _FEW_WORDS = 32
+
+    def _fallback_strings(self, unknown: list[str], strip: bool) -> np.ndarray:
+        """fallback_keys of the words `unknown`, through their strings."""
+        strings = [self.lower(w) for w in unknown]
+        if strip:
+            bare_words = [self.strip_marks(w) for w in unknown]
+            strings += bare_words + [self.lower(w) for w in bare_words]
+        return string_keys(strings).reshape(-1, len(unknown))
 
     def words(self, texts: list[str], standardize: str | None) -> Words:
         """The words of each text, standardized `standardize`'s way and split
@@ -517,10 +525,10 @@ class Vocab:
     def _slot(self, keys: np.ndarray) -> np.ndarray:
         """A key's first slot: the top bits of key * an odd constant (the low
         bits of a polynomial key depend on the low bits of its digits only)."""
-        with np.errstate(over="ignore"):
-            return (keys * _SLOT_MIX) >> self.shift
+        return (keys * _SLOT_MIX) >> self.shift  # an array's wrap-around is silent
 
     _WINDOW = 8  # slots compared at once for the last keys not found at their first slot
+    _STEPS = np.arange(_WINDOW, dtype=np.uint64)[None, :]
     _FEW = 512  # "the last keys"
 
     def _reach(self) -> int:
@@ -535,6 +543,24 @@ class Vocab:
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """The keys' ids (int64), 0 where unknown."""
         slot = self._slot(keys)
+        if len(keys) <= self._FEW:
+            # few keys (a single text's): _WINDOW slots from the first, so
+            # that nearly every lookup, found or not, ends in this one pass
+            places = (slot[:, None] + self._STEPS) & self.mask
+            held = self.keys[places]
+            col = (held == keys[:, None]).argmax(axis=1)
+            every = np.arange(len(keys))
+            at = places[every, col]
+            hit = held[every, col] == keys
+            out = np.where(hit, self.ids[at], 0).astype(np.int64)
+            if hit.all():
+                return out
+            go = ~hit & (held != 0).all(axis=1)  # an empty slot ends a miss
+            if not go.any():
+                return out
+            todo = np.flatnonzero(go)
+            return self._windows(out, todo, keys[todo], (slot[todo] + np.uint64(self._WINDOW)) & self.mask,
+                                 self._WINDOW)
         held = self.keys[slot]
         hit = held == keys
         out = np.where(hit, self.ids[slot], 0).astype(np.int64)
@@ -556,10 +582,16 @@ class Vocab:
             go = ~hit & (held != 0)
             todo, want, slot = todo[go], want[go], (slot[go] + np.uint64(1)) & self.mask
             done += 1
-        steps = np.arange(self._WINDOW, dtype=np.uint64)[None, :]
+        return self._windows(out, todo, want, slot, done)
+
+    def _windows(self, out: np.ndarray, todo: np.ndarray, want: np.ndarray, slot: np.ndarray,
+                 done: int) -> np.ndarray:
+        """Find the keys `want` (of out's places `todo`), each looked for in
+        `done` slots before `slot` already, _WINDOW slots a pass."""
         want, base = want[:, None], slot[:, None]
+        reach = self._reach()
         while len(todo) and done <= reach:
-            places = (base + steps) & self.mask
+            places = (base + self._STEPS) & self.mask
             held = self.keys[places]
             match = held == want
             found = match.any(axis=1)

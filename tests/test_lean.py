@@ -100,6 +100,21 @@ def test_words_and_keys_are_tensorflows(texts):
         bare = [b.decode("utf-8") for b in layers.strip_marks(tf.constant(flat)).numpy()]
         assert [ops.strip_marks(w) for w in flat] == bare
         assert np.array_equal(words.keys(), lean.string_keys(flat))
+        # a word unknown as written: its other forms' keys (layers._lookup's
+        # order), from code points in NumPy (many words) and through strings
+        # (a few), both TensorFlow's strings' keys
+        def tf_lower(ws):
+            return [b.decode("utf-8") for b in tf.strings.lower(tf.constant(ws), encoding="utf-8").numpy()]
+
+        every = np.arange(len(flat))
+        for strip, forms in ((False, [tf_lower(flat)]), (True, [tf_lower(flat), bare, tf_lower(bare)])):
+            want_keys = np.stack([lean.string_keys(f) for f in forms])
+            for few in (0, len(flat)):
+                ops._FEW_WORDS = few  # the shared TextOps: back to the class's below
+                try:
+                    assert np.array_equal(ops.fallback_keys(words, every, strip), want_keys), (strip, few)
+                finally:
+                    del ops._FEW_WORDS
 
     def per_text(keys, rows):
         return [Counter(keys[rows == i].tolist()) for i in range(len(texts))]
@@ -241,9 +256,9 @@ def test_export_writes_the_plan_only_when_it_agrees(tmp_path, monkeypatch):
 
 def test_vocabulary_lookups_find_every_token_and_nothing_else():
     """The hash table against a dict, for batches of every size the lookup
-    treats differently: one key, a few (the windowed probe), and more than
-    Vocab._FEW left after the first slot (a slot a pass first). A table
-    built full enough that probes run past one window."""
+    treats differently: one key, a few (up to Vocab._FEW: windowed probes
+    from the first slot), and more than Vocab._FEW (a slot a pass first). A
+    table built full enough that probes run past one window."""
     rng = np.random.default_rng(7)
     tokens = sorted({"".join(rng.choice(list("abcdeé是ΣZ_-"), rng.integers(1, 9))) for _ in range(30000)})
     vocab = lean.Vocab.build(tokens, "strings")
