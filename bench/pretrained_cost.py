@@ -20,7 +20,7 @@ its PSS and USS after warm-up (USS also after the first single-text call,
 before any batch: what a model holds loaded, without the batches' scratch
 memory that the allocator keeps) (USS, the process's own pages, is the steadier
 of the two on a machine where other TensorFlow processes share the
-libraries' pages), texts/s at batch 1 and at batch 256 (make_predict_fn, one
+libraries' pages), texts/s at batch 1 (each probe text alone, in turn) and at batch 256 (make_predict_fn, one
 thread), and the artifact's size. Prints the medians, and each model against
 the one without the view (today's auto) measured in the same run.
 
@@ -78,10 +78,13 @@ worker.release_free_memory()  # as the worker does after its load's warm-up
 uss_single = psutil.Process().memory_full_info().uss
 predict(texts[:256])
 def rate(batch, seconds=2.0):
-    chunk = (texts * (batch // len(texts) + 1))[:batch]
+    # batches of `batch` texts in turn, through all the probe texts (single
+    # texts: each text alone, not one text again and again)
+    many = texts * (batch // len(texts) + 1)
+    chunks = [many[i:i + batch] for i in range(0, len(many) - batch + 1, batch)]
     done, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        predict(chunk); done += batch
+        predict(chunks[done // batch % len(chunks)]); done += batch
     return done / (time.perf_counter() - t0)
 r1, r256 = rate(1), rate(256)
 r1, r256 = max(r1, rate(1)), max(r256, rate(256))
