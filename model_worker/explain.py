@@ -98,13 +98,16 @@ class Explainer:
 
         self._run = run.get_concrete_function()
 
-    def __call__(self, texts: list[str], k: int) -> tuple[np.ndarray, list[dict[str, Any]]]:
-        """(probabilities as the model serves them, one explanation per text)."""
+    def __call__(self, texts: list[str], k: int, best: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
+        """(probabilities as the model serves them, one explanation per text:
+        of its label `best`, else of the label the model scores highest)."""
         out = self._run(tf.constant(texts, dtype=tf.string))
         bags, total, probs = out[:-2], out[-2].numpy(), out[-1].numpy()
         logits = total.reshape(len(texts), self.members, self.n_labels).mean(axis=1)
         n = len(texts)
-        best = probs.argmax(axis=1)
+        if best is None:
+            best = probs.argmax(axis=1)
         # every (text, n-gram) entry of every view at once, as flat arrays: the
         # per-text work is then only the k entries shown (batches stay cheap)
         parts: list[tuple[np.ndarray, ...]] = []

@@ -214,6 +214,13 @@ def test_ensemble_contributions_sum_to_the_averaged_logit():
     assert len({f["view"] for f in explained[0]["features"]}) == 2  # both views contribute
     # "unseen": only its unknown words' columns, which weigh nothing
     assert not [f for f in explained[2]["features"] if f["view"] == "word"], explained[2]
+    # the label to explain given (a worker serving from the lean plan passes
+    # its own top label): that label's logit, split exactly
+    other = (probs.argmax(axis=1) + 1) % 3
+    _, given = explain.Explainer(model)(probe, 10_000, other)
+    for c, e in zip(other.tolist(), given):
+        assert e["label_index"] == c and e["others"] == 0
+        _check_sum(e)
 
 
 # -- the command line -------------------------------------------------------------------------
