@@ -12,7 +12,10 @@ sees the store's primary move (a failover: every runner's renewals failed
 alike), its reaper waits one lease, so that runners renew first. And a
 reaper ends a job only once it has seen its lease missing for a whole lease
 (two passes at least): a new primary may lack the last renewal, and a node
-may see the new primary before the runner does.
+may see the new primary before the runner does. A claim whose answer was
+lost (the primary died right after running it) leaves a job running under
+this node's name that no runner here knows: the node takes it up at its
+next tick, since it never started (unstarted_claims).
 
 Keys (prefix as in cluster.py):
 
@@ -119,6 +122,17 @@ end
 return out
 """
 
+# the running jobs this node (ARGV[2]) claimed, started or not
+_MINE = """
+local out = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if redis.call('HGET', ARGV[1] .. ':job:' .. id, 'node') == ARGV[2] then
+    table.insert(out, id)
+  end
+end
+return out
+"""
+
 # -> 'cancelled' (was queued), 'requested' (running: the runner stops it),
 #    'missing', or 'done:<state>' (already finished)
 _CANCEL = """
@@ -157,6 +171,7 @@ class ClusterJobs:
         # job id -> when this node first saw it running with no lease (monotonic)
         self._missing_since: dict[str, float] = {}
         self._cancel = self.r.register_script(_CANCEL)
+        self._mine = self.r.register_script(_MINE)
 
     def _jk(self, job_id: str) -> str:
         return self.c.key("job", job_id)
@@ -183,6 +198,37 @@ class ClusterJobs:
         if not job_id:
             return None
         return await self.get(job_id)
+
+    async def unstarted_claims(self, running_here: "set[str]") -> "list[JobDoc]":
+        """Jobs this node claimed and never started: the claim ran but its
+        answer was lost (the primary died or the connection broke right
+        after), so no runner here knows of them. Each is this node's again
+        under a fresh lease (-> their documents, to run); one cancelled
+        meanwhile ends `cancelled`. A job a runner started (its document is
+        the runner's, no longer the submitter's `queued` one) is never
+        returned: after a crash it is the reaper's, never run twice."""
+        ids = await self.c.call(lambda: self._mine(keys=[self.k_running],
+                                                   args=[self.c.prefix, self.c.node_id]))
+        out: list[JobDoc] = []
+        for job_id in ids:
+            if job_id in running_here:
+                continue
+            fields = await self.c.call(lambda: self.r.hgetall(self._jk(job_id)))
+            try:
+                submitted = json.loads(fields.get("doc") or "null")
+            except ValueError:
+                submitted = None
+            if not isinstance(submitted, dict) or submitted.get("state") != "queued":
+                continue
+            verdict = await self.renew(job_id)
+            if verdict == "cancel":
+                await self.save({**submitted, "state": "cancelled", "finished_at": time.time(),
+                                 "error": "cancelled before it started"}, "cancelled")
+            elif verdict == "ok":
+                doc = self._merge(fields)
+                if doc is not None:
+                    out.append(doc)
+        return out
 
     async def renew(self, job_id: str) -> str:
         return await self.c.call(lambda: self._renew(

@@ -412,9 +412,12 @@ class ClusterTraining:
                 await self.q.reap()
             if self.node.serving.stopping:
                 return
+            # claims whose answers were lost first (they are the oldest), then the queue
+            lost = await self.q.unstarted_claims(set(mgr.jobs))
             while sum(1 for j in mgr.jobs.values() if j.state == "running") < \
                     mgr.cfg.max_concurrent:
-                doc = await self.q.claim()
+                taken_up = bool(lost)
+                doc = lost.pop(0) if lost else await self.q.claim()
                 if doc is None:
                     break
                 try:
@@ -422,7 +425,8 @@ class ClusterTraining:
                 except JobError as exc:
                     await self._refuse(doc, str(exc))
                     continue
-                log.info("job %s (%s) claimed by this node", doc["id"], doc["name"])
+                log.info("job %s (%s) claimed by this node%s", doc["id"], doc["name"],
+                         " (the claim's answer was lost: taken up now)" if taken_up else "")
                 if doc.get("first_start_demo"):
                     self.node.ctl.set_demo_training(True)
                 mgr.run_claimed(doc)

@@ -351,12 +351,13 @@ class Worker:
                     model = keras.saving.load_model(os.path.join(path, "model.keras"), safe_mode=True)
                 self._explainer = cached = (self.predict_fn, explain.explainer_for(model))
             t0 = time.perf_counter()
-            if getattr(self.predict_fn, "lean", False):
+            serve = self.predict_fn
+            if serve is not None and getattr(serve, "lean", False):
                 # the scores are the served ones (the lean plan's; the Keras
                 # graph's differ in the last float digits), and the label
                 # explained is their top one: asking for an explanation never
                 # changes the prediction
-                probs = np.asarray(self.predict_fn(req["texts"]))
+                probs = np.asarray(serve(req["texts"]))
                 _, explained = cached[1](req["texts"], k, probs.argmax(axis=1))
             else:
                 probs, explained = cached[1](req["texts"], k)

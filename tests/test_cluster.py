@@ -260,6 +260,45 @@ def test_a_lease_missing_once_is_not_reaped_before_a_whole_lease(redis_server):
 
 
 @needs_redis_and_nginx
+def test_a_claim_whose_answer_was_lost_is_taken_up_by_its_node(redis_server):
+    """The claim ran on the primary, then the primary died before its answer
+    came back (here: the answer is dropped): the job is running under the
+    node's name and no runner knows it. The node takes it up (a fresh lease),
+    once; another node does not; one a runner started is never taken up (it
+    is the reaper's after a crash); one cancelled meanwhile ends cancelled."""
+    from cluster.job_queue import ClusterJobs
+    from cluster.record import Cluster
+
+    async def main():
+        a = Cluster(redis_server.url, "a", prefix="t11")
+        b = Cluster(redis_server.url, "b", prefix="t11")
+        qa, qb = ClusterJobs(a, lease_s=600), ClusterJobs(b, lease_s=600)
+        job_id = await qa.new_id()
+        await qa.enqueue({"id": job_id, "name": "x", "state": "queued"})
+        await qa.claim()  # its answer "lost": nothing runs it
+        await a.redis.delete(f"t11:lease:{job_id}")  # a new primary may lack the lease too
+        assert await qb.unstarted_claims(set()) == []  # not b's
+        assert await qa.unstarted_claims({job_id}) == []  # running here already
+        got = await qa.unstarted_claims(set())
+        assert [d["id"] for d in got] == [job_id] and got[0]["state"] == "running"
+        assert await a.redis.get(f"t11:lease:{job_id}") == "a"  # a fresh lease, a's
+        # started: the runner's document replaces the submitter's
+        assert await qa.save({"id": job_id, "name": "x", "state": "running"})
+        assert await qa.unstarted_claims(set()) == []
+        # a second lost claim, cancelled before the node took it up
+        other = await qa.new_id()
+        await qa.enqueue({"id": other, "name": "y", "state": "queued"})
+        await qa.claim()
+        assert await qb.cancel(other) == "requested"
+        assert await qa.unstarted_claims({job_id}) == []
+        assert (await qb.get(other))["state"] == "cancelled"
+        assert await a.redis.sismember("t11:running", other) == 0
+        await a.stop()
+        await b.stop()
+    _run(main())
+
+
+@needs_redis_and_nginx
 def test_a_record_lost_by_redis_is_written_back_from_a_node(redis_server, tmp_path):
     """Redis restarted without its data: the nodes' cached record comes back."""
     from cluster.record import Cluster
