@@ -44,6 +44,15 @@ def _run(coro):
     return asyncio.run(coro)
 
 
+def _two_queues(url: str, prefix: str, lease_a: float = 10.0, lease_b: float = 10.0):
+    """Nodes "a" and "b" on one Redis and their job queues: (a, b, qa, qb)."""
+    from cluster.job_queue import ClusterJobs
+    from cluster.record import Cluster
+
+    a, b = Cluster(url, "a", prefix=prefix), Cluster(url, "b", prefix=prefix)
+    return a, b, ClusterJobs(a, lease_s=lease_a), ClusterJobs(b, lease_s=lease_b)
+
+
 @needs_redis_and_nginx
 def test_record_updates_are_atomic_and_followed(redis_server, tmp_path):
     from cluster.record import Cluster
@@ -89,13 +98,8 @@ def test_record_updates_are_atomic_and_followed(redis_server, tmp_path):
 
 @needs_redis_and_nginx
 def test_job_queue_claims_race_to_one_winner_each(redis_server):
-    from cluster.record import Cluster
-    from cluster.job_queue import ClusterJobs
-
     async def main():
-        a = Cluster(redis_server.url, "a", prefix="t2race")
-        b = Cluster(redis_server.url, "b", prefix="t2race")
-        qa, qb = ClusterJobs(a), ClusterJobs(b)
+        a, b, qa, qb = _two_queues(redis_server.url, "t2race")
         ids = [await qa.new_id() for _ in range(3)]
         assert len(set(ids)) == 3
         for job_id in ids:
@@ -121,13 +125,10 @@ def test_job_queue_leases(redis_server):
     """Claims taken in turn (no race: the lease checks always run). a's lease
     outlives the test, so a busy machine cannot expire it; b's is short and b
     never renews it: b "died"."""
-    from cluster.record import Cluster
     from cluster.job_queue import ClusterJobs
 
     async def main():
-        a = Cluster(redis_server.url, "a", prefix="t2")
-        b = Cluster(redis_server.url, "b", prefix="t2")
-        qa, qb = ClusterJobs(a, lease_s=600), ClusterJobs(b, lease_s=0.5)
+        a, b, qa, qb = _two_queues(redis_server.url, "t2", lease_a=600, lease_b=0.5)
         mine, theirs = await qa.new_id(), await qa.new_id()
         for job_id in (mine, theirs):
             await qa.enqueue({"id": job_id, "name": "x", "state": "queued"})
@@ -224,13 +225,8 @@ def test_a_lease_missing_once_is_not_reaped_before_a_whole_lease(redis_server):
     key is gone while the runner lives. Here the key is deleted by hand, as
     that new primary would lack it. The reaper ends a job only once it has
     seen its lease missing for a whole lease; a renewal in between keeps it."""
-    from cluster.job_queue import ClusterJobs
-    from cluster.record import Cluster
-
     async def main():
-        a = Cluster(redis_server.url, "a", prefix="t10")
-        b = Cluster(redis_server.url, "b", prefix="t10")
-        qa, qb = ClusterJobs(a, lease_s=600), ClusterJobs(b, lease_s=1.0)
+        a, b, qa, qb = _two_queues(redis_server.url, "t10", lease_a=600, lease_b=1.0)
         job_id = await qa.new_id()
         await qa.enqueue({"id": job_id, "name": "x", "state": "queued"})
         assert (await qa.claim())["id"] == job_id
@@ -266,13 +262,8 @@ def test_a_claim_whose_answer_was_lost_is_taken_up_by_its_node(redis_server):
     node's name and no runner knows it. The node takes it up (a fresh lease),
     once; another node does not; one a runner started is never taken up (it
     is the reaper's after a crash); one cancelled meanwhile ends cancelled."""
-    from cluster.job_queue import ClusterJobs
-    from cluster.record import Cluster
-
     async def main():
-        a = Cluster(redis_server.url, "a", prefix="t11")
-        b = Cluster(redis_server.url, "b", prefix="t11")
-        qa, qb = ClusterJobs(a, lease_s=600), ClusterJobs(b, lease_s=600)
+        a, b, qa, qb = _two_queues(redis_server.url, "t11", lease_a=600, lease_b=600)
         job_id = await qa.new_id()
         await qa.enqueue({"id": job_id, "name": "x", "state": "queued"})
         await qa.claim()  # its answer "lost": nothing runs it
