@@ -163,6 +163,7 @@ class TextOps:
         cat[blank] = BLANK
         self.category = cat
         self.is_word = word  # the class strip_marks keeps (layers.strip_marks)
+        self._ascii_marks = "".join(chr(cp) for cp in range(128) if not word[cp])
         self._roles = {k: np.array(v, dtype=np.uint8) for k, v in _ROLES.items()}
         # Python's re tests a class with characters past U+FFFF range by
         # range; restricted to the BMP it is a bitmap: a text takes the
@@ -194,6 +195,8 @@ class TextOps:
         (final sigma included), the text cut at its first NUL (TensorFlow
         reads it as a C string there)."""
         text = text.partition("\x00")[0]
+        if text.isascii() and self._differ_res[0] is None:  # TensorFlow's ASCII lowercase is Python's
+            return text.lower()
         search = self._differ_res[self._narrowest(text)]
         if search is None or not search(text):
             return text.lower()
@@ -207,6 +210,8 @@ class TextOps:
         return "".join(out)
 
     def strip_marks(self, word: str) -> str:
+        if word.isascii():  # str.strip of the ASCII characters outside the word class
+            return word.strip(self._ascii_marks)
         return self._edges[self._narrowest(word)]("", word)
 
     def fallback_keys(self, words: Words, miss: np.ndarray, strip: bool) -> np.ndarray:
@@ -332,6 +337,18 @@ def _poly_keys(cps: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.n
     keys[lengths == 0] = 1
     keys[keys == 0] = 1  # 0 marks an empty slot in Vocab
     return keys
+
+
+_PY_P, _LOW64 = int(_P), (1 << 64) - 1
+
+
+def python_key(token: str) -> int:
+    """A string's key (string_keys), in Python integers: for a few strings,
+    cheaper than a NumPy pass."""
+    h = 0
+    for c in token.encode() if token.isascii() else map(ord, token):
+        h = (h * _PY_P + c + 1) & _LOW64
+    return h or 1
 
 
 def string_keys(tokens: list[str]) -> np.ndarray:
@@ -491,6 +508,7 @@ class Vocab:
         self.keys, self.ids, self.size = np.asarray(keys, dtype=np.uint64), np.asarray(ids), int(size)
         self.mask = np.uint64((1 << bits) - 1)
         self.shift = np.uint64(64 - bits)
+        self._mask, self._bits_out = (1 << bits) - 1, 64 - bits  # the same, as Python ints (find)
         self.reach: int | None = None
 
     @classmethod
@@ -584,6 +602,22 @@ class Vocab:
             done += 1
         return self._windows(out, todo, want, slot, done)
 
+    def find(self, key: int) -> int:
+        """One key's id (0: unknown), in Python scalars: for a few keys,
+        cheaper than lookup's NumPy calls (the table is at most half full:
+        every probe ends at its key or an empty slot)."""
+        slot = ((key * self._MIX) & self._LOW64) >> self._bits_out
+        keys, mask = self.keys, self._mask
+        while True:
+            held = keys.item(slot)
+            if held == key:
+                return int(self.ids.item(slot))
+            if not held:
+                return 0
+            slot = (slot + 1) & mask
+
+    _MIX, _LOW64 = int(_SLOT_MIX), _LOW64
+
     def _windows(self, out: np.ndarray, todo: np.ndarray, want: np.ndarray, slot: np.ndarray,
                  done: int) -> np.ndarray:
         """Find the keys `want` (of out's places `todo`), each looked for in
@@ -623,8 +657,13 @@ def _csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n: int, width: in
 _GATHER_MAX = 1 << 20
 
 
+_FIRST = np.zeros(1, dtype=np.int64)
+
+
 def _segment_sum(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
     """Sum of `values`' rows per text (rows ascending), float32; zeros for a text with none."""
+    if n == 1 and len(rows):  # one text: the same sum, without finding where texts start
+        return np.add.reduceat(values.astype(np.float32, copy=False), _FIRST, axis=0)
     out = np.zeros((n, values.shape[1]), dtype=np.float32)
     if len(rows):
         starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
@@ -673,6 +712,8 @@ class Plan:
                 own[key] = arrays[f"{name}/{key}"]
             if "vocab_keys" in own:
                 own["vocab"] = Vocab(own.pop("vocab_keys"), own.pop("vocab_ids"), step["vocab_size"])
+            if kind in ("word_logits", "word_mean"):
+                own["cache"], own["cache_old"] = {}, {}
             if kind == "linear":  # a bag's rows index the kernel: float32, contiguous
                 own["kernel"] = np.ascontiguousarray(own["kernel"], dtype=np.float32)
             self.data[name] = own
@@ -779,11 +820,109 @@ class Plan:
             out = out + own["bias"]
         return _activation(step.get("activation", "linear"), out)
 
+    # Python's str.split() also splits on these; tf.strings.split only on
+    # _BLANKS (tests/test_lean.py checks the list against Python's)
+    _ODD_SPACES = re.compile("[\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
+    CACHE_WORDS = 16384  # a word view's cache, both generations
+    _FEW_NEW = 64  # new words looked up as Python scalars (_string_ids); more: in NumPy
+    _FEW_CACHED = 256  # a batch of more words goes the NumPy way (cheaper a word)
+
+    def _cached_ids(self, step: dict[str, Any], own: dict[str, Any],
+                    texts: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """A word view's ids and text rows through its cache of words: the
+        texts split as Python strings (split "cased": blanks only, which is
+        str.split() where no text holds another whitespace), each word's id
+        (after every fallback) from a dict of the words met before, and only
+        the words not in it looked up (_cache_misses). None when the texts
+        need the NumPy split. A single text's words are mostly met before,
+        and a few dict lookups cost less than the NumPy path's dozens of
+        calls (a few microseconds each, whatever the text's length)."""
+        if step["standardize"] not in ("cased", None) or not isinstance(texts, list):
+            return None
+        if any(map(self._ODD_SPACES.search, texts)):
+            return None
+        split = [t.split() for t in texts]
+        flat = list(chain.from_iterable(split))
+        if len(flat) > self._FEW_CACHED:
+            return None
+        get = own["cache"].get
+        found = [get(w, -1) for w in flat]
+        if -1 in found:
+            found = self._cache_misses(step, own, flat, found)
+        rows = np.zeros(len(flat), dtype=np.int64) if len(texts) == 1 else \
+            np.repeat(np.arange(len(texts), dtype=np.int64), [len(w) for w in split])
+        return np.array(found, dtype=np.int64), rows
+
+    def _cache_misses(self, step: dict[str, Any], own: dict[str, Any], flat: list[str],
+                      found: list[int]) -> list[int]:
+        """`found` (-1: not in the cache) completed. The cache has two
+        generations: new words go into the young one; when it would hold
+        more than half of CACHE_WORDS (about 1 MB), it becomes the old one
+        and the old one is dropped; a word found in the old one comes back
+        into the young one. So the words in use stay, and the cache holds
+        at most CACHE_WORDS words, whatever comes. A word's id is what the
+        NumPy path gives it (tests/test_lean.py)."""
+        old = own["cache_old"]
+        ids: dict[str, int] = {}
+        unknown: list[str] = []
+        for w in dict.fromkeys(w for w, i in zip(flat, found) if i < 0):
+            i = old.get(w)
+            if i is None:
+                unknown.append(w)
+            else:
+                ids[w] = i
+        if unknown:
+            vocab, fallback, strip = own["vocab"], step["fallback"], step["strip"]
+            if len(unknown) <= self._FEW_NEW:
+                got = self._string_ids(vocab, unknown, fallback, strip)
+            else:
+                words = self.ops.words(unknown, "cased")  # one word a text: no blank in any
+                got = self._lookup(vocab, words, fallback, strip).tolist()
+            ids.update(zip(unknown, got))
+        half = self.CACHE_WORDS // 2
+        if len(own["cache"]) + len(ids) > half:
+            own["cache_old"], own["cache"] = own["cache"], {}
+        young = own["cache"]
+        young.update(ids if len(ids) <= half else dict(zip(list(ids)[:half], list(ids.values())[:half])))
+        return [i if i >= 0 else ids[w] for w, i in zip(flat, found)]
+
+    def _string_ids(self, vocab: Vocab, words: list[str], fallback: bool, strip: bool) -> list[int]:
+        """_lookup of a few words given as strings, in Python scalars: each
+        word's key (python_key), found with Vocab.find; a word unknown as
+        written, its other forms in _fallback_strings' order, the first
+        found winning. A NumPy pass costs tens of microseconds however few
+        its words; this costs a few a word."""
+        find, ops = vocab.find, self.ops
+        ids = [find(python_key(w)) for w in words]
+        if fallback:
+            for j, i in enumerate(ids):
+                if i:
+                    continue
+                w = words[j]
+                forms = [ops.lower(w)]
+                if strip:
+                    bare = ops.strip_marks(w)
+                    forms += [bare, ops.lower(bare)]
+                tried = {w}  # a form the same as one not found is not looked up again
+                for form in forms:
+                    if form in tried:
+                        continue
+                    tried.add(form)
+                    i = find(python_key(form))
+                    if i:
+                        ids[j] = i
+                        break
+        return ids
+
     def _words(self, step: dict[str, Any], own: dict[str, Any], texts: list[str]) -> np.ndarray:
         """PretrainedLogits ("word_logits") and PretrainedEmbedding ("word_mean")."""
-        words = self._words_of(step["standardize"], texts)
-        n, rows = words.n, words.text
-        ids = self._lookup(own["vocab"], words, step["fallback"], step["strip"])
+        cached = self._cached_ids(step, own, texts)
+        if cached is not None:
+            n, (ids, rows) = len(texts), cached
+        else:
+            words = self._words_of(step["standardize"], texts)
+            n, rows = words.n, words.text
+            ids = self._lookup(own["vocab"], words, step["fallback"], step["strip"])
         if step["op"] == "word_logits":
             table = own["table"]  # (words + 1) x (units + 1): s_w @ K and the subword count
             summed = _segment_sum(table[ids], rows, n)

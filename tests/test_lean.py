@@ -100,6 +100,7 @@ def test_words_and_keys_are_tensorflows(texts):
         bare = [b.decode("utf-8") for b in layers.strip_marks(tf.constant(flat)).numpy()]
         assert [ops.strip_marks(w) for w in flat] == bare
         assert np.array_equal(words.keys(), lean.string_keys(flat))
+        assert [lean.python_key(w) for w in flat] == words.keys().tolist()  # the same keys in Python integers
         # a word unknown as written: its other forms' keys (layers._lookup's
         # order), from code points in NumPy (many words) and through strings
         # (a few), both TensorFlow's strings' keys
@@ -271,3 +272,74 @@ def test_vocabulary_lookups_find_every_token_and_nothing_else():
     for size in (1, 3, 40, 700, len(queries)):
         got = np.concatenate([vocab.lookup(keys[i:i + size]) for i in range(0, len(queries), size)])
         assert np.array_equal(got, expected), size
+    # one key at a time in Python integers (the word cache's misses)
+    assert [vocab.find(k) for k in keys.tolist()] == expected.tolist()
+    assert lean.python_key("") == lean.string_keys([""])[0] == 1
+
+
+def test_python_splits_on_tensorflows_blanks_where_no_other_space_is():
+    """The word cache splits with str.split() unless a text holds one of
+    Plan._ODD_SPACES: exactly the characters Python splits on and
+    tf.strings.split does not."""
+    blanks = {9, 10, 11, 12, 13, 32}
+    odd = [cp for cp in range(0x110000) if chr(cp).isspace() and cp not in blanks]
+    assert [cp for cp in range(0x110000) if lean.Plan._ODD_SPACES.match(chr(cp))] == odd
+
+
+def _view_step(graphs, what):
+    plan = next(p for w, _, p in graphs if w == what)
+    step = next(s for s in plan.steps if s["op"] in ("word_logits", "word_mean"))
+    assert step["standardize"] == "cased"  # the cached way's split
+    return plan, step, plan.data[step["name"]]
+
+
+_CACHES: dict = {}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(texts_st, st.sampled_from([(lean.Plan.CACHE_WORDS, lean.Plan._FEW_NEW), (16, 1 << 30), (16, 0)]))
+def test_the_word_cache_gives_the_numpy_ways_ids(graphs, texts, sizes):
+    """A pretrained view's words through its cache (Plan._cached_ids) get
+    the ids and text rows of the NumPy way (split, keys, lookup, every
+    fallback), whether the new words are looked up in Python or NumPy,
+    with the cache's generations turning over (a cache of 16 words) or not;
+    and the cache never holds more than CACHE_WORDS words."""
+    cache_words, few_new = sizes
+    for what in ("pretrained, folded", "pretrained, vector table"):
+        plan, step, own = _view_step(graphs, what)
+        plan.CACHE_WORDS, plan._FEW_NEW = cache_words, few_new
+        # a cache for each size, kept from example to example
+        own = _CACHES.setdefault((what, sizes), {**own, "cache": {}, "cache_old": {}})
+        try:
+            for batch in (texts, texts[:1], texts):  # the second time: from the cache
+                got = plan._cached_ids(step, own, batch)
+                words = plan.ops.words(batch, "cased")
+                if got is None:  # another whitespace, or a long batch: the NumPy way
+                    assert (any(plan._ODD_SPACES.search(t) for t in batch)
+                            or len(words) > plan._FEW_CACHED), batch
+                    continue
+                want = plan._lookup(own["vocab"], words, step["fallback"], step["strip"])
+                assert np.array_equal(got[0], want), (what, batch)
+                assert np.array_equal(got[1], words.text)
+                assert len(own["cache"]) + len(own["cache_old"]) <= cache_words
+        finally:
+            del plan.CACHE_WORDS, plan._FEW_NEW
+
+
+def test_the_word_cache_answers_as_the_graph(graphs):
+    """Known words, words known only lowercased or without their marks, and
+    unknown ones, through the cache twice (new, then cached), one text at
+    a time: the Keras graph's scores."""
+    texts = ["The striker scored twice!", "THE (striker) Scored, twice.", "Zorblax grilled (salmon).",
+             "café Café CAFÉ", "  tabs\tand\nnewlines  ", ""]
+    for what in ("pretrained, folded", "pretrained, vector table"):
+        plan, step, own = _view_step(graphs, what)
+        keras_fn = next(f for w, f, _ in graphs if w == what)
+        own["cache"].clear()
+        own["cache_old"].clear()
+        for _ in range(2):
+            for t in texts:
+                assert plan._cached_ids(step, own, [t]) is not None
+                assert np.abs(plan.predict([t]) - keras_fn([t])).max() < lean.TOLERANCE, (what, t)
+        assert "Scored," in own["cache"] and own["cache"]["striker"] > 0
