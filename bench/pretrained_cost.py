@@ -1,7 +1,7 @@
 """Serving cost of auto's pretrained view: worker memory (PSS, USS) and throughput.
 
     .venv/bin/python -m bench.pretrained_cost [--set debian_en] [--n 1000] [--rounds 3] [--vector-table] [--first-layout]
-                                              [--folded] [--engine lean|keras]
+                                              [--folded] [--engine lean|keras] [--fresh 1000]
 
 Builds `auto`'s served graph from the set's first --n training texts for the
 same learner (svm C=1) on word + char with and without the pretrained view
@@ -20,8 +20,10 @@ its PSS and USS after warm-up (USS also after the first single-text call,
 before any batch: what a model holds loaded, without the batches' scratch
 memory that the allocator keeps) (USS, the process's own pages, is the steadier
 of the two on a machine where other TensorFlow processes share the
-libraries' pages), texts/s at batch 1 (each probe text alone, in turn) and at batch 256 (make_predict_fn, one
-thread), and the artifact's size. Prints the medians, and each model against
+libraries' pages), texts/s at batch 1 (each probe text alone, in turn), again at batch 1
+on --fresh x 2 texts the process has not seen (each once: a pretrained
+view's cache of words meets new words, as a serving worker does) and at
+batch 256 (make_predict_fn, one thread), and the artifact's size. Prints the medians, and each model against
 the one without the view (today's auto) measured in the same run.
 
 --engine lean (the default, what workers serve from): each model's lean plan
@@ -88,13 +90,24 @@ def rate(batch, seconds=2.0):
     return done / (time.perf_counter() - t0)
 r1, r256 = rate(1), rate(256)
 r1, r256 = max(r1, rate(1)), max(r256, rate(256))
+# texts this worker has not seen, one at a time, each once: a worker that
+# has served the probe texts meets new ones (new words: a pretrained view's
+# cache misses), the halves in turn, the faster kept as above
+fresh = json.load(open(sys.argv[3]))
+def once(part):
+    t0 = time.perf_counter()
+    for t in part:
+        predict([t])
+    return len(part) / (time.perf_counter() - t0)
+r1_new = max(once(fresh[:len(fresh) // 2]), once(fresh[len(fresh) // 2:]))
 worker.release_free_memory()  # as the worker does when idle after a large call
 info = psutil.Process().memory_full_info()
 pss = info.pss
 bad = [p for p in unwanted if p in sys.modules]
 print(json.dumps({"pss_mb": round(pss / 2**20, 1), "uss_mb": round(info.uss / 2**20, 1), "pss_model_mb": round((pss - before) / 2**20, 1),
                   "uss_single_mb": round(uss_single / 2**20, 1),
-                  "texts_per_s_1": round(r1), "texts_per_s_256": round(r256), "imported": bad}))
+                  "texts_per_s_1": round(r1), "texts_per_s_1_new": round(r1_new), "texts_per_s_256": round(r256),
+                  "imported": bad}))
 """
 
 
@@ -141,6 +154,8 @@ def main() -> None:
                          "the case-kept view's baseline")
     ap.add_argument("--first-layout", action="store_true",
                     help="also the view in its first layout (two Embeddings), as the first versions hold it")
+    ap.add_argument("--fresh", type=int, default=1000,
+                    help="texts in each half of the single-text pass over texts not sent before")
     ap.add_argument("--engine", choices=("lean", "keras"), default="lean",
                     help="serve each model from its lean plan (default, as workers do) or through Keras")
     args = ap.parse_args()
@@ -152,6 +167,8 @@ def main() -> None:
     with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory()) as tmp:
         probe = os.path.join(tmp, "probe.json")
         Path(probe).write_text(json.dumps(ds.test_texts[:512]))
+        fresh = os.path.join(tmp, "fresh.json")  # never sent before the single-text pass over them
+        Path(fresh).write_text(json.dumps((ds.test_texts[512:] + ds.train_texts[args.n:])[:2 * args.fresh]))
         import time
 
         import numpy as np
@@ -210,7 +227,7 @@ def main() -> None:
         for r in range(args.rounds):
             for name, path in paths.items():
                 child = (LEAN_LOAD if args.engine == "lean" else KERAS_LOAD) + MEASURE
-                got = subprocess.run([sys.executable, "-c", child, path, probe], capture_output=True, text=True,
+                got = subprocess.run([sys.executable, "-c", child, path, probe, fresh], capture_output=True, text=True,
                                      env=env, check=True)
                 row = json.loads(got.stdout.strip().splitlines()[-1])
                 out[name]["runs"].append(row)
@@ -218,21 +235,23 @@ def main() -> None:
         for name in paths:
             runs = out[name].pop("runs")
             out[name].update({k: statistics.median(x[k] for x in runs)
-                              for k in ("pss_mb", "uss_mb", "uss_single_mb", "texts_per_s_1", "texts_per_s_256")})
+                              for k in ("pss_mb", "uss_mb", "uss_single_mb", "texts_per_s_1", "texts_per_s_1_new",
+                                        "texts_per_s_256")})
             out[name]["imported"] = sorted({p for x in runs for p in x["imported"]})
             out[name]["rounds"] = len(runs)
     base = out["without"]
     print(f"\n{args.set}, {args.n} training texts, {args.engine} engine, medians of {args.rounds} rounds")
-    print("| model | artifact MB | PSS MB | USS MB | USS MB before batches | texts/s, single | texts/s, batch 256 |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | artifact MB | PSS MB | USS MB | USS MB before batches | texts/s, single, new texts"
+          " | texts/s, single, the probe again | texts/s, batch 256 |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, row in out.items():
-        rel = "" if row is base else (f" ({row['pss_mb'] - base['pss_mb']:+.1f})", f" ({row['uss_mb'] - base['uss_mb']:+.1f})",
-                                       f" ({row['uss_single_mb'] - base['uss_single_mb']:+.1f})",
-                                       f" ({row['texts_per_s_1'] / base['texts_per_s_1'] - 1:+.1%})",
-                                       f" ({row['texts_per_s_256'] / base['texts_per_s_256'] - 1:+.1%})")
-        rel = rel or ("", "", "", "", "")
+        rel = ["", "", "", "", "", ""]
+        if row is not base:
+            rel = [f" ({row[k] - base[k]:+.1f})" for k in ("pss_mb", "uss_mb", "uss_single_mb")] + \
+                  [f" ({row[k] / base[k] - 1:+.1%})" for k in ("texts_per_s_1_new", "texts_per_s_1", "texts_per_s_256")]
         print(f"| {name} | {row['artifact_mb']} | {row['pss_mb']}{rel[0]} | {row['uss_mb']}{rel[1]} | "
-              f"{row['uss_single_mb']}{rel[2]} | {row['texts_per_s_1']:.0f}{rel[3]} | {row['texts_per_s_256']:.0f}{rel[4]} |")
+              f"{row['uss_single_mb']}{rel[2]} | {row['texts_per_s_1_new']:.0f}{rel[3]} | {row['texts_per_s_1']:.0f}{rel[4]} | "
+              f"{row['texts_per_s_256']:.0f}{rel[5]} |")
     print(json.dumps(out))
 
 
