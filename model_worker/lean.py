@@ -862,15 +862,17 @@ class Plan:
         into the young one. So the words in use stay, and the cache holds
         at most CACHE_WORDS words, whatever comes. A word's id is what the
         NumPy path gives it (tests/test_lean.py)."""
-        old = own["cache_old"]
+        old = own["cache_old"].get
+        misses = [k for k, i in enumerate(found) if i < 0]
         ids: dict[str, int] = {}
         unknown: list[str] = []
-        for w in dict.fromkeys(w for w, i in zip(flat, found) if i < 0):
-            i = old.get(w)
-            if i is None:
-                unknown.append(w)
-            else:
+        for k in misses:
+            w = flat[k]
+            if w not in ids:
+                i = old(w, -1)
                 ids[w] = i
+                if i < 0:
+                    unknown.append(w)
         if unknown:
             vocab, fallback, strip = own["vocab"], step["fallback"], step["strip"]
             if len(unknown) <= self._FEW_NEW:
@@ -884,7 +886,9 @@ class Plan:
             own["cache_old"], own["cache"] = own["cache"], {}
         young = own["cache"]
         young.update(ids if len(ids) <= half else dict(zip(list(ids)[:half], list(ids.values())[:half])))
-        return [i if i >= 0 else ids[w] for w, i in zip(flat, found)]
+        for k in misses:
+            found[k] = ids[flat[k]]
+        return found
 
     def _string_ids(self, vocab: Vocab, words: list[str], fallback: bool, strip: bool) -> list[int]:
         """_lookup of a few words given as strings, in Python scalars: each
