@@ -255,6 +255,33 @@ def test_export_writes_the_plan_only_when_it_agrees(tmp_path, monkeypatch):
     assert plan is not None and np.abs(plan.predict(CORPUS) - fn(CORPUS)).max() < lean.TOLERANCE
 
 
+def test_export_checks_single_texts_through_the_word_cache(tmp_path, monkeypatch):
+    """export also runs texts one at a time, so a word view whose cached
+    ids (single texts) differed from the graph's would get no plan; nor
+    would a plan that fails on a text (the version serves through Keras)."""
+    from model_worker import autofeatures, pretrained, textmodel
+
+    view, _ = pretrained.fit_view(CORPUS, n_frequent=2000)
+    rng = np.random.default_rng(5)
+    model = autofeatures.linear_graph([(view, view.vocabulary(), np.ones(pretrained.DIM))],
+                                      [({"pretrained": rng.normal(size=(pretrained.DIM, 3))}, rng.normal(size=3))])
+    fn = textmodel.make_predict_fn(model)
+    real = lean.Plan._string_ids
+    monkeypatch.setattr(lean.Plan, "_string_ids", lambda self, *a: [1 if i else 0 for i in real(self, *a)])
+    got = lean.export(model, str(tmp_path), CORPUS, fn)
+    assert got["engine"] == "keras" and "differ" in got["reason"]
+    # a plan that fails on a text: no plan either, and the version still trains
+
+    def fails(self, *a):
+        raise IndexError("index 4026 is out of bounds")
+
+    monkeypatch.setattr(lean.Plan, "_string_ids", fails)
+    got = lean.export(model, str(tmp_path), CORPUS, fn)
+    assert got["engine"] == "keras" and "IndexError" in got["reason"] and lean.load(str(tmp_path)) is None
+    monkeypatch.setattr(lean.Plan, "_string_ids", real)
+    assert lean.export(model, str(tmp_path), CORPUS, fn)["engine"] == "lean"
+
+
 def test_vocabulary_lookups_find_every_token_and_nothing_else():
     """The hash table against a dict, for batches of every size the lookup
     treats differently: one key, a few (up to Vocab._FEW: windowed probes
