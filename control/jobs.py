@@ -31,7 +31,7 @@ from state import dataset
 from state.statedb import StateDB
 from model_worker.params import ParamError, detect_tokenize, multi_label_refusal, validate_params
 from state.errors import InvalidName
-from state.store import TMP, check_name
+from state.store import DATA, TMP, check_name
 from control.childlog import is_tensorflow_line
 from control.workerhandle import ChildProcess, Frame
 
@@ -359,7 +359,7 @@ class JobManager:
         """Where /train may read files: the store's data/ folder (a relative
         path is read from there) and training.data_roots; never the working
         directory (it holds the service's own files)."""
-        return [os.path.join(self.store.root, "data"), *self.cfg.data_roots]
+        return [os.path.join(self.store.root, DATA), *self.cfg.data_roots]
 
     @property
     def reuse_roots(self) -> list[str]:
@@ -471,6 +471,9 @@ class JobManager:
             check_name(name)
         except Exception as exc:
             raise JobError(400, "invalid_name", str(exc)) from None
+        if name == DATA:  # its versions would land among the user's data files
+            raise JobError(400, "invalid_name", f"the name {DATA!r} is the data folder's "
+                                                f"({os.path.join(self.store.root, DATA)}): choose another name")
         if descriptions is not None:
             try:
                 descriptions = dataset.check_descriptions(descriptions)

@@ -29,6 +29,7 @@ from typing import Any
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # used with fullmatch
 RECORD = ".applied.json"
 TMP = ".tmp"
+DATA = "data"  # where a user puts training files (a relative path is read from there): no model's name
 
 
 from state.errors import InvalidArtifact, InvalidName, NotFound, StoreError  # noqa: F401 (re-exported)
@@ -75,6 +76,9 @@ class ModelStore:
         """wipe_tmp False: a store shared by cluster nodes, where staging under
         .tmp/ may be another node's publish in progress."""
         os.makedirs(self.root, exist_ok=True)
+        # the folder the README says to put training files in, there from the
+        # first start (kubectl cp and cp need it; the user's files, never changed)
+        os.makedirs(os.path.join(self.root, DATA), mode=0o700, exist_ok=True)
         if wipe_tmp:
             shutil.rmtree(os.path.join(self.root, TMP), ignore_errors=True)
         for entry in os.listdir(self.root):  # stray temp records from a crash

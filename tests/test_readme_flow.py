@@ -71,8 +71,9 @@ def user(tmp_path_factory):
     cfg = root / "config.yaml"
     cfg.write_text(CONFIG)
     models = root / "models"
-    os.makedirs(models / "data")  # where the README says to put the data
     svc = Service(str(models), args=["--config", str(cfg)])
+    # where the README says to put the data: there from the first start, the user's own
+    assert os.path.isdir(models / "data") and os.stat(models / "data").st_mode & 0o077 == 0
     yield User(svc)
     svc.stop()
 

@@ -124,6 +124,7 @@ def test_bad_train_requests_are_refused_up_front(svc, tmp_path):
         ({"name": "x", "data": {"examples": good}, "params": {"colour": 1}},
          "invalid_params", "colour"),
         ({"name": "../up", "data": {"examples": good}}, "invalid_name", "name"),
+        ({"name": "data", "data": {"examples": good}}, "invalid_name", "data folder"),
         ({"name": "x", "data": {"examples": good}, "apply": "yes"}, "invalid_field", "apply"),
         ({"data": {"examples": good}}, "missing_field", "name"),
     ]
