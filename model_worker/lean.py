@@ -826,6 +826,8 @@ class Plan:
     CACHE_WORDS = 16384  # a word view's cache, both generations
     _FEW_NEW = 64  # new words looked up as Python scalars (_string_ids); more: in NumPy
     _FEW_CACHED = 256  # a batch of more words goes the NumPy way (cheaper a word)
+    _FEW_NEW_CHARS = 1024  # ... and their characters (a key costs a Python step a character)
+    LONGEST_CACHED = 64  # characters of the longest word the cache keeps
 
     def _cached_ids(self, step: dict[str, Any], own: dict[str, Any],
                     texts: Any) -> tuple[np.ndarray, np.ndarray] | None:
@@ -860,8 +862,9 @@ class Plan:
         more than half of CACHE_WORDS (about 1 MB), it becomes the old one
         and the old one is dropped; a word found in the old one comes back
         into the young one. So the words in use stay, and the cache holds
-        at most CACHE_WORDS words, whatever comes. A word's id is what the
-        NumPy path gives it (tests/test_lean.py)."""
+        at most CACHE_WORDS words of at most LONGEST_CACHED characters
+        (about 2 MB of ordinary words, 8 MB at the very most). A
+        word's id is what the NumPy path gives it (tests/test_lean.py)."""
         old = own["cache_old"].get
         misses = [k for k, i in enumerate(found) if i < 0]
         ids: dict[str, int] = {}
@@ -875,19 +878,21 @@ class Plan:
                     unknown.append(w)
         if unknown:
             vocab, fallback, strip = own["vocab"], step["fallback"], step["strip"]
-            if len(unknown) <= self._FEW_NEW:
+            if len(unknown) <= self._FEW_NEW and sum(map(len, unknown)) <= self._FEW_NEW_CHARS:
                 got = self._string_ids(vocab, unknown, fallback, strip)
             else:
                 words = self.ops.words(unknown, "cased")  # one word a text: no blank in any
                 got = self._lookup(vocab, words, fallback, strip).tolist()
             ids.update(zip(unknown, got))
-        half = self.CACHE_WORDS // 2
-        if len(own["cache"]) + len(ids) > half:
-            own["cache_old"], own["cache"] = own["cache"], {}
-        young = own["cache"]
-        young.update(ids if len(ids) <= half else dict(zip(list(ids)[:half], list(ids.values())[:half])))
         for k in misses:
             found[k] = ids[flat[k]]
+        # a long word is not kept (a text of 20,000 characters may be one
+        # word: kept, such words would fill the cache with megabytes)
+        keep = [(w, i) for w, i in ids.items() if len(w) <= self.LONGEST_CACHED]
+        half = self.CACHE_WORDS // 2
+        if len(own["cache"]) + len(keep) > half:
+            own["cache_old"], own["cache"] = own["cache"], {}
+        own["cache"].update(keep[:half])
         return found
 
     def _string_ids(self, vocab: Vocab, words: list[str], fallback: bool, strip: bool) -> list[int]:

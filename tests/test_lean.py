@@ -370,3 +370,14 @@ def test_the_word_cache_answers_as_the_graph(graphs):
                 assert plan._cached_ids(step, own, [t]) is not None
                 assert np.abs(plan.predict([t]) - keras_fn([t])).max() < lean.TOLERANCE, (what, t)
         assert "Scored," in own["cache"] and own["cache"]["striker"] > 0
+
+    # a long word: the same id, through NumPy when the new words are long,
+    # and not kept (a 20,000-character text may be one word)
+    plan, step, own = _view_step(graphs, "pretrained, folded")
+    long_word = "Striker" * 15
+    for text in (f"the {long_word} scored", "x" * 20000, "é" * 20000 + " The"):
+        got = plan._cached_ids(step, own, [text])
+        words = plan.ops.words([text], "cased")
+        assert np.array_equal(got[0], plan._lookup(own["vocab"], words, step["fallback"], step["strip"]))
+    assert all(len(w) <= plan.LONGEST_CACHED for w in [*own["cache"], *own["cache_old"]])
+    assert "the" in own["cache"] and long_word not in own["cache"]
