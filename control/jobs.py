@@ -472,8 +472,8 @@ class JobManager:
         except Exception as exc:
             raise JobError(400, "invalid_name", str(exc)) from None
         if name == DATA:  # its versions would land among the user's data files
-            raise JobError(400, "invalid_name", f"the name {DATA!r} is the data folder's "
-                                                f"({os.path.join(self.store.root, DATA)}): choose another name")
+            raise JobError(400, "invalid_name", f"the name {DATA!r} is the store's data folder "
+                                                "(where training files go): choose another name")
         if descriptions is not None:
             try:
                 descriptions = dataset.check_descriptions(descriptions)
