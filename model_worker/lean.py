@@ -258,13 +258,19 @@ class TextOps:
 
     _FEW_WORDS = 32
 
+    def fallback_forms(self, word: str, strip: bool) -> list[str]:
+        """A word's other forms, in the order layers._lookup tries them:
+        lowercased; with `strip`, without the marks at its ends as written,
+        then that lowercased."""
+        if not strip:
+            return [self.lower(word)]
+        bare = self.strip_marks(word)
+        return [self.lower(word), bare, self.lower(bare)]
+
     def _fallback_strings(self, unknown: list[str], strip: bool) -> np.ndarray:
         """fallback_keys of the words `unknown`, through their strings."""
-        strings = [self.lower(w) for w in unknown]
-        if strip:
-            bare_words = [self.strip_marks(w) for w in unknown]
-            strings += bare_words + [self.lower(w) for w in bare_words]
-        return string_keys(strings).reshape(-1, len(unknown))
+        forms = [self.fallback_forms(w, strip) for w in unknown]
+        return string_keys([f[i] for i in range(3 if strip else 1) for f in forms]).reshape(-1, len(unknown))
 
     def words(self, texts: list[str], standardize: str | None) -> Words:
         """The words of each text, standardized `standardize`'s way and split
@@ -898,8 +904,8 @@ class Plan:
     def _string_ids(self, vocab: Vocab, words: list[str], fallback: bool, strip: bool) -> list[int]:
         """_lookup of a few words given as strings, in Python scalars: each
         word's key (python_key), found with Vocab.find; a word unknown as
-        written, its other forms in _fallback_strings' order, the first
-        found winning. A NumPy pass costs tens of microseconds however few
+        written, its other forms (TextOps.fallback_forms), the first found
+        winning. A NumPy pass costs tens of microseconds however few
         its words; this costs a few a word."""
         find, ops = vocab.find, self.ops
         ids = [find(python_key(w)) for w in words]
@@ -908,12 +914,8 @@ class Plan:
                 if i:
                     continue
                 w = words[j]
-                forms = [ops.lower(w)]
-                if strip:
-                    bare = ops.strip_marks(w)
-                    forms += [bare, ops.lower(bare)]
                 tried = {w}  # a form the same as one not found is not looked up again
-                for form in forms:
+                for form in ops.fallback_forms(w, strip):
                     if form in tried:
                         continue
                     tried.add(form)
