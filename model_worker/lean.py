@@ -357,6 +357,38 @@ def python_key(token: str) -> int:
     return h or 1
 
 
+def hash_key(token: str) -> int:
+    """A string's key in a table of words keyed by Python's own str hash
+    (hashed_words): computed in C, where python_key takes a Python step a
+    character. Python's hash differs from process to process: such a table
+    is built where it is used, from the words themselves."""
+    return (hash(token) & _LOW64) or 1
+
+
+def hashed_words(blob: np.ndarray, size: int) -> "Vocab | None":
+    """The table of the words in `blob` (UTF-8, one word a line, word i
+    having id i), keyed by hash_key; None when it cannot be built (the
+    count differs from `size`, or two words share a key). It is
+    only ever probed with find, so it may be fuller than lookup's half
+    (1.5 MB for 70,000 words). The words are read a few thousand at a
+    time: the strings of all of them at once would take megabytes that
+    Python's allocator may keep."""
+    raw = blob.tobytes()
+    keys = np.empty(size, dtype=np.uint64)
+    at = done = 0
+    while at <= len(raw) and done <= size:
+        end = raw.find(b"\n", at + 65536)
+        end = len(raw) if end < 0 else end
+        part = [hash_key(w) for w in raw[at:end].decode("utf-8").split("\n")]
+        if done + len(part) > size:
+            return None
+        keys[done:done + len(part)] = part
+        done, at = done + len(part), end + 1
+    if done != size or len(np.unique(keys)) != size:
+        return None
+    return Vocab.of_keys(keys, max(4, (size * 8 // 5).bit_length()))
+
+
 def string_keys(tokens: list[str]) -> np.ndarray:
     """Each string's key, as _poly_keys computes it from code points."""
     cps = np.frombuffer("".join(tokens).encode("utf-32-le"), dtype=np.uint32)
@@ -515,6 +547,8 @@ class Vocab:
         self.mask = np.uint64((1 << bits) - 1)
         self.shift = np.uint64(64 - bits)
         self._mask, self._bits_out = (1 << bits) - 1, 64 - bits  # the same, as Python ints (find)
+        # find reads single slots through these (a NumPy scalar read costs more)
+        self._key_view, self._id_view = self.keys.data, self.ids.data
         self.reach: int | None = None
 
     @classmethod
@@ -524,9 +558,13 @@ class Vocab:
         keys = ngram_string_keys(tokens) if kind == "ngrams" else string_keys(tokens)
         if len(np.unique(keys)) != len(keys):
             raise Unsupported("two vocabulary tokens share a key")
-        bits = max(4, int(2 * len(keys) - 1).bit_length())
+        return cls.of_keys(keys, max(4, int(2 * len(keys) - 1).bit_length()))
+
+    @classmethod
+    def of_keys(cls, keys: np.ndarray, bits: int) -> "Vocab":
+        """The table of distinct nonzero keys (key i: id i) in 2**bits slots."""
         self = cls(np.zeros(1 << bits, dtype=np.uint64),
-                   np.zeros(1 << bits, dtype=np.int32 if len(tokens) < 2**31 else np.int64), len(tokens))
+                   np.zeros(1 << bits, dtype=np.int32 if len(keys) < 2**31 else np.int64), len(keys))
         pending = np.arange(len(keys), dtype=np.int64)
         slot = self._slot(keys)
         while len(pending):
@@ -613,11 +651,11 @@ class Vocab:
         cheaper than lookup's NumPy calls (the table is at most half full:
         every probe ends at its key or an empty slot)."""
         slot = ((key * self._MIX) & self._LOW64) >> self._bits_out
-        keys, mask = self.keys, self._mask
+        keys, mask = self._key_view, self._mask
         while True:
-            held = keys.item(slot)
+            held = keys[slot]
             if held == key:
-                return int(self.ids.item(slot))
+                return int(self._id_view[slot])
             if not held:
                 return 0
             slot = (slot + 1) & mask
@@ -720,6 +758,8 @@ class Plan:
                 own["vocab"] = Vocab(own.pop("vocab_keys"), own.pop("vocab_ids"), step["vocab_size"])
             if kind in ("word_logits", "word_mean"):
                 own["cache"], own["cache_old"] = {}, {}
+                if "words" in own:  # plans from before it have none: python_key's way
+                    own["hashed"] = hashed_words(own.pop("words"), own["vocab"].size)
             if kind == "linear":  # a bag's rows index the kernel: float32, contiguous
                 own["kernel"] = np.ascontiguousarray(own["kernel"], dtype=np.float32)
             self.data[name] = own
@@ -835,6 +875,15 @@ class Plan:
     _FEW_NEW_CHARS = 1024  # ... and their characters (a key costs a Python step a character)
     LONGEST_CACHED = 64  # characters of the longest word the cache keeps
 
+    @classmethod
+    def _odd_space(cls, text: str) -> bool:
+        """Whether `text` holds one of _ODD_SPACES (an ASCII text can hold
+        only the four separators: found by str's own search, where the
+        pattern steps a character at a time)."""
+        if text.isascii():
+            return "\x1c" in text or "\x1d" in text or "\x1e" in text or "\x1f" in text
+        return cls._ODD_SPACES.search(text) is not None
+
     def _cached_ids(self, step: dict[str, Any], own: dict[str, Any],
                     texts: Any) -> tuple[np.ndarray, np.ndarray] | None:
         """A word view's ids and text rows through its cache of words: the
@@ -847,51 +896,47 @@ class Plan:
         calls (a few microseconds each, whatever the text's length)."""
         if step["standardize"] not in ("cased", None) or not isinstance(texts, list):
             return None
-        if any(map(self._ODD_SPACES.search, texts)):
+        if any(map(self._odd_space, texts)):
             return None
         split = [t.split() for t in texts]
-        flat = list(chain.from_iterable(split))
+        flat = split[0] if len(split) == 1 else list(chain.from_iterable(split))
         if len(flat) > self._FEW_CACHED:
             return None
-        get = own["cache"].get
-        found = [get(w, -1) for w in flat]
-        if -1 in found:
+        found: list[int | None] = list(map(own["cache"].get, flat))
+        if None in found:
             found = self._cache_misses(step, own, flat, found)
         rows = np.zeros(len(flat), dtype=np.int64) if len(texts) == 1 else \
             np.repeat(np.arange(len(texts), dtype=np.int64), [len(w) for w in split])
-        return np.array(found, dtype=np.int64), rows
+        return np.fromiter(found, dtype=np.int64, count=len(found)), rows
 
     def _cache_misses(self, step: dict[str, Any], own: dict[str, Any], flat: list[str],
-                      found: list[int]) -> list[int]:
-        """`found` (-1: not in the cache) completed. The cache has two
-        generations: new words go into the young one; when it would hold
-        more than half of CACHE_WORDS (about 1 MB), it becomes the old one
-        and the old one is dropped; a word found in the old one comes back
-        into the young one. So the words in use stay, and the cache holds
-        at most CACHE_WORDS words of at most LONGEST_CACHED characters
-        (about 2 MB of ordinary words, 8 MB at the very most). A
-        word's id is what the NumPy path gives it (tests/test_lean.py)."""
+                      found: list[int | None]) -> list[int | None]:
+        """`found` (None: not in the cache's young generation) completed.
+        The cache has two generations: new words go into the young one;
+        when it would hold more than half of CACHE_WORDS (about 1 MB), it
+        becomes the old one and the old one is dropped; a word found in the
+        old one comes back into the young one. So the words in use stay,
+        and the cache holds at most CACHE_WORDS words of at most
+        LONGEST_CACHED characters (about 2 MB of ordinary words, 8 MB at
+        the very most). A word's id is what the NumPy path gives it
+        (tests/test_lean.py)."""
         old = own["cache_old"].get
-        misses = [k for k, i in enumerate(found) if i < 0]
-        ids: dict[str, int] = {}
-        unknown: list[str] = []
-        for k in misses:
-            w = flat[k]
-            if w not in ids:
-                i = old(w, -1)
-                ids[w] = i
-                if i < 0:
-                    unknown.append(w)
+        # the words missed, each once, in the order met
+        ids: dict[str, int | None] = dict.fromkeys(w for w, i in zip(flat, found) if i is None)
+        unknown = []
+        for w in ids:
+            i = ids[w] = old(w)
+            if i is None:
+                unknown.append(w)
         if unknown:
-            vocab, fallback, strip = own["vocab"], step["fallback"], step["strip"]
+            fallback, strip = step["fallback"], step["strip"]
             if len(unknown) <= self._FEW_NEW and sum(map(len, unknown)) <= self._FEW_NEW_CHARS:
-                got = self._string_ids(vocab, unknown, fallback, strip)
+                got = self._string_ids(own, unknown, fallback, strip)
             else:
                 words = self.ops.words(unknown, "cased")  # one word a text: no blank in any
-                got = self._lookup(vocab, words, fallback, strip).tolist()
+                got = self._lookup(own["vocab"], words, fallback, strip).tolist()
             ids.update(zip(unknown, got))
-        for k in misses:
-            found[k] = ids[flat[k]]
+        found = [ids[w] if i is None else i for w, i in zip(flat, found)]
         # a long word is not kept (a text of 20,000 characters may be one
         # word: kept, such words would fill the cache with megabytes)
         keep = [(w, i) for w, i in ids.items() if len(w) <= self.LONGEST_CACHED]
@@ -901,14 +946,17 @@ class Plan:
         own["cache"].update(keep[:half])
         return found
 
-    def _string_ids(self, vocab: Vocab, words: list[str], fallback: bool, strip: bool) -> list[int]:
+    def _string_ids(self, own: dict[str, Any], words: list[str], fallback: bool, strip: bool) -> list[int]:
         """_lookup of a few words given as strings, in Python scalars: each
-        word's key (python_key), found with Vocab.find; a word unknown as
-        written, its other forms (TextOps.fallback_forms), the first found
-        winning. A NumPy pass costs tens of microseconds however few
-        its words; this costs a few a word."""
-        find, ops = vocab.find, self.ops
-        ids = [find(python_key(w)) for w in words]
+        word's key, found with Vocab.find; a word unknown as written, its
+        other forms (TextOps.fallback_forms), the first found winning. A
+        NumPy pass costs tens of microseconds however few its words; this
+        costs about one a word through the table keyed by Python's hash
+        (hashed_words), a few through python_key where the plan has none."""
+        hashed = own.get("hashed")
+        find, key = (hashed.find, hash_key) if hashed is not None else (own["vocab"].find, python_key)
+        ops = self.ops
+        ids = [find(key(w)) for w in words]
         if fallback:
             for j, i in enumerate(ids):
                 if i:
@@ -919,7 +967,7 @@ class Plan:
                     if form in tried:
                         continue
                     tried.add(form)
-                    i = find(python_key(form))
+                    i = find(key(form))
                     if i:
                         ids[j] = i
                         break
@@ -1056,6 +1104,13 @@ def _describe(layer: Any, config: dict[str, Any], arrays: dict[str, np.ndarray])
         put("vocab_ids", vocab.ids)
         step["vocab_size"] = vocab.size
 
+    def put_words(words: list[str]) -> None:
+        # a word view's table, and its words themselves: a worker keys them
+        # with Python's own hash for its cache's lookups (hashed_words)
+        put_vocab(words, "strings")
+        if not any("\n" in w for w in words):
+            put("words", np.frombuffer("\n".join(words).encode("utf-8"), dtype=np.uint8))
+
     if isinstance(layer, keras.layers.InputLayer):
         if config["config"].get("dtype") != "string":
             raise Unsupported("the input is not a string")
@@ -1103,14 +1158,14 @@ def _describe(layer: Any, config: dict[str, Any], arrays: dict[str, np.ndarray])
     elif isinstance(layer, layers.PretrainedLogits):
         step.update(op="word_logits", standardize=layer.standardize, scale=layer.scale, fallback=layer.fallback,
                     strip=layer.strip)
-        put_vocab([str(t) for t in layer.lookup.get_vocabulary()], "strings")
+        put_words([str(t) for t in layer.lookup.get_vocabulary()])
         put("table", np.asarray(layer.projected.embeddings.numpy(), dtype=np.float32))
         if layer.bias is not None:
             put("bias", np.asarray(layer.bias.numpy(), dtype=np.float32))
     elif isinstance(layer, layers.PretrainedEmbedding):
         step.update(op="word_mean", standardize=layer.standardize, scale=layer.scale, l2=layer.l2,
                     fallback=layer.fallback, strip=layer.strip, dim=layer.dim)
-        put_vocab([str(t) for t in layer.lookup.get_vocabulary()], "strings")
+        put_words([str(t) for t in layer.lookup.get_vocabulary()])
         if layer.pieces:
             put("piece_vectors", np.asarray(layer.piece_vectors.embeddings.numpy(), dtype=np.float16))
             put("word_splits", np.asarray(layer.word_splits.numpy(), dtype=np.int64))

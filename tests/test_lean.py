@@ -304,6 +304,20 @@ def test_vocabulary_lookups_find_every_token_and_nothing_else():
     assert lean.python_key("") == lean.string_keys([""])[0] == 1
 
 
+def test_the_table_keyed_by_pythons_hash_finds_every_word_and_nothing_else():
+    """hashed_words: every word's id (word 0 is the table's unknown), none
+    for a word it lacks; read in parts (more than one 64 KB part here);
+    no table when the count is wrong or two words are the same."""
+    words = ["[UNK]", "the", "The", "café", "naïve", "", "x" * 300, "\x00nul", *[f"w{i}é" for i in range(30_000)]]
+    blob = np.frombuffer("\n".join(words).encode("utf-8"), dtype=np.uint8)
+    assert len(blob) > 3 * 65536
+    table = lean.hashed_words(blob, len(words))
+    assert table is not None and [table.find(lean.hash_key(w)) for w in words] == list(range(len(words)))
+    assert [table.find(lean.hash_key(w)) for w in ("absent", "THE", "w30000é", "w1")] == [0, 0, 0, 0]
+    assert lean.hashed_words(blob, len(words) + 1) is None and lean.hashed_words(blob, len(words) - 1) is None
+    assert lean.hashed_words(np.frombuffer(b"a\nb\na", dtype=np.uint8), 3) is None
+
+
 def test_python_splits_on_tensorflows_blanks_where_no_other_space_is():
     """The word cache splits with str.split() unless a text holds one of
     Plan._ODD_SPACES: exactly the characters Python splits on and
@@ -325,19 +339,24 @@ _CACHES: dict = {}
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
-@given(texts_st, st.sampled_from([(lean.Plan.CACHE_WORDS, lean.Plan._FEW_NEW), (16, 1 << 30), (16, 0)]))
+@given(texts_st, st.sampled_from([(lean.Plan.CACHE_WORDS, lean.Plan._FEW_NEW, True), (16, 1 << 30, True),
+                                   (16, 0, True), (16, 1 << 30, False)]))
 def test_the_word_cache_gives_the_numpy_ways_ids(graphs, texts, sizes):
     """A pretrained view's words through its cache (Plan._cached_ids) get
     the ids and text rows of the NumPy way (split, keys, lookup, every
-    fallback), whether the new words are looked up in Python or NumPy,
-    with the cache's generations turning over (a cache of 16 words) or not;
-    and the cache never holds more than CACHE_WORDS words."""
-    cache_words, few_new = sizes
+    fallback), whether the new words are looked up in Python (keyed by
+    Python's hash, or, in a plan without the table's words, python_key) or
+    NumPy, with the cache's generations turning over (a cache of 16 words)
+    or not; and the cache never holds more than CACHE_WORDS words."""
+    cache_words, few_new, hashed = sizes
     for what in ("pretrained, folded", "pretrained, vector table"):
         plan, step, own = _view_step(graphs, what)
+        assert own["hashed"] is not None  # the plan has the table's words
         plan.CACHE_WORDS, plan._FEW_NEW = cache_words, few_new
         # a cache for each size, kept from example to example
         own = _CACHES.setdefault((what, sizes), {**own, "cache": {}, "cache_old": {}})
+        if not hashed:
+            own.pop("hashed", None)
         try:
             for batch in (texts, texts[:1], texts):  # the second time: from the cache
                 got = plan._cached_ids(step, own, batch)
