@@ -14,7 +14,7 @@ DEVSTAMP := $(VENV)/.installed-dev
 PIP_TOOLS := pip-tools==7.7.0
 COMPILE := --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
 
-.PHONY: serve test venv lock image bench bench-slots bench-rollouts bench-faults bench-accuracy clean cluster
+.PHONY: serve test coverage venv lock image bench bench-slots bench-rollouts bench-faults bench-accuracy clean cluster
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,9 +42,15 @@ serve: $(STAMP)
 	$(PY) supervisor.py --config config.yaml
 
 # tests in a random order (pytest-randomly prints its seed: rerun one order with
-# -p randomly --randomly-seed=N), under coverage.py in every process of the
-# service (.coveragerc); then the total and the ten least-covered modules
+# -p randomly --randomly-seed=N), the 15 slowest listed at the end
 test: $(DEVSTAMP)
+	$(PY) -m pytest -q --durations=15 tests
+
+# the same under coverage.py in every process of the service (.coveragerc);
+# then the total and the ten least-covered modules. Not part of `make test`:
+# each of the suite's thousands of short-lived processes (workers, trainers,
+# CLI calls) pays coverage's start and save, a third more time in all
+coverage: $(DEVSTAMP)
 	rm -rf .coverage-data
 	$(PY) -m coverage run -m pytest -q tests
 	$(PY) -m coverage combine -q
