@@ -165,6 +165,7 @@ def main() -> None:
     texts, labels = ds.train_texts[:args.n], ds.train_labels[:args.n]
     out = {}
     with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory()) as tmp:
+        os.makedirs(tmp, exist_ok=True)  # --keep's folder, made when it is new
         probe = os.path.join(tmp, "probe.json")
         Path(probe).write_text(json.dumps(ds.test_texts[:512]))
         fresh = os.path.join(tmp, "fresh.json")  # never sent before the single-text pass over them

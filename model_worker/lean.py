@@ -1104,11 +1104,13 @@ def _describe(layer: Any, config: dict[str, Any], arrays: dict[str, np.ndarray])
         put("vocab_ids", vocab.ids)
         step["vocab_size"] = vocab.size
 
-    def put_words(words: list[str]) -> None:
-        # a word view's table, and its words themselves: a worker keys them
-        # with Python's own hash for its cache's lookups (hashed_words)
+    def put_words(words: list[str], standardize: str | None) -> None:
+        # a word view's table, and, where its word cache serves single texts
+        # (Plan._cached_ids: the split "cased"), its words themselves: a
+        # worker keys them with Python's own hash for the cache's lookups
+        # (hashed_words)
         put_vocab(words, "strings")
-        if not any("\n" in w for w in words):
+        if standardize == "cased" and not any("\n" in w for w in words):
             put("words", np.frombuffer("\n".join(words).encode("utf-8"), dtype=np.uint8))
 
     if isinstance(layer, keras.layers.InputLayer):
@@ -1158,14 +1160,14 @@ def _describe(layer: Any, config: dict[str, Any], arrays: dict[str, np.ndarray])
     elif isinstance(layer, layers.PretrainedLogits):
         step.update(op="word_logits", standardize=layer.standardize, scale=layer.scale, fallback=layer.fallback,
                     strip=layer.strip)
-        put_words([str(t) for t in layer.lookup.get_vocabulary()])
+        put_words([str(t) for t in layer.lookup.get_vocabulary()], layer.standardize)
         put("table", np.asarray(layer.projected.embeddings.numpy(), dtype=np.float32))
         if layer.bias is not None:
             put("bias", np.asarray(layer.bias.numpy(), dtype=np.float32))
     elif isinstance(layer, layers.PretrainedEmbedding):
         step.update(op="word_mean", standardize=layer.standardize, scale=layer.scale, l2=layer.l2,
                     fallback=layer.fallback, strip=layer.strip, dim=layer.dim)
-        put_words([str(t) for t in layer.lookup.get_vocabulary()])
+        put_words([str(t) for t in layer.lookup.get_vocabulary()], layer.standardize)
         if layer.pieces:
             put("piece_vectors", np.asarray(layer.piece_vectors.embeddings.numpy(), dtype=np.float16))
             put("word_splits", np.asarray(layer.word_splits.numpy(), dtype=np.int64))

@@ -219,6 +219,9 @@ def test_every_graph_kind_has_a_plan(graphs):
         got, want = plan.predict(probe), keras_fn(probe)
         assert got.shape == want.shape and np.abs(got - want).max() < lean.TOLERANCE, what
         assert plan.predict([]).shape == (0, want.shape[1])
+        for step in plan.steps:  # the words keyed by Python's hash: only where the cache serves
+            if step["op"] in ("word_logits", "word_mean"):
+                assert ("hashed" in plan.data[step["name"]]) == (step["standardize"] == "cased"), what
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
