@@ -55,6 +55,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 import keras
 from model_worker import textmodel, worker
+worker.fix_malloc_thresholds()  # as worker.main does first
 before = psutil.Process().memory_full_info().pss
 model = keras.saving.load_model(sys.argv[1], safe_mode=True)
 predict = textmodel.make_predict_fn(model)
@@ -67,6 +68,7 @@ import json, os, sys, time
 import psutil
 from model_worker import lean, worker
 lean.text_ops()  # the tables, as the zygote loads them before a worker forks
+worker.fix_malloc_thresholds()  # as worker.main does first
 before = psutil.Process().memory_full_info().pss
 predict = lean.load(os.path.dirname(sys.argv[1])).predict
 unwanted = ("tensorflow", "keras", "tokenizers", "safetensors", "wordfreq", "wordllama")

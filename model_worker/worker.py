@@ -438,6 +438,34 @@ def _malloc_trim() -> Callable[[], Any] | None:
 
 
 _TRIM = _malloc_trim()
+
+# glibc mallopt parameters
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD = 32 << 20
+TRIM_THRESHOLD = 64 << 20
+
+
+def fix_malloc_thresholds() -> bool:
+    """Fix glibc's mmap and trim thresholds at the values it reaches by
+    itself once a process has freed large blocks: blocks up to 32 MB from
+    the heap, and the heap's top kept up to 64 MB (release_free_memory
+    gives it back when the worker is idle).
+
+    Left dynamic, they depend on which blocks a process happened to free
+    while it loaded its model: a load that frees a block of a megabyte
+    sets them low, and then every batch's scratch arrays (megabytes) are
+    fresh pages, faulted in and zeroed, and given back at the end of
+    the call. That cost a quarter of a lean plan's batch throughput,
+    measured (bench/pretrained_cost.py, from one load step to another).
+    Fixed, every worker runs its batches the same way. False where the C
+    library is not glibc (nothing done)."""
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 # Trim after a call that held at least this many texts, when the worker is
 # idle, at most once this many seconds.
 TRIM_AFTER_TEXTS = 64
@@ -475,6 +503,7 @@ def main(sock: socket.socket, options: dict[str, Any],
     """Process entry point (forked from the zygote, or spawned with `stderr`,
     the supervisor's relay of its stderr)."""
     adopt_stderr(stderr)
+    fix_malloc_thresholds()  # before the load: its frees must not decide them
     logging.basicConfig(level=options.get("log_level", "INFO"),
                         format="%(asctime)s %(levelname)s [worker %(process)d] %(message)s")
     quiet_tensorflow(options.get("log_level", "INFO"))  # forked: the zygote did

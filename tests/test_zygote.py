@@ -387,3 +387,50 @@ print(json.dumps({"before": before, "after": uss(), "took": took}))
     assert res.returncode == 0, res.stderr[-2000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["before"] - got["after"] > 32, got   # most of the 64 MB went back
+
+
+def test_a_worker_fixes_mallocs_thresholds_before_its_load():
+    """model_worker.worker.fix_malloc_thresholds (worker.main's first step):
+    a block of 8 MB comes from the heap (not a fresh mapping, faulted in
+    and zeroed, as the batches' scratch arrays were), the heap keeps it
+    after free(), and release_free_memory gives it back. Without the call
+    (the baseline, so the test can fail), a fresh interpreter maps such a
+    block and unmaps it at free(). Each in a fresh interpreter: the first
+    freed mapping would move glibc's own thresholds."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = r"""
+import ctypes, json, sys
+from model_worker import worker
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+out = {"fixed": worker.fix_malloc_thresholds() if sys.argv[1] == "fix" else None}
+b = libc.malloc(8 << 20)
+ctypes.memset(b, 1, 8 << 20)
+out["mapped"] = libc.mallinfo2().hblkhd
+libc.free(b)
+out["free_in_heap"] = libc.mallinfo2().fordblks
+worker.release_free_memory()
+out["trimmed"] = libc.mallinfo2().fordblks
+print(json.dumps(out))
+"""
+    root = Path(__file__).resolve().parent.parent
+    got = {}
+    for how in ("default", "fix"):
+        res = subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, timeout=60,
+                             cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+        assert res.returncode == 0, res.stderr[-2000:]
+        got[how] = json.loads(res.stdout.strip().splitlines()[-1])
+    mb = 1 << 20
+    assert got["default"]["mapped"] >= 8 * mb and got["default"]["free_in_heap"] < 8 * mb, got
+    assert got["fix"]["fixed"] is True
+    assert got["fix"]["mapped"] < 8 * mb and got["fix"]["free_in_heap"] >= 8 * mb, got
+    assert got["fix"]["trimmed"] < 8 * mb, got
