@@ -24,7 +24,11 @@ libraries' pages), texts/s at batch 1 (each probe text alone, in turn), again at
 on --fresh x 2 texts the process has not seen (each once: a pretrained
 view's cache of words meets new words, as a serving worker does) and at
 batch 256 (make_predict_fn, one thread), and the artifact's size. Prints the medians, and each model against
-the one without the view (today's auto) measured in the same run.
+the one without the view (today's auto) measured in the same run. With
+the lean engine it then also times the new texts text by text in one
+process: each text through every model in turn, CPU time summed per model
+(steadier than the rounds' rates on a noisy machine), against the model
+without the view and, with --folded, the folded one.
 
 --engine lean (the default, what workers serve from): each model's lean plan
 is exported beside it as the trainer does (model_worker/lean.py, checked
@@ -110,6 +114,34 @@ print(json.dumps({"pss_mb": round(pss / 2**20, 1), "uss_mb": round(info.uss / 2*
                   "uss_single_mb": round(uss_single / 2**20, 1),
                   "texts_per_s_1": round(r1), "texts_per_s_1_new": round(r1_new), "texts_per_s_256": round(r256),
                   "imported": bad}))
+"""
+
+# lean plans only: every model in one process, each new text through every
+# model in turn (the order rotating), CPU time summed per model. The rounds
+# above run each model alone, as workers do, but on a noisy machine their
+# rates move by tens of percent from round to round; here the machine's
+# drift falls on every model alike, text by text. Each model runs with CPU
+# caches the others have just used: lower rates than a worker's, the same
+# for all.
+TEXT_BY_TEXT = r"""
+import json, sys, time
+from model_worker import lean, worker
+lean.text_ops()
+worker.fix_malloc_thresholds()
+folders = json.loads(sys.argv[1])
+plans = {name: lean.load(folder) for name, folder in folders.items()}
+for p in plans.values():
+    for t in json.load(open(sys.argv[2])):
+        p.predict([t])
+names, spent = list(plans), dict.fromkeys(plans, 0.0)
+fresh = json.load(open(sys.argv[3]))
+for j, t in enumerate(fresh):
+    for i in range(len(names)):
+        name = names[(i + j) % len(names)]
+        t0 = time.thread_time()
+        plans[name].predict([t])
+        spent[name] += time.thread_time() - t0
+print(json.dumps({name: len(fresh) / spent[name] for name in names}))
 """
 
 
@@ -242,6 +274,12 @@ def main() -> None:
                                         "texts_per_s_256")})
             out[name]["imported"] = sorted({p for x in runs for p in x["imported"]})
             out[name]["rounds"] = len(runs)
+        if args.engine == "lean":
+            folders = json.dumps({name: os.path.dirname(path) for name, path in paths.items()})
+            got = subprocess.run([sys.executable, "-c", TEXT_BY_TEXT, folders, probe, fresh], capture_output=True,
+                                 text=True, env=env, check=True)
+            for name, rate in json.loads(got.stdout.strip().splitlines()[-1]).items():
+                out[name]["texts_per_s_1_new_text_by_text"] = rate
     base = out["without"]
     print(f"\n{args.set}, {args.n} training texts, {args.engine} engine, medians of {args.rounds} rounds")
     print("| model | artifact MB | PSS MB | USS MB | USS MB before batches | texts/s, single, new texts"
@@ -255,6 +293,17 @@ def main() -> None:
         print(f"| {name} | {row['artifact_mb']} | {row['pss_mb']}{rel[0]} | {row['uss_mb']}{rel[1]} | "
               f"{row['uss_single_mb']}{rel[2]} | {row['texts_per_s_1_new']:.0f}{rel[3]} | {row['texts_per_s_1']:.0f}{rel[4]} | "
               f"{row['texts_per_s_256']:.0f}{rel[5]} |")
+    if args.engine == "lean":
+        key = "texts_per_s_1_new_text_by_text"
+        others = [n for n in out if n != "without"]
+        print(f"\nsingle new texts, text by text in one process ({2 * args.fresh} texts, CPU time), against "
+              + " and ".join(["without"] + [n for n in others if "folded" in n]))
+        folded = [n for n in others if "folded" in n]
+        print("| model | texts/s | against without |" + "".join(f" against {n} |" for n in folded))
+        print("|---|---|---|" + "---|" * len(folded))
+        for name, row in out.items():
+            rel = [f"{row[key] / out[b][key] - 1:+.1%}" for b in ["without", *[n for n in others if "folded" in n]]]
+            print(f"| {name} | {row[key]:.0f} | {' | '.join(rel)} |")
     print(json.dumps(out))
 
 
