@@ -648,8 +648,8 @@ class Vocab:
 
     def find(self, key: int) -> int:
         """One key's id (0: unknown), in Python scalars: for a few keys,
-        cheaper than lookup's NumPy calls (the table is at most half full:
-        every probe ends at its key or an empty slot)."""
+        cheaper than lookup's NumPy calls (every table keeps empty slots:
+        every probe ends at its key or an empty one)."""
         slot = ((key * self._MIX) & self._LOW64) >> self._bits_out
         keys, mask = self._key_view, self._mask
         while True:

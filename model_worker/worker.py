@@ -466,6 +466,8 @@ def fix_malloc_thresholds() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
 # Trim after a call that held at least this many texts, when the worker is
 # idle, at most once this many seconds.
 TRIM_AFTER_TEXTS = 64
