@@ -111,9 +111,12 @@ class Explainer:
         # every (text, n-gram) entry of every view at once, as flat arrays: the
         # per-text work is then only the k entries shown (batches stay cheap)
         parts: list[tuple[np.ndarray, ...]] = []
+        # the words of a view that add their pieces (col -1 - k: the k-th)
+        pieced: dict[int, list[str]] = {}
         for v, bag in enumerate(bags):
             if v in self.dense:
-                parts.append(self._pretrained_terms(v, bag, best, n))
+                *part, pieced[v] = self._pretrained_terms(v, bag, best, n)
+                parts.append(tuple(part))
                 continue
             idx = bag.indices.numpy()
             vals = bag.values.numpy().astype(np.float64)
@@ -136,7 +139,8 @@ class Explainer:
         for i in range(n):
             c = int(best[i])
             a, b = int(starts[i]), int(min(ends[i], starts[i] + k))
-            shown = [{"ngram": self.vocab[int(view[e])][int(col[e])],
+            shown = [{"ngram": self.vocab[int(view[e])][int(col[e])] if col[e] >= 0
+                      else pieced[int(view[e])][-1 - int(col[e])],
                       "view": self.views[int(view[e])], "value": round(float(val[e]), 6),
                       "weight": round(float(wt[e]), 6), "contribution": round(float(con[e]), 6)}
                      for e in range(a, b)]
@@ -151,7 +155,7 @@ class Explainer:
         return probs, explained
 
 
-    def _pretrained_terms(self, v: int, texts: Any, best: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+    def _pretrained_terms(self, v: int, texts: Any, best: np.ndarray, n: int) -> tuple[Any, ...]:
         """The pretrained view's part, word by word, exactly: its vector is
         f * sum_w s_w (s_w: the sum of word w's subword vectors, f = 1 / the
         text's known subwords, times scale / the mean's norm when scaled), so
@@ -159,7 +163,11 @@ class Explainer:
         value = occurrences, weight = f * s_w . K[:, c] (one occurrence's
         contribution). Unknown words add nothing. Without the per-text norm
         (`l2` false) f is scale / C; a PretrainedLogits table holds s_w . K
-        itself (every member's columns)."""
+        itself (every member's columns). A word a PretrainedLogits table
+        lacks in every form adds its pieces' rows (their count among the
+        text's subwords): it is one feature, the word as written, its weight
+        the sum of its pieces' rows; the last item returned lists those
+        words (entry col -1 - k: the k-th)."""
         lay = self.dense[v]
         texts = tf.convert_to_tensor(texts, tf.string)
         if lay.standardize:
@@ -169,8 +177,16 @@ class Explainer:
         rows = words.value_rowids().numpy().astype(np.int64)
         sums, counts = lay.table_rows(ids)   # the rows of the text's words, in order
         known = np.bincount(rows, weights=counts, minlength=n)
-        f = 1.0 / np.maximum(known, 1.0)
         fused = isinstance(lay, layers.PretrainedLogits)  # rows hold s_w @ K already
+        names: list[str] = []
+        split: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        if fused and lay.pieces and (ids == 0).any():
+            miss = np.flatnonzero(ids == 0)
+            found = lay.piece_rows(tf.gather(words.flat_values, miss))
+            lengths = found.row_lengths().numpy()
+            known += np.bincount(rows[miss], weights=lengths, minlength=n)
+            split = (miss, lengths, found.flat_values.numpy())
+        f = 1.0 / np.maximum(known, 1.0)
         if lay.scale and (fused or not lay.l2):
             f = f * lay.scale
         elif lay.scale:
@@ -178,6 +194,35 @@ class Explainer:
             np.add.at(total, rows, sums)
             mean = total / np.maximum(known, 1.0)[:, None]
             f = f * lay.scale / np.maximum(np.linalg.norm(mean, axis=1), 1e-12)
+        extra = None
+        if split is not None:  # the words that add pieces: one entry per (text, word)
+            miss, lengths, flat = split
+            piece_sums, _ = lay.table_rows(flat)
+            owner = np.repeat(np.arange(len(miss)), lengths)
+            word_rows = np.zeros((len(miss), piece_sums.shape[1]))
+            np.add.at(word_rows, owner, piece_sums)
+            text = words.flat_values.numpy()
+            index: dict[tuple[int, bytes], int] = {}
+            first: list[int] = []
+            occ_of: list[int] = []
+            for k, j in enumerate(miss):
+                if not lengths[k]:
+                    continue
+                key = (int(rows[j]), text[j])
+                if key in index:
+                    occ_of[index[key]] += 1
+                    continue
+                index[key] = len(first)
+                first.append(k)
+                occ_of.append(1)
+                names.append(text[j].decode("utf-8"))
+            if first:
+                at = np.array(first, dtype=np.int64)
+                e_rows = rows[miss[at]]
+                per = word_rows[at].reshape(len(at), self.members, self.n_labels).mean(axis=1)
+                e_w = f[e_rows] * per[np.arange(len(at)), best[e_rows]]
+                e_val = np.array(occ_of, dtype=np.float64)
+                extra = (e_rows, np.full(len(at), v), -1 - np.arange(len(at)), e_val, e_w, e_val * e_w)
         keep = ids > 0
         rows, ids = rows[keep], ids[keep]
         # one entry per (text, word): occurrences summed
@@ -192,7 +237,10 @@ class Explainer:
             kernel = self.kernels[v].astype(np.float64)
             weights = f[rows] * (np.einsum("ed,de->e", sums, kernel[:, best[rows]]) if len(ids) else np.zeros(0))
         vals = occ.astype(np.float64)
-        return rows, np.full(len(rows), v), ids, vals, weights, vals * weights
+        out: tuple[np.ndarray, ...] = (rows, np.full(len(rows), v), ids, vals, weights, vals * weights)
+        if extra is not None:
+            out = tuple(np.concatenate([a, b]) for a, b in zip(out, extra))
+        return (*out, names)
 
 
 def explainer_for(model: Any) -> Explainer:

@@ -7,8 +7,9 @@ PretrainedEmbedding (auto's pretrained view; its table is built by
 model_worker.pretrained in trainer processes only). Importing this
 module (textmodel, autofeatures and the worker all do) before
 `keras.saving.load_model(..., safe_mode=True)` is what makes a saved model
-loadable. It imports nothing else of the project, so the training modules
-above it (textmodel, autofeatures, autoselect) form no import circle.
+loadable. Of the project it imports only lean (the pieces' split, which
+imports no project module when imported), so the training modules above it
+(textmodel, autofeatures, autoselect) form no import circle.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any, Iterable
 import keras
 import numpy as np
 import tensorflow as tf
+
+from model_worker import lean
 
 # --------------------------------------------------------------------------
 # Tokenization (lives inside the saved model)
@@ -623,6 +626,49 @@ def _lookup(words: Any, lookup: Any, fallback: bool, strip: bool = False) -> Any
     return tf.tensor_scatter_nd_update(ids, miss, found)
 
 
+def greedy_pieces(words: Any, lookup: Any) -> Any:
+    """lean.greedy_pieces in the graph: each word's pieces (ids of `lookup`,
+    a StringLookup of the pieces; a RaggedTensor, one row a word). For
+    every place of the marked word and every length up to LONGEST_PIECE,
+    the characters there are looked up at once; the longest piece at each
+    place is kept; then a walk from the start takes the piece where it
+    stands and moves past it (one character where no piece starts), one
+    step a loop turn, all words together."""
+    marked = tf.strings.join([lean.PIECE_MARK, words])
+    chars = tf.strings.unicode_split(marked, "UTF-8")
+    lengths = chars.row_lengths()
+    lengths = tf.where(lengths <= lean.MOST_PIECED + 1, lengths, tf.zeros_like(lengths))
+    width = tf.reduce_max(tf.concat([lengths, tf.zeros([1], tf.int64)], 0))
+    dense = chars.to_tensor("")[:, :width]  # (words, width): a character a cell
+    n = tf.shape(dense, out_type=tf.int64)[0]
+    place = tf.range(width)[None, :]
+    longest = tf.zeros_like(dense, tf.int64)  # the longest piece's length at each place (0: none)
+    piece = tf.zeros_like(dense, tf.int64)
+    grams = dense
+    for k in range(1, lean.LONGEST_PIECE + 1):
+        if k > 1:  # the k characters from each place ("" past the word's end)
+            grams = tf.strings.join([grams, tf.pad(dense[:, k - 1:], [[0, 0], [0, tf.minimum(tf.constant(k - 1, tf.int64), width)]])])
+        found = tf.cast(lookup(grams), tf.int64)
+        hit = (found > 0) & (place + k <= lengths[:, None])
+        longest = tf.where(hit, tf.cast(k, tf.int64), longest)
+        piece = tf.where(hit, found, piece)
+
+    def walk(step: Any, at: Any, taken: Any) -> tuple[Any, Any, Any]:
+        inside = at < lengths
+        here = tf.minimum(at, tf.maximum(width - 1, 0))[:, None]
+        k = tf.gather(longest, here, batch_dims=1)[:, 0]
+        taken = taken.write(tf.cast(step, tf.int32) + 1, tf.where(inside & (k > 0),
+                                                                  tf.gather(piece, here, batch_dims=1)[:, 0], 0))
+        return step + 1, at + tf.where(inside, tf.maximum(k, 1), 0), taken
+
+    # entry 0 is no step (zeros): a list with no word or no step still stacks
+    first = tf.TensorArray(tf.int64, size=1, dynamic_size=True, element_shape=[None]).write(0, tf.zeros([n], tf.int64))
+    _, _, taken = tf.while_loop(lambda step, at, taken: step < width, walk,
+                                (tf.constant(0, tf.int64), tf.zeros([n], tf.int64), first))
+    steps = tf.transpose(tf.reshape(taken.stack(), [-1, n]))  # (words, 1 + steps): a piece id or 0
+    return tf.ragged.boolean_mask(steps, steps > 0)
+
+
 def _word_rows(texts: Any, standardize: str | None, lookup: Any, fallback: bool = False, strip: bool = False
                ) -> tuple[Any, Any, Any]:
     """(table ids of the texts' words, their text of origin (sorted), the batch size)."""
@@ -647,18 +693,29 @@ class PretrainedLogits(keras.layers.Layer):
     numbers as PretrainedEmbedding followed by SparseLinear, up to float
     rounding. Built by autofeatures.linear_graph when the units are few
     (FUSED_MAX_UNITS); more units keep the vector table.
+
+    `pieces` > 0 (versions since unknown words get pieces): the table also
+    holds the tokenizer's `pieces` subword pieces (a StringLookup of them,
+    and their rows s_p @ K with count 1 after the words' rows), and a word
+    the table lacks in every form adds the rows of its pieces
+    (greedy_pieces: the longest piece at each place, from the left), as the
+    package's tokenizer gives any word pieces; 0 (versions before): an
+    unknown word adds nothing.
     """
 
     def __init__(self, vocabulary_size: int = 0, units: int = 1, standardize: str | None = "word",
                  scale: float = 1.0, use_bias: bool = False, fallback: bool = False, strip: bool = False,
-                 **kwargs: Any) -> None:
+                 pieces: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size, self.units = int(vocabulary_size), int(units)
         self.standardize, self.scale, self.use_bias = standardize, float(scale), bool(use_bias)
         self.fallback, self.strip = bool(fallback), bool(strip)  # as PretrainedEmbedding's
+        self.pieces = int(pieces)
         self.lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="words")
-        self.projected = keras.layers.Embedding(self.vocabulary_size + 1, self.units + 1, dtype="float32",
-                                                trainable=False, name="projected")
+        if self.pieces:
+            self.piece_lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="pieces")
+        self.projected = keras.layers.Embedding(self.vocabulary_size + 1 + self.pieces, self.units + 1,
+                                                dtype="float32", trainable=False, name="projected")
 
     def build(self, input_shape: Any = None) -> None:
         self.projected.build((None,))
@@ -667,23 +724,35 @@ class PretrainedLogits(keras.layers.Layer):
         self.built = True
 
     def set_table(self, words: list[str], projected: np.ndarray, counts: np.ndarray,
-                  bias: np.ndarray | None = None) -> None:
-        """words (n), projected (n, units): s_w @ K, counts (n,): subwords per word."""
+                  bias: np.ndarray | None = None, pieces: list[str] | None = None,
+                  piece_projected: np.ndarray | None = None) -> None:
+        """words (n), projected (n, units): s_w @ K, counts (n,): subwords per
+        word; with `pieces` (the layer's count, sorted): piece_projected
+        (pieces, units): s_p @ K."""
         if len(words) != self.vocabulary_size or projected.shape != (self.vocabulary_size, self.units):
             raise ValueError(f"table {projected.shape} for {len(words)} words, layer expects "
                              f"({self.vocabulary_size}, {self.units})")
+        if len(pieces or ()) != self.pieces or (self.pieces and (
+                piece_projected is None or piece_projected.shape != (self.pieces, self.units)
+                or list(pieces or ()) != sorted(set(pieces or ())))):
+            raise ValueError(f"the layer expects {self.pieces} sorted distinct pieces and their rows")
         if not self.built:
             self.build()
         self.lookup.set_vocabulary(list(words))
-        rows = np.zeros((self.vocabulary_size + 1, self.units + 1), dtype=np.float32)
-        rows[1:, :self.units] = projected
-        rows[1:, self.units] = counts
+        rows = np.zeros((self.vocabulary_size + 1 + self.pieces, self.units + 1), dtype=np.float32)
+        rows[1:self.vocabulary_size + 1, :self.units] = projected
+        rows[1:self.vocabulary_size + 1, self.units] = counts
+        if self.pieces:
+            self.piece_lookup.set_vocabulary(list(pieces or ()))
+            rows[self.vocabulary_size + 1:, :self.units] = piece_projected
+            rows[self.vocabulary_size + 1:, self.units] = 1.0
         self.projected.embeddings.assign(rows)
         if self.use_bias:
             self.bias.assign(np.asarray(bias, dtype=np.float32))
 
     def table_rows(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows `ids` (0: the unknown word) as float64: (s_w @ K (len, units), counts (len,))."""
+        """Rows `ids` (0: the unknown word; past the words, the pieces) as
+        float64: (s_w @ K (len, units), counts (len,))."""
         rows = np.asarray(tf.gather(self.projected.embeddings, ids).numpy(), dtype=np.float64)
         return rows[:, :self.units], rows[:, self.units]
 
@@ -691,12 +760,31 @@ class PretrainedLogits(keras.layers.Layer):
         """Table ids (0: unknown) of a flat tensor of words."""
         return _lookup(words, self.lookup, self.fallback, self.strip)
 
+    def piece_rows(self, words: Any) -> Any:
+        """The table rows of each word's pieces (a RaggedTensor; no pieces: no rows)."""
+        if not self.pieces:
+            return tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int64),
+                                                    tf.zeros([tf.size(words)], tf.int64))
+        unique, where = tf.unique(words, out_idx=tf.int64)
+        found = greedy_pieces(unique, self.piece_lookup)
+        return tf.gather(found, where) + tf.constant(self.vocabulary_size, tf.int64)
+
     def call(self, texts: Any) -> Any:
-        ids, rows, n = _word_rows(texts, self.standardize, self.lookup, self.fallback, self.strip)
+        texts = tf.convert_to_tensor(texts, tf.string)
+        if self.standardize:
+            texts = _STANDARDIZERS[self.standardize](texts)
+        words = tf.strings.split(texts)
+        rows, n = words.value_rowids(), tf.shape(texts, out_type=tf.int64)[0]
+        ids = _lookup(words.flat_values, self.lookup, self.fallback, self.strip)
         # the sorted sum (rows come text by text) measured ~4x faster than the
         # unsorted one; texts after the last one with a word get zeros
         summed = tf.math.segment_sum(self.projected(ids), rows)
         summed = tf.pad(summed, [[0, n - tf.shape(summed, out_type=tf.int64)[0]], [0, 0]])
+        if self.pieces:  # the words unknown in every form: their pieces' rows
+            miss = tf.where(tf.equal(ids, 0))[:, 0]
+            found = self.piece_rows(tf.gather(words.flat_values, miss))
+            text_of = tf.gather(tf.gather(rows, miss), found.value_rowids())
+            summed = summed + tf.math.unsorted_segment_sum(self.projected(found.flat_values), text_of, n)
         out = summed[:, :self.units] * (self.scale / tf.maximum(summed[:, self.units:], 1.0))
         if self.bias is not None:
             out = out + self.bias
@@ -708,4 +796,4 @@ class PretrainedLogits(keras.layers.Layer):
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "units": self.units,
                 "standardize": self.standardize, "scale": self.scale, "use_bias": self.use_bias,
-                "fallback": self.fallback, "strip": self.strip}
+                "fallback": self.fallback, "strip": self.strip, "pieces": self.pieces}

@@ -48,6 +48,7 @@ import json
 import os
 import re
 import unicodedata
+from bisect import bisect_right
 from itertools import chain
 from typing import Any, Callable
 
@@ -387,6 +388,52 @@ def hashed_words(blob: np.ndarray, size: int) -> "Vocab | None":
     if done != size or len(np.unique(keys)) != size:
         return None
     return Vocab.of_keys(keys, max(4, (size * 8 // 5).bit_length()))
+
+
+# Subword pieces for the words a pretrained view's table lacks in every
+# form (layers.PretrainedLogits `pieces`): the word with the tokenizer's
+# word-start mark, split greedily from the left into the longest piece of
+# the tokenizer's vocabulary at each place (a character no piece starts
+# with adds nothing). The tokenizer's own BPE picks the same pieces for
+# about two words in three (docs/models.md); no TensorFlow op runs its BPE,
+# and the graph runs this split (layers.greedy_pieces) as this does.
+PIECE_MARK = "\u2581"
+LONGEST_PIECE = 16  # characters of the tokenizer's longest piece
+MOST_PIECED = 32  # characters of the longest word that gets pieces (longer: none)
+
+
+def greedy_pieces(word: str, pieces: list[str]) -> list[int]:
+    """The places in `pieces` (sorted, distinct) of `word`'s pieces: from
+    the start of PIECE_MARK + word, the longest piece there, then on after
+    it; a place no piece starts at is skipped. [] for a word longer than
+    MOST_PIECED characters. The longest piece that starts a string t is
+    found by bisection: the last piece e <= t is it when t starts with e;
+    otherwise every piece starting t also starts t's common prefix with e
+    (it lies between that piece and t), so the search goes on with that
+    prefix."""
+    if len(word) > MOST_PIECED:
+        return []
+    text = PIECE_MARK + word
+    out: list[int] = []
+    at, end = 0, len(text)
+    while at < end:
+        t = text[at:at + LONGEST_PIECE]
+        while t:
+            j = bisect_right(pieces, t) - 1
+            e = pieces[j] if j >= 0 else ""
+            if e and t.startswith(e):
+                out.append(j)
+                at += len(e)
+                break
+            m = 0
+            for a, b in zip(e, t):
+                if a != b:
+                    break
+                m += 1
+            t = t[:m]
+        else:
+            at += 1
+    return out
 
 
 def string_keys(tokens: list[str]) -> np.ndarray:
@@ -760,6 +807,11 @@ class Plan:
                 own["cache"], own["cache_old"] = {}, {}
                 if "words" in own:  # plans from before it have none: python_key's way
                     own["hashed"] = hashed_words(own.pop("words"), own["vocab"].size)
+            if "pieces" in own:  # word_logits since unknown words get pieces
+                own["pieces"] = own["pieces"].tobytes().decode("utf-8").split("\n")
+                if len(own["pieces"]) != step["pieces"] or own["pieces"] != sorted(set(own["pieces"])):
+                    raise Unsupported("the plan's pieces are not its layer's")
+                own["pieces_of"] = {}
             if kind == "linear":  # a bag's rows index the kernel: float32, contiguous
                 own["kernel"] = np.ascontiguousarray(own["kernel"], dtype=np.float32)
             self.data[name] = own
@@ -885,7 +937,7 @@ class Plan:
         return cls._ODD_SPACES.search(text) is not None
 
     def _cached_ids(self, step: dict[str, Any], own: dict[str, Any],
-                    texts: Any) -> tuple[np.ndarray, np.ndarray] | None:
+                    texts: Any) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
         """A word view's ids and text rows through its cache of words: the
         texts split as Python strings (split "cased": blanks only, which is
         str.split() where no text holds another whitespace), each word's id
@@ -907,7 +959,7 @@ class Plan:
             found = self._cache_misses(step, own, flat, found)
         rows = np.zeros(len(flat), dtype=np.int64) if len(texts) == 1 else \
             np.repeat(np.arange(len(texts), dtype=np.int64), [len(w) for w in split])
-        return np.fromiter(found, dtype=np.int64, count=len(found)), rows
+        return np.fromiter(found, dtype=np.int64, count=len(found)), rows, flat
 
     def _cache_misses(self, step: dict[str, Any], own: dict[str, Any], flat: list[str],
                       found: list[int | None]) -> list[int | None]:
@@ -973,18 +1025,53 @@ class Plan:
                         break
         return ids
 
+    def _piece_rows(self, own: dict[str, Any], unknown: list[str], rows: np.ndarray,
+                    first: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(table rows, text rows) of the pieces of the words `unknown` (in
+        every form) met in texts `rows` (ascending): greedy_pieces, the
+        pieces' rows from `first` on. A worker keeps the pieces of the words
+        it split (at most CACHE_WORDS / 2 words, then it starts again)."""
+        known, pieces = own["pieces_of"], own["pieces"]
+        got: list[list[int]] = []
+        for w in unknown:
+            p = known.get(w)
+            if p is None:
+                p = [first + j for j in greedy_pieces(w, pieces)]
+                if len(known) >= self.CACHE_WORDS // 2:
+                    known.clear()
+                if len(w) <= self.LONGEST_CACHED:
+                    known[w] = p
+            got.append(p)
+        lengths = np.fromiter(map(len, got), dtype=np.int64, count=len(got))
+        if not lengths.any():
+            return None
+        ids = np.fromiter(chain.from_iterable(got), dtype=np.int64, count=int(lengths.sum()))
+        return ids, np.repeat(rows, lengths)
+
     def _words(self, step: dict[str, Any], own: dict[str, Any], texts: list[str]) -> np.ndarray:
         """PretrainedLogits ("word_logits") and PretrainedEmbedding ("word_mean")."""
         cached = self._cached_ids(step, own, texts)
         if cached is not None:
-            n, (ids, rows) = len(texts), cached
+            n, (ids, rows, flat) = len(texts), cached
         else:
             words = self._words_of(step["standardize"], texts)
             n, rows = words.n, words.text
             ids = self._lookup(own["vocab"], words, step["fallback"], step["strip"])
         if step["op"] == "word_logits":
-            table = own["table"]  # (words + 1) x (units + 1): s_w @ K and the subword count
+            # (words + 1 [+ pieces]) x (units + 1): s_w @ K and the subword count
+            table = own["table"]
+            more = None
+            if "pieces" in own:
+                miss = np.flatnonzero(ids == 0)
+                if len(miss):
+                    unknown = [flat[j] for j in miss] if cached is not None else words.strings(miss)
+                    more = self._piece_rows(own, unknown, rows[miss], len(table) - len(own["pieces"]))
+            if more is not None and n == 1:  # one text: one sum
+                ids, rows = np.concatenate((ids, more[0])), np.concatenate((rows, more[1]))
+                more = None
             summed = _segment_sum(table[ids], rows, n)
+            if more is not None:
+                summed += _segment_sum(table[more[0]], more[1], n)
             units = table.shape[1] - 1
             out = summed[:, :units] * (np.float32(step["scale"]) / np.maximum(summed[:, units:], np.float32(1.0)))
             if "bias" in own:
@@ -1049,6 +1136,8 @@ PROBES = [
     "x", "!!!", "a-b_c d.e/f g:h 3.14 1,000 #tag @user",
     "\u00a0non-breaking\u2003em space\u3000ideographic\u0085next line",
     "combining e\u0301 and a\u030a, zero width\u200bjoiner",
+    "Zorbulent qwxvplugh libfrobnicate-dev 3.14.159-2ubuntu7 Überfluß "
+    "supercalifragilisticexpialidociousandthensomemoreletters",
 ]
 
 
@@ -1162,6 +1251,12 @@ def _describe(layer: Any, config: dict[str, Any], arrays: dict[str, np.ndarray])
                     strip=layer.strip)
         put_words([str(t) for t in layer.lookup.get_vocabulary()], layer.standardize)
         put("table", np.asarray(layer.projected.embeddings.numpy(), dtype=np.float32))
+        if layer.pieces:
+            pieces = [str(t) for t in layer.piece_lookup.get_vocabulary()[1:]]  # [UNK] first
+            if any("\n" in p for p in pieces):
+                raise Unsupported("a piece holds a line break")
+            step["pieces"] = len(pieces)
+            put("pieces", np.frombuffer("\n".join(pieces).encode("utf-8"), dtype=np.uint8))
         if layer.bias is not None:
             put("bias", np.asarray(layer.bias.numpy(), dtype=np.float32))
     elif isinstance(layer, layers.PretrainedEmbedding):

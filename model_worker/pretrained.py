@@ -30,10 +30,20 @@ has, an alias row with that form's vector) before it counts as unknown.
 Tables built before case was kept (the split "word": lowercase, punctuation
 dropped) have no fallback; their versions load and serve as they did.
 
-Unknown words get nothing: sum 0, count 0, so the mean is over the known
-words, and a text with none gets the zero vector (the linear part and the
-bias decide alone). bench/accuracy.py --curve reports how many test words
-are unknown.
+A word the table lacks in every form is split into the tokenizer's pieces
+where the view's linear map is folded into the table (auto's served graph,
+layers.PretrainedLogits `pieces`): from the word-start mark on, the longest
+piece of the tokenizer's vocabulary at each place (lean.greedy_pieces; the
+graph runs the same split), each adding its vector and a count of one, as
+the package's tokenizer gives every word pieces. That greedy split is the
+tokenizer's BPE split for about two unknown words in three (on the
+development sets' test words); the others get other pieces of the same
+characters. A word of more than lean.MOST_PIECED characters, and any word
+in the vector-table layouts (more logit columns than FUSED_MAX_UNITS, the
+versions before, zero-shot), gets nothing: sum 0, count 0, so the mean is
+over the other words, and a text with none gets the zero vector (the linear
+part and the bias decide alone). bench/accuracy.py --curve reports how many
+test words the table lacks.
 
 The mean is scaled to L2 norm SCALE (the n-gram views' bags are unit-norm
 TF-IDF rows), so that one regularisation strength suits both when the search
@@ -56,7 +66,7 @@ import numpy as np
 import scipy.sparse as sp
 import tensorflow as tf
 
-from model_worker import layers
+from model_worker import layers, lean
 
 # The package's default model: files inside the wheel, loaded by path (its
 # WordLlama.load() looks for the tokenizer in the wrong folder and then tries
@@ -113,6 +123,34 @@ def tokenizer() -> Any:
     if where is None:
         raise RuntimeError("the wordllama package is not installed")
     return Tokenizer.from_file(os.path.join(where, TOKENIZER_FILE))
+
+
+@functools.lru_cache(maxsize=1)
+def piece_list() -> tuple[list[str], np.ndarray]:
+    """(the tokenizer's pieces, sorted: every token but the special ones and
+    the byte tokens "<0x..>", and the 25 that hold a line break (a carriage
+    return at the end of a line of code; a saved lookup's vocabulary is one
+    term a line); their rows in the codebook): what a word the table lacks
+    is split into (lean.greedy_pieces)."""
+    vocab = tokenizer().get_vocab()
+    special = {"<unk>", "<s>", "</s>"}
+    pieces = sorted(p for p in vocab if p not in special and p.splitlines() == [p]
+                    and not (len(p) == 6 and p.startswith("<0x") and p.endswith(">")))
+    return pieces, np.array([min(vocab[p], len(codebook()) - 1) for p in pieces], dtype=np.int64)
+
+
+def word_pieces(words: list[str]) -> sp.csr_matrix:
+    """(len(words), pieces) how often each piece of piece_list() is in each
+    word's greedy split (lean.greedy_pieces)."""
+    pieces, _ = piece_list()
+    indptr, cols = [0], []
+    for w in words:
+        cols += lean.greedy_pieces(w, pieces)
+        indptr.append(len(cols))
+    m = sp.csr_matrix((np.ones(len(cols)), np.array(cols, dtype=np.int64), np.array(indptr, dtype=np.int64)),
+                      shape=(len(words), len(pieces)))
+    m.sum_duplicates()
+    return m
 
 
 def words_of(texts: list[str], standardize: str = "cased") -> list[str]:
@@ -312,12 +350,20 @@ class PretrainedView:
     dense: bool = field(default=True)
     scale: float = SCALE
     l2: bool = True  # false: the mean times `scale`, no per-text norm (fit_view)
+    _word_pieces: sp.csr_matrix | None = field(default=None, repr=False)
 
     @property
     def strip(self) -> bool:
         """Whether serving looks a word still unknown up without its edge marks
         (auto's split "cased", which keeps marks attached to words)."""
         return self.standardize == "cased"
+
+    @property
+    def pieces(self) -> bool:
+        """Whether serving splits a word the table lacks in every form into
+        the tokenizer's pieces (auto's split "cased", folded table:
+        layers.PretrainedLogits `pieces`)."""
+        return self.standardize == "cased" and not self.l2
 
     @property
     def fallback(self) -> bool:
@@ -345,12 +391,18 @@ class PretrainedView:
     def fused_layer(self, kernel: np.ndarray, bias: np.ndarray | None, standardized: bool = False,
                     name: str | None = None) -> layers.PretrainedLogits:
         """The view and its linear map (kernel (DIM, units)) as one PretrainedLogits."""
-        projected = self.table.sums.astype(np.float64) @ np.asarray(kernel, dtype=np.float64)
+        kernel = np.asarray(kernel, dtype=np.float64)
+        projected = self.table.sums.astype(np.float64) @ kernel
+        pieces, piece_projected = None, None
+        if self.pieces:
+            pieces, rows = piece_list()
+            piece_projected = (codebook()[rows].astype(np.float64) @ kernel).astype(np.float32)
         lay = layers.PretrainedLogits(len(self.table.words), kernel.shape[1],
                                       None if standardized else self.standardize, self.scale,
                                       use_bias=bias is not None, fallback=self.fallback, strip=self.strip,
-                                      name=name or f"logits_{self.name}")
-        lay.set_table(self.table.words, projected.astype(np.float32), self.table.counts, bias)
+                                      pieces=len(pieces or ()), name=name or f"logits_{self.name}")
+        lay.set_table(self.table.words, projected.astype(np.float32), self.table.counts, bias, pieces,
+                      piece_projected)
         return lay
 
     def features(self, texts: list[str], batch: int = 1024) -> np.ndarray:
@@ -384,12 +436,32 @@ class PretrainedView:
 
         The search's folds use it: a word met only in a fold's held-out texts
         is unknown there, as a word first met in serving is, instead of
-        having a vector because the table was built from every training text."""
+        having a vector because the table was built from every training text.
+        Where serving splits such a word into pieces (`pieces`), so do these
+        vectors: the word's pieces' vectors and their count."""
+        total_pieces = None
         if known is not None:
-            counts = sp.csr_matrix(counts @ self._remap(known))
+            remap = self._remap(known)
+            if self.pieces:
+                lost = np.asarray(remap.sum(axis=1)).ravel() == 0
+                if lost.any():
+                    by_piece = sp.csr_matrix(counts @ (sp.diags(lost.astype(np.float64)) @ self.word_pieces()))
+                    used = np.unique(by_piece.indices)
+                    total_pieces = (np.asarray(by_piece[:, used] @ codebook()[piece_list()[1][used]]
+                                               .astype(np.float64)),
+                                    np.asarray(by_piece.sum(axis=1)).ravel())
+            counts = sp.csr_matrix(counts @ remap)
         total = np.asarray(counts @ self.table.sums.astype(np.float64))
         subwords = np.asarray(counts @ self.table.counts.astype(np.float64)).ravel()
+        if total_pieces is not None:
+            total, subwords = total + total_pieces[0], subwords + total_pieces[1]
         return total * (self.scale / np.maximum(subwords, 1.0))[:, None]
+
+    def word_pieces(self) -> sp.csr_matrix:
+        """(table words, pieces): each table word's pieces (computed once)."""
+        if self._word_pieces is None:
+            self._word_pieces = word_pieces(self.table.words)
+        return self._word_pieces
 
     def _remap(self, known: np.ndarray) -> sp.csr_matrix:
         """(n, n) 0/1: each row's occurrences go to the row a table with only

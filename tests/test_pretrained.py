@@ -234,6 +234,66 @@ def test_unknown_words_are_left_out():
     assert not scaled[1].any()
 
 
+def test_unknown_words_add_their_pieces():
+    """A word the folded table (PretrainedLogits, what auto serves) lacks in
+    every form adds the vectors of its pieces: from the word-start mark on,
+    the longest piece of the tokenizer's vocabulary at each place
+    (lean.greedy_pieces, which the graph runs too). Where that is the
+    tokenizer's own BPE split, the served mean of a mixed-case sentence with
+    invented words is the package's embed() of the raw text (to float16
+    precision) as for known words; without the pieces it is further off.
+    A word whose split differs adds exactly its greedy pieces; a word longer
+    than MOST_PIECED characters adds nothing; the graph's split is the
+    Python one, word for word."""
+    import tensorflow as tf
+
+    from model_worker import lean
+
+    invented = ["Quintaphrax", "qwxvplugh", "Kubectl", "snorfix,", "Xyzzy"]  # BPE splits them greedily
+    texts = [f"The striker {invented[0]} scored twice, {invented[1]} in the second half!",
+             f"{invented[2]} and {invented[3]} Grilled salmon {invented[4]}"]
+    # every other word is in the table as written
+    view, _ = pretrained.fit_view([" ".join(w for w in t.split() if w not in invented) for t in texts],
+                                  n_frequent=500)
+    view.scale = 1.0
+    lay = view.fused_layer(np.eye(pretrained.DIM), None)  # its output: the mean itself
+    assert lay.pieces == len(pretrained.piece_list()[0]) > 30_000
+    pieces, rows = pretrained.piece_list()
+    tok, book = pretrained.tokenizer(), pretrained.codebook()
+    for w in invented:
+        assert not {w, w.lower(), w.capitalize(), w.strip(",")} & set(view.table.words)
+        assert [pieces[j] for j in lean.greedy_pieces(w, pieces)] == tok.encode(w, add_special_tokens=False).tokens
+    got, want = lay(tf.constant(texts)).numpy(), _package_means(texts)
+    assert np.allclose(got, want, rtol=2e-3, atol=2e-3), np.abs(got - want).max()
+    without = pretrained.PretrainedView(view.table, scale=1.0, l2=False).features(texts)  # no pieces
+    assert np.abs(without - want).max() > 10 * np.abs(got - want).max()
+    # a split that is not BPE's: exactly the greedy pieces' mean
+    odd = "x86_64-linux-gnu"
+    assert odd not in view.table.words
+    split = lean.greedy_pieces(odd, pieces)
+    assert len(split) > 3
+    alone = lay(tf.constant([odd])).numpy()[0]
+    assert np.allclose(alone, book[rows[split]].astype(np.float64).mean(0), atol=1e-3)
+    long = "a" * (lean.MOST_PIECED + 1)
+    assert not lean.greedy_pieces(long, pieces) and not lay(tf.constant([long])).numpy().any()
+    # the graph's split, word for word (non-ASCII, marks, characters no piece starts, the mark itself)
+    rng = np.random.default_rng(3)
+    alphabet = list("abXYZ-_.09éß日▁🙂'") + ["qu", "ing", "tion"]
+    words = ["".join(rng.choice(alphabet, size=rng.integers(1, 24))) for _ in range(400)] + [long, "x" * 32]
+    graph = layers_split(words)
+    assert graph == [[j + 1 for j in lean.greedy_pieces(w, pieces)] for w in words]
+
+
+def layers_split(words: list[str]) -> list[list[int]]:
+    import keras
+    import tensorflow as tf
+
+    from model_worker import layers
+
+    lookup = keras.layers.StringLookup(vocabulary=pretrained.piece_list()[0], num_oov_indices=1, mask_token=None)
+    return layers.greedy_pieces(tf.constant(words), lookup).to_list()
+
+
 def test_packed_table_computes_what_the_first_layout_did():
     """One Embedding holding sums and counts (packed, the layout new versions
     get) and the first layout's two give the same vectors, for texts with no
@@ -416,7 +476,8 @@ def test_view_in_the_served_graph(tmp_path, monkeypatch):
         for row, text in zip(why, probe):  # the view's terms are the text's own words
             assert all(f["ngram"] in text for f in row["features"] if f["view"] == "pretrained")
         assert any(f["view"] == "pretrained" for row in why for f in row["features"])
-        assert not [f for f in why[2]["features"] if f["view"] == "pretrained"]  # "zqxjv": unknown
+        # "zqxjv", unknown: the folded table adds its pieces, one term; the vector table nothing
+        assert [f["ngram"] for f in why[2]["features"] if f["view"] == "pretrained"] == (["zqxjv"] if fused else [])
         model.save(tmp_path / "m.keras")
         again = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
         assert np.allclose(textmodel.make_predict_fn(again)(probe), textmodel.make_predict_fn(model)(probe),
@@ -505,10 +566,11 @@ def test_multilabel_gets_the_view(tmp_path):
 def test_fused_table_computes_what_the_vector_table_did(tmp_path):
     """The view's linear map folded into its table (PretrainedLogits) gives
     the probabilities of the vector table and a SparseLinear, for one member
-    and for an ensemble, texts with no known word anywhere in a batch, and an
-    empty batch; it explains itself with the same contributions; saved, it
-    reloads in safe mode and as a portable SavedModel. Too many logit
-    columns keep the vector table."""
+    and for an ensemble, texts with no word, and an empty batch; it explains
+    itself with the same contributions; saved, it reloads in safe mode and
+    as a portable SavedModel, unknown words' pieces and all. Too many logit
+    columns keep the vector table (test_unknown_words_add_their_pieces: the
+    pieces, which only the folded table adds)."""
     import keras
     import tensorflow as tf
 
@@ -518,7 +580,8 @@ def test_fused_table_computes_what_the_vector_table_did(tmp_path):
     assert np.isclose(np.median(np.linalg.norm(feats, axis=1)), pretrained.SCALE, rtol=1e-4)
     assert np.allclose(feats, view.features(ENGLISH), atol=1e-6)  # what the layer serves
     rng = np.random.default_rng(7)
-    texts = ["zqxjv", *ENGLISH[:3], "", "blorfle", *RAW, "zqxjv blorfle", ""]
+    texts = ["", *ENGLISH[:3], "", *RAW, " ", ""]
+    pieced = [*texts, "zqxjv", "the zqxjv blorfle"]  # unknown words: the folded table adds their pieces
     parts = [(view, view.vocabulary(), np.ones(pretrained.DIM))]
     for n_members in (1, 3):
         members = [({"pretrained": rng.normal(size=(pretrained.DIM, 4))}, rng.normal(size=4))
@@ -543,14 +606,15 @@ def test_fused_table_computes_what_the_vector_table_did(tmp_path):
                                [f["contribution"] for f in y["features"]], atol=1e-5)
             total = sum(f["contribution"] for f in x["features"]) + x["others"] + x["bias"]
             assert abs(total - x["logit"]) < 1e-4, x
-    assert not [f for f in ea[0]["features"]] and ea[1]["features"]  # "zqxjv": nothing; English: its words
+    assert not [f for f in ea[0]["features"]] and ea[1]["features"]  # "": nothing; English: its words
     fused.save(tmp_path / "m.keras")
     again = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
-    expected = textmodel.make_predict_fn(fused)(texts)
-    assert np.allclose(textmodel.make_predict_fn(again)(texts), expected, atol=1e-6)
-    textmodel.export_saved_model(fused, str(tmp_path / "saved_model"), texts, expected)
+    expected = textmodel.make_predict_fn(fused)(pieced)
+    assert not np.allclose(expected[-2], expected[0])  # "zqxjv": its pieces, not the bias alone
+    assert np.allclose(textmodel.make_predict_fn(again)(pieced), expected, atol=1e-6)
+    textmodel.export_saved_model(fused, str(tmp_path / "saved_model"), pieced, expected)
     portable = tf.saved_model.load(str(tmp_path / "saved_model"))  # held: its variables live with it
-    served = portable.serve(tf.constant(texts)).numpy()
+    served = portable.serve(tf.constant(pieced)).numpy()
     assert np.allclose(served, expected, atol=1e-5)
     # a view with the per-text norm (versions trained before) is never folded, and explains exactly
     normed = pretrained.PretrainedView(view.table)
@@ -576,15 +640,16 @@ def _forms(w: str) -> list[str]:
 def test_folds_see_held_out_only_words_as_unknown():
     """The table holds every training text's words, but in the search's folds
     a word that only held-out texts use counts as unknown (as a word first
-    met in serving does) unless it is a frequent English word; training-side
-    rows keep their vectors. Without this, CV saw the view with no unknown
+    met in serving does) unless it is a frequent English word, and adds its
+    pieces, as serving's folded table does; training-side rows keep their
+    vectors. Without this, CV saw the view with no unknown
     words and chose it alone on a set where a fifth of the test words are
     function names (manpages_en at 300 labels: 12 points lost)."""
     import time
 
     import tensorflow as tf
 
-    from model_worker import autoselect, layers
+    from model_worker import autoselect, lean
     from model_worker.params import validate_params
 
     texts, labels = _topics()
@@ -597,6 +662,8 @@ def test_folds_see_held_out_only_words_as_unknown():
                                "word", time.monotonic(), None, None)
     view = search.view_defs["pretrained"]
     frequent = set(pretrained.frequent_words())
+    table, (pieces, piece_rows), book = view.table, pretrained.piece_list(), pretrained.codebook()
+    index = {w: i for i, w in enumerate(table.words)}
     full = search.counts["pretrained"].matrix.toarray()
     changed = 0
     for fold, (train, test) in enumerate(search.folds):
@@ -608,6 +675,12 @@ def test_folds_see_held_out_only_words_as_unknown():
             # as written, else lowercase, else capitalized, else the same
             # without edge marks (serving's fallback)
             kept = [next(f for f in _forms(w) if f in have) for w in tokens if set(_forms(w)) & have]
-            assert np.allclose(x[i], view.features([" ".join(kept)])[0], atol=1e-5), texts[i]
+            # a word lost in every form adds its pieces, as serving's folded table does
+            lost = [w for w in tokens if not set(_forms(w)) & have]
+            split = [j for w in lost for j in lean.greedy_pieces(w, pieces)]
+            rows = [index[f] for f in kept]
+            total = table.sums[rows].astype(np.float64).sum(0) + book[piece_rows[split]].astype(np.float64).sum(0)
+            want = total * view.scale / max(1.0, float(table.counts[rows].sum()) + len(split))
+            assert np.allclose(x[i], want, atol=1e-5), texts[i]
             changed += len(kept) < len(tokens)
     assert changed >= 2  # the invented words' texts, held out, lost those words
