@@ -807,9 +807,10 @@ class Plan:
                 own["cache"], own["cache_old"] = {}, {}
                 if "words" in own:  # plans from before it have none: python_key's way
                     own["hashed"] = hashed_words(own.pop("words"), own["vocab"].size)
-            if "pieces" in own:  # word_logits since unknown words get pieces
-                own["pieces"] = own["pieces"].tobytes().decode("utf-8").split("\n")
-                if len(own["pieces"]) != step["pieces"] or own["pieces"] != sorted(set(own["pieces"])):
+            if "piece_names" in own:  # a word view whose unknown words get pieces
+                own["piece_names"] = own["piece_names"].tobytes().decode("utf-8").split("\n")
+                names = own["piece_names"]
+                if len(names) != step["piece_names"] or names != sorted(set(names)):
                     raise Unsupported("the plan's pieces are not its layer's")
                 own["pieces_of"] = {}
             if kind == "linear":  # a bag's rows index the kernel: float32, contiguous
@@ -1031,7 +1032,7 @@ class Plan:
         every form) met in texts `rows` (ascending): greedy_pieces, the
         pieces' rows from `first` on. A worker keeps the pieces of the words
         it split (at most CACHE_WORDS / 2 words, then it starts again)."""
-        known, pieces = own["pieces_of"], own["pieces"]
+        known, pieces = own["pieces_of"], own["piece_names"]
         got: list[list[int]] = []
         for w in unknown:
             p = known.get(w)
@@ -1061,11 +1062,11 @@ class Plan:
             # (words + 1 [+ pieces]) x (units + 1): s_w @ K and the subword count
             table = own["table"]
             more = None
-            if "pieces" in own:
+            if "piece_names" in own:
                 miss = np.flatnonzero(ids == 0)
                 if len(miss):
                     unknown = [flat[j] for j in miss] if cached is not None else words.strings(miss)
-                    more = self._piece_rows(own, unknown, rows[miss], len(table) - len(own["pieces"]))
+                    more = self._piece_rows(own, unknown, rows[miss], len(table) - len(own["piece_names"]))
             if more is not None and n == 1:  # one text: one sum
                 ids, rows = np.concatenate((ids, more[0])), np.concatenate((rows, more[1]))
                 more = None
@@ -1087,6 +1088,14 @@ class Plan:
             places = np.arange(int(lengths.sum()), dtype=np.int64) + offsets
             sums = _segment_sum(vectors[refs[places]], np.repeat(rows, lengths), n)
             counts = _segment_sum(lengths.astype(np.float32)[:, None], rows, n)
+            if "piece_names" in own:  # the words unknown in every form: their pieces (vectors 0..)
+                miss = np.flatnonzero(ids == 0)
+                if len(miss):
+                    unknown = [flat[j] for j in miss] if cached is not None else words.strings(miss)
+                    more = self._piece_rows(own, unknown, rows[miss], 0)
+                    if more is not None:
+                        sums += _segment_sum(vectors[more[0]], more[1], n)
+                        counts += _segment_sum(np.ones((len(more[1]), 1), np.float32), more[1], n)
         else:
             sums = _segment_sum(own["sums"][ids], rows, n)
             counts = _segment_sum(own["counts"][ids][:, None], rows, n)
@@ -1202,6 +1211,14 @@ def _describe(layer: Any, config: dict[str, Any], arrays: dict[str, np.ndarray])
         if standardize == "cased" and not any("\n" in w for w in words):
             put("words", np.frombuffer("\n".join(words).encode("utf-8"), dtype=np.uint8))
 
+    def put_piece_names(lookup: Any) -> None:
+        # the pieces a word the table lacks is split into (greedy_pieces)
+        names = [str(t) for t in lookup.get_vocabulary()[1:]]  # [UNK] first
+        if any("\n" in p for p in names):
+            raise Unsupported("a piece holds a line break")
+        step["piece_names"] = len(names)
+        put("piece_names", np.frombuffer("\n".join(names).encode("utf-8"), dtype=np.uint8))
+
     if isinstance(layer, keras.layers.InputLayer):
         if config["config"].get("dtype") != "string":
             raise Unsupported("the input is not a string")
@@ -1252,17 +1269,15 @@ def _describe(layer: Any, config: dict[str, Any], arrays: dict[str, np.ndarray])
         put_words([str(t) for t in layer.lookup.get_vocabulary()], layer.standardize)
         put("table", np.asarray(layer.projected.embeddings.numpy(), dtype=np.float32))
         if layer.pieces:
-            pieces = [str(t) for t in layer.piece_lookup.get_vocabulary()[1:]]  # [UNK] first
-            if any("\n" in p for p in pieces):
-                raise Unsupported("a piece holds a line break")
-            step["pieces"] = len(pieces)
-            put("pieces", np.frombuffer("\n".join(pieces).encode("utf-8"), dtype=np.uint8))
+            put_piece_names(layer.piece_lookup)
         if layer.bias is not None:
             put("bias", np.asarray(layer.bias.numpy(), dtype=np.float32))
     elif isinstance(layer, layers.PretrainedEmbedding):
         step.update(op="word_mean", standardize=layer.standardize, scale=layer.scale, l2=layer.l2,
                     fallback=layer.fallback, strip=layer.strip, dim=layer.dim)
         put_words([str(t) for t in layer.lookup.get_vocabulary()], layer.standardize)
+        if layer.split_unknown:
+            put_piece_names(layer.piece_lookup)
         if layer.pieces:
             put("piece_vectors", np.asarray(layer.piece_vectors.embeddings.numpy(), dtype=np.float16))
             put("word_splits", np.asarray(layer.word_splits.numpy(), dtype=np.int64))
