@@ -48,6 +48,7 @@ import json
 import os
 import re
 import unicodedata
+from array import array
 from bisect import bisect_right
 from itertools import chain
 from typing import Any, Callable
@@ -1026,28 +1027,29 @@ class Plan:
                         break
         return ids
 
-    def _piece_rows(self, own: dict[str, Any], unknown: list[str], rows: np.ndarray,
-                    first: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """(table rows, text rows) of the pieces of the words `unknown` (in
-        every form) met in texts `rows` (ascending): greedy_pieces, the
-        pieces' rows from `first` on. A worker keeps the pieces of the words
-        it split (at most CACHE_WORDS / 2 words, then it starts again)."""
+    def _piece_rows(self, own: dict[str, Any], unknown: list[str],
+                    rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(places in the piece list, text rows) of the pieces of the words
+        `unknown` (in every form) met in texts `rows` (ascending):
+        greedy_pieces. A worker keeps the pieces of the words it split, as
+        int32 bytes (about 100 bytes a word; at most CACHE_WORDS / 2 words,
+        then it starts again). None: no piece."""
         known, pieces = own["pieces_of"], own["piece_names"]
-        got: list[list[int]] = []
+        got: list[bytes] = []
         for w in unknown:
             p = known.get(w)
             if p is None:
-                p = [first + j for j in greedy_pieces(w, pieces)]
+                p = array("i", greedy_pieces(w, pieces)).tobytes()
                 if len(known) >= self.CACHE_WORDS // 2:
                     known.clear()
                 if len(w) <= self.LONGEST_CACHED:
                     known[w] = p
             got.append(p)
-        lengths = np.fromiter(map(len, got), dtype=np.int64, count=len(got))
-        if not lengths.any():
+        joined = b"".join(got)
+        if not joined:
             return None
-        ids = np.fromiter(chain.from_iterable(got), dtype=np.int64, count=int(lengths.sum()))
-        return ids, np.repeat(rows, lengths)
+        lengths = np.fromiter(map(len, got), dtype=np.int64, count=len(got)) // 4
+        return np.frombuffer(joined, dtype=np.int32), np.repeat(rows, lengths)
 
     def _words(self, step: dict[str, Any], own: dict[str, Any], texts: list[str]) -> np.ndarray:
         """PretrainedLogits ("word_logits") and PretrainedEmbedding ("word_mean")."""
@@ -1059,20 +1061,18 @@ class Plan:
             n, rows = words.n, words.text
             ids = self._lookup(own["vocab"], words, step["fallback"], step["strip"])
         if step["op"] == "word_logits":
-            # (words + 1 [+ pieces]) x (units + 1): s_w @ K and the subword count
+            # (words + 1) x (units + 1): s_w @ K and the subword count (and
+            # the pieces' rows in piece_table, float16)
             table = own["table"]
             more = None
             if "piece_names" in own:
                 miss = np.flatnonzero(ids == 0)
                 if len(miss):
                     unknown = [flat[j] for j in miss] if cached is not None else words.strings(miss)
-                    more = self._piece_rows(own, unknown, rows[miss], len(table) - len(own["piece_names"]))
-            if more is not None and n == 1:  # one text: one sum
-                ids, rows = np.concatenate((ids, more[0])), np.concatenate((rows, more[1]))
-                more = None
+                    more = self._piece_rows(own, unknown, rows[miss])
             summed = _segment_sum(table[ids], rows, n)
             if more is not None:
-                summed += _segment_sum(table[more[0]], more[1], n)
+                summed += _segment_sum(own["piece_table"][more[0]], more[1], n)
             units = table.shape[1] - 1
             out = summed[:, :units] * (np.float32(step["scale"]) / np.maximum(summed[:, units:], np.float32(1.0)))
             if "bias" in own:
@@ -1092,7 +1092,7 @@ class Plan:
                 miss = np.flatnonzero(ids == 0)
                 if len(miss):
                     unknown = [flat[j] for j in miss] if cached is not None else words.strings(miss)
-                    more = self._piece_rows(own, unknown, rows[miss], 0)
+                    more = self._piece_rows(own, unknown, rows[miss])
                     if more is not None:
                         sums += _segment_sum(vectors[more[0]], more[1], n)
                         counts += _segment_sum(np.ones((len(more[1]), 1), np.float32), more[1], n)
@@ -1267,9 +1267,14 @@ def _describe(layer: Any, config: dict[str, Any], arrays: dict[str, np.ndarray])
         step.update(op="word_logits", standardize=layer.standardize, scale=layer.scale, fallback=layer.fallback,
                     strip=layer.strip)
         put_words([str(t) for t in layer.lookup.get_vocabulary()], layer.standardize)
-        put("table", np.asarray(layer.projected.embeddings.numpy(), dtype=np.float32))
+        table = np.asarray(layer.projected.embeddings.numpy(), dtype=np.float32)
+        put("table", table[:layer.vocabulary_size + 1])
         if layer.pieces:
             put_piece_names(layer.piece_lookup)
+            # float16 where that is exact (the trainer rounds the pieces' rows so)
+            rows = table[layer.vocabulary_size + 1:]
+            half = rows.astype(np.float16)
+            put("piece_table", half if np.array_equal(half.astype(np.float32), rows) else rows)
         if layer.bias is not None:
             put("bias", np.asarray(layer.bias.numpy(), dtype=np.float32))
     elif isinstance(layer, layers.PretrainedEmbedding):

@@ -402,7 +402,8 @@ class PretrainedView:
         pieces, piece_projected = None, None
         if self.pieces:
             pieces, rows = piece_list()
-            piece_projected = (codebook()[rows].astype(np.float64) @ kernel).astype(np.float32)
+            # rounded to float16, which the lean plan stores (half their memory)
+            piece_projected = (codebook()[rows].astype(np.float64) @ kernel).astype(np.float16).astype(np.float32)
         lay = layers.PretrainedLogits(len(self.table.words), kernel.shape[1],
                                       None if standardized else self.standardize, self.scale,
                                       use_bias=bias is not None, fallback=self.fallback, strip=self.strip,
