@@ -460,13 +460,6 @@ class PretrainedEmbedding(keras.layers.Layer):
     lowercased ("(runtime" -> "runtime"): words met with a mark attached in
     serving that training met bare.
 
-    `split_unknown` true (with `pieces`: zero-shot versions since unknown
-    words get pieces): the subword vectors are every piece of the
-    tokenizer's vocabulary (pretrained.piece_list, in its order, with a
-    StringLookup of their strings), then any other the words use, and a
-    word the table lacks in every form adds its pieces' vectors and their
-    count (greedy_pieces), as PretrainedLogits `pieces` does.
-
     `pieces` > 0 (zero-shot versions since this layout): the table holds
     the `pieces` distinct subword vectors the words use (float16), each
     word's subword ids (`piece_refs` in all) and where they start, instead
@@ -479,17 +472,13 @@ class PretrainedEmbedding(keras.layers.Layer):
 
     def __init__(self, vocabulary_size: int = 0, dim: int = 256, standardize: str | None = "word",
                  scale: float = 0.5, packed: bool = False, l2: bool = True, fallback: bool = False,
-                 strip: bool = False, pieces: int = 0, piece_refs: int = 0, split_unknown: bool = False,
-                 **kwargs: Any) -> None:
+                 strip: bool = False, pieces: int = 0, piece_refs: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.vocabulary_size, self.dim = int(vocabulary_size), int(dim)
         self.standardize, self.scale, self.packed = standardize, float(scale), bool(packed)
         self.l2, self.fallback, self.strip = bool(l2), bool(fallback), bool(strip)
         self.pieces, self.piece_refs = int(pieces), int(piece_refs)
-        self.split_unknown = bool(split_unknown) and self.pieces > 0
         self.lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="words")
-        if self.split_unknown:
-            self.piece_lookup = keras.layers.StringLookup(num_oov_indices=1, mask_token=None, name="piece_names")
         if self.pieces:
             self.piece_vectors = keras.layers.Embedding(self.pieces, self.dim, dtype="float16",
                                                         trainable=False, name="piece_vectors")
@@ -517,12 +506,9 @@ class PretrainedEmbedding(keras.layers.Layer):
             self.subword_counts.build((None,))
         self.built = True
 
-    def set_table(self, table: Any, codebook: Any = None, piece_names: list[str] | None = None,
-                  piece_rows: np.ndarray | None = None) -> None:
+    def set_table(self, table: Any, codebook: Any = None) -> None:
         """table: a pretrained.WordTable (words, sums (n, dim), counts (n,));
-        codebook: every subword's vector (the pieces layout takes those its
-        words use); with `split_unknown`, piece_names (sorted) and their
-        codebook rows (piece_rows) come first."""
+        codebook: every subword's vector (the pieces layout takes those its words use)."""
         if len(table.words) != self.vocabulary_size:
             raise ValueError(f"table has {len(table.words)} words, layer expects {self.vocabulary_size}")
         if not self.built:
@@ -531,17 +517,7 @@ class PretrainedEmbedding(keras.layers.Layer):
         if self.pieces:
             if codebook is None:
                 raise ValueError("the pieces layout needs the subword vectors (codebook)")
-            refs = np.asarray(table.pieces)
-            if self.split_unknown:
-                if piece_names is None or piece_rows is None or len(piece_names) != len(piece_rows):
-                    raise ValueError("split_unknown needs the pieces' names and rows")
-                self.piece_lookup.set_vocabulary(list(piece_names))
-                rows = np.asarray(piece_rows, dtype=np.int64)
-                distinct = np.concatenate([rows, np.setdiff1d(np.unique(refs), rows)])
-                place = {int(r): i for i, r in enumerate(distinct)}
-                remapped = np.fromiter((place[int(r)] for r in refs), dtype=np.int64, count=len(refs))
-            else:
-                distinct, remapped = np.unique(refs, return_inverse=True)
+            distinct, remapped = np.unique(np.asarray(table.pieces), return_inverse=True)
             if len(distinct) != self.pieces or len(remapped) != self.piece_refs:
                 raise ValueError(f"table has {len(distinct)} distinct pieces in {len(remapped)}, "
                                  f"layer expects {self.pieces} in {self.piece_refs}")
@@ -583,8 +559,7 @@ class PretrainedEmbedding(keras.layers.Layer):
         return _lookup(words, self.lookup, self.fallback, self.strip)
 
     def call(self, texts: Any) -> Any:
-        words, rows, n = _split_words(texts, self.standardize)
-        ids = _lookup(words, self.lookup, self.fallback, self.strip)
+        ids, rows, n = _word_rows(texts, self.standardize, self.lookup, self.fallback, self.strip)
 
         def per_text(x: Any) -> Any:
             # rows are sorted; texts after the last one with a word get zeros
@@ -599,15 +574,6 @@ class PretrainedEmbedding(keras.layers.Layer):
             sums = tf.math.segment_sum(tf.cast(vectors, "float32"), text_of)
             sums = tf.pad(sums, [[0, n - tf.shape(sums, out_type=tf.int64)[0]], [0, 0]])
             counts = per_text(tf.cast(ends - starts, "float32")[:, None])
-            if self.split_unknown:  # the words unknown in every form: their pieces (vectors 0..)
-                miss = tf.where(tf.equal(ids, 0))[:, 0]
-                unique, where = tf.unique(tf.gather(words, miss), out_idx=tf.int64)
-                found = tf.gather(greedy_pieces(unique, self.piece_lookup), where)
-                text_of = tf.gather(tf.gather(rows, miss), found.value_rowids())
-                sums = sums + tf.math.unsorted_segment_sum(
-                    tf.cast(self.piece_vectors(found.flat_values - 1), "float32"), text_of, n)
-                counts = counts + tf.math.unsorted_segment_sum(
-                    tf.ones_like(text_of, "float32")[:, None], text_of, n)
         elif self.packed:
             both = per_text(self.vectors(ids))
             sums, counts = both[:, :self.dim], both[:, self.dim:]
@@ -628,7 +594,7 @@ class PretrainedEmbedding(keras.layers.Layer):
         return {**super().get_config(), "vocabulary_size": self.vocabulary_size, "dim": self.dim,
                 "standardize": self.standardize, "scale": self.scale, "packed": self.packed, "l2": self.l2,
                 "fallback": self.fallback, "strip": self.strip, "pieces": self.pieces,
-                "piece_refs": self.piece_refs, "split_unknown": self.split_unknown}
+                "piece_refs": self.piece_refs}
 
 
 # Punctuation and symbols at a word's ends (anything but letters, marks, digits)
@@ -703,13 +669,14 @@ def greedy_pieces(words: Any, lookup: Any) -> Any:
     return tf.ragged.boolean_mask(steps, steps > 0)
 
 
-def _split_words(texts: Any, standardize: str | None) -> tuple[Any, Any, Any]:
-    """(the texts' words, flat; their text of origin (sorted); the batch size)."""
+def _word_rows(texts: Any, standardize: str | None, lookup: Any, fallback: bool = False, strip: bool = False
+               ) -> tuple[Any, Any, Any]:
+    """(table ids of the texts' words, their text of origin (sorted), the batch size)."""
     texts = tf.convert_to_tensor(texts, tf.string)
     if standardize:
         texts = _STANDARDIZERS[standardize](texts)
     words = tf.strings.split(texts)
-    return words.flat_values, words.value_rowids(), tf.shape(texts, out_type=tf.int64)[0]
+    return _lookup(words.flat_values, lookup, fallback, strip), words.value_rowids(), tf.shape(texts, out_type=tf.int64)[0]
 
 
 @keras.saving.register_keras_serializable(package="textswap")
@@ -803,15 +770,19 @@ class PretrainedLogits(keras.layers.Layer):
         return tf.gather(found, where) + tf.constant(self.vocabulary_size, tf.int64)
 
     def call(self, texts: Any) -> Any:
-        words, rows, n = _split_words(texts, self.standardize)
-        ids = _lookup(words, self.lookup, self.fallback, self.strip)
+        texts = tf.convert_to_tensor(texts, tf.string)
+        if self.standardize:
+            texts = _STANDARDIZERS[self.standardize](texts)
+        words = tf.strings.split(texts)
+        rows, n = words.value_rowids(), tf.shape(texts, out_type=tf.int64)[0]
+        ids = _lookup(words.flat_values, self.lookup, self.fallback, self.strip)
         # the sorted sum (rows come text by text) measured ~4x faster than the
         # unsorted one; texts after the last one with a word get zeros
         summed = tf.math.segment_sum(self.projected(ids), rows)
         summed = tf.pad(summed, [[0, n - tf.shape(summed, out_type=tf.int64)[0]], [0, 0]])
         if self.pieces:  # the words unknown in every form: their pieces' rows
             miss = tf.where(tf.equal(ids, 0))[:, 0]
-            found = self.piece_rows(tf.gather(words, miss))
+            found = self.piece_rows(tf.gather(words.flat_values, miss))
             text_of = tf.gather(tf.gather(rows, miss), found.value_rowids())
             summed = summed + tf.math.unsorted_segment_sum(self.projected(found.flat_values), text_of, n)
         out = summed[:, :self.units] * (self.scale / tf.maximum(summed[:, self.units:], 1.0))

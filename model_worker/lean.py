@@ -1088,14 +1088,6 @@ class Plan:
             places = np.arange(int(lengths.sum()), dtype=np.int64) + offsets
             sums = _segment_sum(vectors[refs[places]], np.repeat(rows, lengths), n)
             counts = _segment_sum(lengths.astype(np.float32)[:, None], rows, n)
-            if "piece_names" in own:  # the words unknown in every form: their pieces (vectors 0..)
-                miss = np.flatnonzero(ids == 0)
-                if len(miss):
-                    unknown = [flat[j] for j in miss] if cached is not None else words.strings(miss)
-                    more = self._piece_rows(own, unknown, rows[miss])
-                    if more is not None:
-                        sums += _segment_sum(vectors[more[0]], more[1], n)
-                        counts += _segment_sum(np.ones((len(more[1]), 1), np.float32), more[1], n)
         else:
             sums = _segment_sum(own["sums"][ids], rows, n)
             counts = _segment_sum(own["counts"][ids][:, None], rows, n)
@@ -1281,8 +1273,6 @@ def _describe(layer: Any, config: dict[str, Any], arrays: dict[str, np.ndarray])
         step.update(op="word_mean", standardize=layer.standardize, scale=layer.scale, l2=layer.l2,
                     fallback=layer.fallback, strip=layer.strip, dim=layer.dim)
         put_words([str(t) for t in layer.lookup.get_vocabulary()], layer.standardize)
-        if layer.split_unknown:
-            put_piece_names(layer.piece_lookup)
         if layer.pieces:
             put("piece_vectors", np.asarray(layer.piece_vectors.embeddings.numpy(), dtype=np.float16))
             put("word_splits", np.asarray(layer.word_splits.numpy(), dtype=np.int64))

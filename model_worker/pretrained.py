@@ -350,9 +350,6 @@ class PretrainedView:
     dense: bool = field(default=True)
     scale: float = SCALE
     l2: bool = True  # false: the mean times `scale`, no per-text norm (fit_view)
-    # a pieces-layout table (zero-shot) whose layer splits the words it
-    # lacks into pieces (PretrainedEmbedding `split_unknown`)
-    split_unknown: bool = False
     _word_pieces: sp.csr_matrix | None = field(default=None, repr=False)
 
     @property
@@ -378,16 +375,13 @@ class PretrainedView:
 
     def layer(self, standardized: bool = False) -> PretrainedEmbedding:
         t = self.table
-        split = self.split_unknown and t.pieces is not None
-        names, rows = piece_list() if split else ([], np.zeros(0, np.int64))
-        pieces = 0 if t.pieces is None else len(np.union1d(np.unique(t.pieces), rows))
+        pieces = 0 if t.pieces is None else len(np.unique(t.pieces))
         lay = PretrainedEmbedding(len(t.words), t.sums.shape[1],
                                   None if standardized else self.standardize, self.scale,
                                   packed=True, l2=self.l2, fallback=self.fallback, strip=self.strip,
                                   pieces=pieces, piece_refs=0 if t.pieces is None else len(t.pieces),
-                                  split_unknown=split, name=f"vectorizer_{self.name}")
-        lay.set_table(t, codebook() if t.pieces is not None else None, names if split else None,
-                      rows if split else None)
+                                  name=f"vectorizer_{self.name}")
+        lay.set_table(t, codebook() if t.pieces is not None else None)
         return lay
 
     def fusable(self, units: int) -> bool:

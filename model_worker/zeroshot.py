@@ -20,11 +20,9 @@ descriptions, and nothing more. Without labelled texts there is nothing to
 calibrate on: TEMPERATURE is fixed, not fitted, so a score of 0.8 is not an
 80 % chance of being right, and the version has no risk-coverage (abstain)
 table; `min_score` thresholds on it are arbitrary until a retrain on labels
-(the retrain policy's, see control/policies.py) gives a calibrated model. A word
-the table lacks in every form adds the vectors of its pieces (the longest
-piece of the tokenizer's vocabulary at each place, layers.greedy_pieces);
-a text with no word at all scores every label the same (1 / number of
-labels).
+(the retrain policy's, see control/policies.py) gives a calibrated model. A text
+with no known word (none in the word table) scores every label the same
+(1 / number of labels).
 
 The word table covers the descriptions' own words and the FREQUENT_WORDS most
 frequent English words, so a version holds the same Llama 2-derived
@@ -99,8 +97,7 @@ def train(descriptions: list[str], labels: list[Any], params: dict[str, Any]) ->
     names = [names[i] for i in order]
     texts = [descriptions[i] for i in order]
     table = pretrained.build_table(texts, FREQUENT_WORDS, STANDARDIZE, CAPITALIZED, pieces=True)
-    # unit vectors: dot = cosine; a word the table lacks adds its pieces
-    view = pretrained.PretrainedView(table, standardize=STANDARDIZE, scale=1.0, split_unknown=True)
+    view = pretrained.PretrainedView(table, standardize=STANDARDIZE, scale=1.0)  # unit vectors: dot = cosine
     vectors = description_vectors(view, texts)
     empty = [n for n, v in zip(names, vectors) if not np.any(v)]
     if empty:
@@ -131,8 +128,8 @@ def train(descriptions: list[str], labels: list[Any], params: dict[str, Any]) ->
                                "mean_between_labels": round(float(off.mean()), 4)},
         "pretrained": {"used": True, **table.describe(), "scale": 1.0, "pooling": "mean",
                        "split": STANDARDIZE,
-                       "unknown_words": "split into the tokenizer's pieces (the longest piece at "
-                                        "each place); a text with no word scores every label the same"},
+                       "unknown_words": "ignored (a text's mean is over its known words; "
+                                        "none known: every label scores the same)"},
         "risk_coverage_why": "no labelled texts: the abstain table comes with the first "
                              "training on labels",
     }

@@ -187,7 +187,7 @@ def _graphs() -> list[tuple[str, object]]:
     # zero-shot's layout: subword pieces, case kept, marks split, cosine to descriptions
     table = pretrained.build_table(["Zorblax"], n_frequent=3000, standardize="cased_punct", capitalized=3000,
                                    pieces=True)
-    zs = pretrained.PretrainedView(table, standardize="cased_punct", scale=1.0, l2=True, split_unknown=True)
+    zs = pretrained.PretrainedView(table, standardize="cased_punct", scale=1.0, l2=True)
     text = keras.Input(shape=(), dtype="string")
     dense = keras.layers.Dense(3, use_bias=False, activation="softmax")
     model = keras.Model(text, dense(zs.layer()(text)))

@@ -361,24 +361,6 @@ def test_piece_table_computes_what_the_summed_table_did(tmp_path):
                    for w in (lay.word_splits, lay.word_pieces)) / len(table.words)
     assert per_word < 0.05 * (pretrained.DIM + 1) * 2, per_word
     assert lay.piece_vectors.embeddings.shape == (lay.pieces, pretrained.DIM) and lay.pieces < 32_000
-    # zero-shot since unknown words get pieces: every piece's vector first,
-    # and a word the table lacks adds its pieces (known words: the same)
-    from model_worker import lean
-
-    c = pretrained.PretrainedView(table, standardize="cased_punct", scale=0.0, l2=False, split_unknown=True)
-    split = c.layer()
-    names, rows = pretrained.piece_list()
-    assert split.split_unknown and split.pieces >= len(names)
-    both = c.features(texts)
-    assert np.array_equal(both[[0, 1, 2, 3, 4]], got[[0, 1, 2, 3, 4]])
-    book = pretrained.codebook()
-    assert np.allclose(both[5], book[rows[lean.greedy_pieces("zqxjv", names)]].astype(np.float64).mean(0),
-                       atol=1e-3)
-    model = keras.Model(text, split(text))
-    model.save(tmp_path / "split.keras")
-    again = keras.saving.load_model(tmp_path / "split.keras", safe_mode=True)
-    assert again.get_layer(split.name).split_unknown
-    assert np.array_equal(again(tf.constant(texts)).numpy(), model(tf.constant(texts)).numpy())
 
 
 def test_saved_model_reloads_in_a_serving_process(tmp_path):
