@@ -48,6 +48,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# the frequent English words of the folded view of before (the baseline)
+FOLDED_FREQUENT_WORDS = 30_000
 
 # what a serving worker does to load the model, per engine: defines
 # `predict`, `before` (PSS before the load) and `unwanted` (modules the
@@ -224,7 +226,8 @@ def main() -> None:
             from model_worker import autofeatures, pretrained
 
             folded = autoselect.Search(texts, y, len(names), validate_params({}), "word", time.monotonic(), None, None)
-            view, feats = pretrained.fit_view(texts, standardize="word")
+            # the frequent words the folded view took (30,000), whatever auto's view takes now
+            view, feats = pretrained.fit_view(texts, n_frequent=FOLDED_FREQUENT_WORDS, standardize="word")
             folded.view_defs["pretrained"] = view  # type: ignore[assignment]
             folded.counts["pretrained"] = autofeatures.Counts(sp.csr_matrix(feats.astype(np.float64)),
                                                               view.vocabulary())

@@ -1028,12 +1028,12 @@ class Plan:
         return ids
 
     def _piece_rows(self, own: dict[str, Any], unknown: list[str],
-                    rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+                    rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None] | None:
         """(places in the piece list, text rows) of the pieces of the words
-        `unknown` (in every form) met in texts `rows` (ascending):
-        greedy_pieces. A worker keeps the pieces of the words it split, as
-        int32 bytes (about 100 bytes a word; at most CACHE_WORDS / 2 words,
-        then it starts again). None: no piece."""
+        `unknown` (in every form) met in texts `rows` (ascending; None: one
+        text, and None back): greedy_pieces. A worker keeps the pieces of
+        the words it split, as int32 bytes (about 100 bytes a word; at most
+        CACHE_WORDS / 2 words, then it starts again). None: no piece."""
         known, pieces = own["pieces_of"], own["piece_names"]
         got: list[bytes] = []
         for w in unknown:
@@ -1048,6 +1048,8 @@ class Plan:
         joined = b"".join(got)
         if not joined:
             return None
+        if rows is None:
+            return np.frombuffer(joined, dtype=np.int32), None
         lengths = np.fromiter(map(len, got), dtype=np.int64, count=len(got)) // 4
         return np.frombuffer(joined, dtype=np.int32), np.repeat(rows, lengths)
 
@@ -1069,10 +1071,12 @@ class Plan:
                 miss = np.flatnonzero(ids == 0)
                 if len(miss):
                     unknown = [flat[j] for j in miss] if cached is not None else words.strings(miss)
-                    more = self._piece_rows(own, unknown, rows[miss])
+                    more = self._piece_rows(own, unknown, None if n == 1 else rows[miss])
             summed = _segment_sum(table[ids], rows, n)
             if more is not None:
-                summed += _segment_sum(own["piece_table"][more[0]], more[1], n)
+                pieces = own["piece_table"][more[0]]
+                summed += pieces.sum(axis=0, dtype=np.float32) if more[1] is None else \
+                    _segment_sum(pieces, more[1], n)
             units = table.shape[1] - 1
             out = summed[:, :units] * (np.float32(step["scale"]) / np.maximum(summed[:, units:], np.float32(1.0)))
             if "bias" in own:

@@ -75,9 +75,12 @@ WEIGHTS_FILE = "weights/l2_supercat_256.safetensors"
 TOKENIZER_FILE = "tokenizers/l2_supercat_tokenizer_config.json"
 DIM = 256
 # Frequent English words added to the training texts' own words: words a
-# served text may use that no training text did. 30k float16 rows of 256
-# cost 15 MB in the worker.
-FREQUENT_WORDS = 30_000
+# served text may use that no training text did, each as listed and
+# capitalized. 10,000 since unknown words get pieces (30,000 before): with
+# the pieces, the learning curve's six cells moved by -0.8 to +0.3 points
+# from 30,000 (debsum_en, debian_en, manpages_en at 300 and all labels), and
+# the 40,000 rows fewer pay for the pieces in a worker (docs/models.md).
+FREQUENT_WORDS = 10_000
 # Typical L2 norm of the served vector: the n-gram bags have norm 1 each.
 # fit_view scales every mean by SCALE / (the training texts' median norm).
 SCALE = 0.5
