@@ -647,7 +647,8 @@ def greedy_pieces(words: Any, lookup: Any) -> Any:
     grams = dense
     for k in range(1, lean.LONGEST_PIECE + 1):
         if k > 1:  # the k characters from each place ("" past the word's end)
-            grams = tf.strings.join([grams, tf.pad(dense[:, k - 1:], [[0, 0], [0, tf.minimum(tf.constant(k - 1, tf.int64), width)]])])
+            past = tf.minimum(tf.constant(k - 1, tf.int64), width)
+            grams = tf.strings.join([grams, tf.pad(dense[:, k - 1:], [[0, 0], [0, past]])])
         found = tf.cast(lookup(grams), tf.int64)
         hit = (found > 0) & (place + k <= lengths[:, None])
         longest = tf.where(hit, tf.cast(k, tf.int64), longest)
@@ -662,7 +663,8 @@ def greedy_pieces(words: Any, lookup: Any) -> Any:
         return step + 1, at + tf.where(inside, tf.maximum(k, 1), 0), taken
 
     # entry 0 is no step (zeros): a list with no word or no step still stacks
-    first = tf.TensorArray(tf.int64, size=1, dynamic_size=True, element_shape=[None]).write(0, tf.zeros([n], tf.int64))
+    first = tf.TensorArray(tf.int64, size=1, dynamic_size=True, element_shape=[None])
+    first = first.write(0, tf.zeros([n], tf.int64))
     _, _, taken = tf.while_loop(lambda step, at, taken: step < width, walk,
                                 (tf.constant(0, tf.int64), tf.zeros([n], tf.int64), first))
     steps = tf.transpose(tf.reshape(taken.stack(), [-1, n]))  # (words, 1 + steps): a piece id or 0
