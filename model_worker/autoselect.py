@@ -223,7 +223,8 @@ class Search:
             return {"used": False, "why": "views name other views only"}
         if tokenize != "word":
             return {"used": False, "why": "CJK text (tokenize 'char'): LLaMA-2's vocabulary splits it into bytes"}
-        from model_worker import lean, pretrained  # the package's files: trainer processes only
+        from model_worker import pretrained  # the package's files: trainer processes only
+        from model_worker.pieces import MOST_PIECED
 
         if not pretrained.available():
             return {"used": False, "why": "the wordllama package is not installed"}
@@ -241,7 +242,7 @@ class Search:
                 "lookup": "as written, else lowercase, else capitalized, else without the marks at its ends",
                 "weight": "beside n-grams: times 2, 1 or 0.5, chosen by CV (the candidate's pretrained_weight)",
                 "unknown_words": (f"split into the tokenizer's {len(pretrained.piece_list()[0])} pieces (the longest "
-                                  f"piece at each place, words of at most {lean.MOST_PIECED} characters) where "
+                                  f"piece at each place, words of at most {MOST_PIECED} characters) where "
                                   f"the view's map is folded into the table (at most "
                                   f"{pretrained.FUSED_MAX_UNITS} logit columns); otherwise ignored"),
                 "seconds": {"table_and_features": round(table_s, 2)}}

@@ -7,8 +7,8 @@ PretrainedEmbedding (auto's pretrained view; its table is built by
 model_worker.pretrained in trainer processes only). Importing this
 module (textmodel, autofeatures and the worker all do) before
 `keras.saving.load_model(..., safe_mode=True)` is what makes a saved model
-loadable. Of the project it imports only lean (the pieces' split, which
-imports no project module when imported), so the training modules above it
+loadable. Of the project it imports only model_worker.pieces (the pieces'
+split: the standard library only), so the training modules above it
 (textmodel, autofeatures, autoselect) form no import circle.
 """
 
@@ -20,7 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from model_worker import lean
+from model_worker.pieces import LONGEST_PIECE, MOST_PIECED, PIECE_MARK
 
 # --------------------------------------------------------------------------
 # Tokenization (lives inside the saved model)
@@ -627,17 +627,17 @@ def _lookup(words: Any, lookup: Any, fallback: bool, strip: bool = False) -> Any
 
 
 def greedy_pieces(words: Any, lookup: Any) -> Any:
-    """lean.greedy_pieces in the graph: each word's pieces (ids of `lookup`,
+    """model_worker.pieces.greedy_pieces in the graph: each word's pieces (ids of `lookup`,
     a StringLookup of the pieces; a RaggedTensor, one row a word). For
     every place of the marked word and every length up to LONGEST_PIECE,
     the characters there are looked up at once; the longest piece at each
     place is kept; then a walk from the start takes the piece where it
     stands and moves past it (one character where no piece starts), one
     step a loop turn, all words together."""
-    marked = tf.strings.join([lean.PIECE_MARK, words])
+    marked = tf.strings.join([PIECE_MARK, words])
     chars = tf.strings.unicode_split(marked, "UTF-8")
     lengths = chars.row_lengths()
-    lengths = tf.where(lengths <= lean.MOST_PIECED + 1, lengths, tf.zeros_like(lengths))
+    lengths = tf.where(lengths <= MOST_PIECED + 1, lengths, tf.zeros_like(lengths))
     width = tf.reduce_max(tf.concat([lengths, tf.zeros([1], tf.int64)], 0))
     dense = chars.to_tensor("")[:, :width]  # (words, width): a character a cell
     n = tf.shape(dense, out_type=tf.int64)[0]
@@ -645,7 +645,7 @@ def greedy_pieces(words: Any, lookup: Any) -> Any:
     longest = tf.zeros_like(dense, tf.int64)  # the longest piece's length at each place (0: none)
     piece = tf.zeros_like(dense, tf.int64)
     grams = dense
-    for k in range(1, lean.LONGEST_PIECE + 1):
+    for k in range(1, LONGEST_PIECE + 1):
         if k > 1:  # the k characters from each place ("" past the word's end)
             past = tf.minimum(tf.constant(k - 1, tf.int64), width)
             grams = tf.strings.join([grams, tf.pad(dense[:, k - 1:], [[0, 0], [0, past]])])

@@ -33,12 +33,12 @@ dropped) have no fallback; their versions load and serve as they did.
 A word the table lacks in every form is split into the tokenizer's pieces
 where the view's linear map is folded into the table (auto's served graph,
 layers.PretrainedLogits `pieces`): from the word-start mark on, the longest
-piece of the tokenizer's vocabulary at each place (lean.greedy_pieces; the
+piece of the tokenizer's vocabulary at each place (model_worker.pieces.greedy_pieces; the
 graph runs the same split), each adding its vector and a count of one, as
 the package's tokenizer gives every word pieces. That greedy split is the
 tokenizer's BPE split for about two unknown words in three (on the
 development sets' test words); the others get other pieces of the same
-characters. A word of more than lean.MOST_PIECED characters, and any word
+characters. A word of more than MOST_PIECED characters, and any word
 in the vector-table layouts (more logit columns than FUSED_MAX_UNITS, the
 versions before, zero-shot), gets nothing: sum 0, count 0, so the mean is
 over the other words, and a text with none gets the zero vector (the linear
@@ -66,7 +66,8 @@ import numpy as np
 import scipy.sparse as sp
 import tensorflow as tf
 
-from model_worker import layers, lean
+from model_worker import layers
+from model_worker.pieces import MOST_PIECED, greedy_pieces
 
 # The package's default model: files inside the wheel, loaded by path (its
 # WordLlama.load() looks for the tokenizer in the wrong folder and then tries
@@ -134,7 +135,7 @@ def piece_list() -> tuple[list[str], np.ndarray]:
     the byte tokens "<0x..>", and the 25 that hold a line break (a carriage
     return at the end of a line of code; a saved lookup's vocabulary is one
     term a line); their rows in the codebook): what a word the table lacks
-    is split into (lean.greedy_pieces)."""
+    is split into (model_worker.pieces.greedy_pieces)."""
     vocab = tokenizer().get_vocab()
     special = {"<unk>", "<s>", "</s>"}
     pieces = sorted(p for p in vocab if p not in special and p.splitlines() == [p]
@@ -144,11 +145,11 @@ def piece_list() -> tuple[list[str], np.ndarray]:
 
 def word_pieces(words: list[str]) -> sp.csr_matrix:
     """(len(words), pieces) how often each piece of piece_list() is in each
-    word's greedy split (lean.greedy_pieces)."""
+    word's greedy split (model_worker.pieces.greedy_pieces)."""
     pieces, _ = piece_list()
     indptr, cols = [0], []
     for w in words:
-        cols += lean.greedy_pieces(w, pieces)
+        cols += greedy_pieces(w, pieces)
         indptr.append(len(cols))
     m = sp.csr_matrix((np.ones(len(cols)), np.array(cols, dtype=np.int64), np.array(indptr, dtype=np.int64)),
                       shape=(len(words), len(pieces)))

@@ -238,7 +238,7 @@ def test_unknown_words_add_their_pieces():
     """A word the folded table (PretrainedLogits, what auto serves) lacks in
     every form adds the vectors of its pieces: from the word-start mark on,
     the longest piece of the tokenizer's vocabulary at each place
-    (lean.greedy_pieces, which the graph runs too). Where that is the
+    (model_worker.pieces.greedy_pieces, which the graph runs too). Where that is the
     tokenizer's own BPE split, the served mean of a mixed-case sentence with
     invented words is the package's embed() of the raw text (to float16
     precision) as for known words; without the pieces it is further off.
@@ -247,7 +247,7 @@ def test_unknown_words_add_their_pieces():
     Python one, word for word."""
     import tensorflow as tf
 
-    from model_worker import lean
+    from model_worker.pieces import MOST_PIECED, greedy_pieces
 
     invented = ["Quintaphrax", "qwxvplugh", "Kubectl", "snorfix,", "Xyzzy"]  # BPE splits them greedily
     texts = [f"The striker {invented[0]} scored twice, {invented[1]} in the second half!",
@@ -262,7 +262,7 @@ def test_unknown_words_add_their_pieces():
     tok, book = pretrained.tokenizer(), pretrained.codebook()
     for w in invented:
         assert not {w, w.lower(), w.capitalize(), w.strip(",")} & set(view.table.words)
-        assert [pieces[j] for j in lean.greedy_pieces(w, pieces)] == tok.encode(w, add_special_tokens=False).tokens
+        assert [pieces[j] for j in greedy_pieces(w, pieces)] == tok.encode(w, add_special_tokens=False).tokens
     got, want = lay(tf.constant(texts)).numpy(), _package_means(texts)
     assert np.allclose(got, want, rtol=2e-3, atol=2e-3), np.abs(got - want).max()
     without = pretrained.PretrainedView(view.table, scale=1.0, l2=False).features(texts)  # no pieces
@@ -270,18 +270,18 @@ def test_unknown_words_add_their_pieces():
     # a split that is not BPE's: exactly the greedy pieces' mean
     odd = "x86_64-linux-gnu"
     assert odd not in view.table.words
-    split = lean.greedy_pieces(odd, pieces)
+    split = greedy_pieces(odd, pieces)
     assert len(split) > 3
     alone = lay(tf.constant([odd])).numpy()[0]
     assert np.allclose(alone, book[rows[split]].astype(np.float64).mean(0), atol=1e-3)
-    long = "a" * (lean.MOST_PIECED + 1)
-    assert not lean.greedy_pieces(long, pieces) and not lay(tf.constant([long])).numpy().any()
+    long = "a" * (MOST_PIECED + 1)
+    assert not greedy_pieces(long, pieces) and not lay(tf.constant([long])).numpy().any()
     # the graph's split, word for word (non-ASCII, marks, characters no piece starts, the mark itself)
     rng = np.random.default_rng(3)
     alphabet = list("abXYZ-_.09éß日▁🙂'") + ["qu", "ing", "tion"]
     words = ["".join(rng.choice(alphabet, size=rng.integers(1, 24))) for _ in range(400)] + [long, "x" * 32]
     graph = layers_split(words)
-    assert graph == [[j + 1 for j in lean.greedy_pieces(w, pieces)] for w in words]
+    assert graph == [[j + 1 for j in greedy_pieces(w, pieces)] for w in words]
 
 
 def layers_split(words: list[str]) -> list[list[int]]:
@@ -649,8 +649,9 @@ def test_folds_see_held_out_only_words_as_unknown():
 
     import tensorflow as tf
 
-    from model_worker import autoselect, lean
+    from model_worker import autoselect
     from model_worker.params import validate_params
+    from model_worker.pieces import greedy_pieces
 
     texts, labels = _topics()
     texts = texts + ["zorbulex quintaphrax tennis zorbulex", "glimmerwab snorfix soup", "Snorfix SOUP tonight",
@@ -677,7 +678,7 @@ def test_folds_see_held_out_only_words_as_unknown():
             kept = [next(f for f in _forms(w) if f in have) for w in tokens if set(_forms(w)) & have]
             # a word lost in every form adds its pieces, as serving's folded table does
             lost = [w for w in tokens if not set(_forms(w)) & have]
-            split = [j for w in lost for j in lean.greedy_pieces(w, pieces)]
+            split = [j for w in lost for j in greedy_pieces(w, pieces)]
             rows = [index[f] for f in kept]
             total = table.sums[rows].astype(np.float64).sum(0) + book[piece_rows[split]].astype(np.float64).sum(0)
             want = total * view.scale / max(1.0, float(table.counts[rows].sum()) + len(split))
