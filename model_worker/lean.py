@@ -48,8 +48,7 @@ import json
 import os
 import re
 import unicodedata
-from array import array
-from itertools import chain
+from itertools import accumulate, chain
 from typing import Any, Callable
 
 import numpy as np
@@ -62,6 +61,10 @@ FORMAT = 2  # 1: vocabularies as strings (never served by a release)
 # Scores may differ from the Keras graph's by float rounding only.
 TOLERANCE = 1e-5
 TABLES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tf_unicode.json")
+
+
+class _Restart(Exception):
+    """Plan._pieced ran out of rows and forgot them: the call starts again."""
 
 
 class Unsupported(Exception):
@@ -768,7 +771,7 @@ class Plan:
                 names = own["piece_names"]
                 if len(names) != step["piece_names"] or names != sorted(set(names)):
                     raise Unsupported("the plan's pieces are not its layer's")
-                own["pieces_of"] = {}
+                self._forget_pieced(own)
             if kind == "linear":  # a bag's rows index the kernel: float32, contiguous
                 own["kernel"] = np.ascontiguousarray(own["kernel"], dtype=np.float32)
             self.data[name] = own
@@ -944,6 +947,11 @@ class Plan:
             else:
                 words = self.ops.words(unknown, "cased")  # one word a text: no blank in any
                 got = self._lookup(own["vocab"], words, fallback, strip).tolist()
+            if "pieced" in own:  # the rows of words unknown in every form (_pieced)
+                lost = [w for w, i in zip(unknown, got) if not i]
+                if lost:
+                    rows = iter(self._pieced(own, lost))
+                    got = [i or next(rows) for i in got]
             ids.update(zip(unknown, got))
         found = [ids[w] if i is None else i for w, i in zip(flat, found)]
         # a long word is not kept (a text of 20,000 characters may be one
@@ -982,34 +990,74 @@ class Plan:
                         break
         return ids
 
-    def _piece_rows(self, own: dict[str, Any], unknown: list[str],
-                    rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None] | None:
-        """(places in the piece list, text rows) of the pieces of the words
-        `unknown` (in every form) met in texts `rows` (ascending; None: one
-        text, and None back): greedy_pieces. A worker keeps the pieces of
-        the words it split, as int32 bytes (about 100 bytes a word; at most
-        CACHE_WORDS / 2 words, then it starts again). None: no piece."""
-        known, pieces = own["pieces_of"], own["piece_names"]
-        got: list[bytes] = []
-        for w in unknown:
-            p = known.get(w)
-            if p is None:
-                p = array("i", greedy_pieces(w, pieces)).tobytes()
-                if len(known) >= self.CACHE_WORDS // 2:
-                    known.clear()
-                if len(w) <= self.LONGEST_CACHED:
-                    known[w] = p
-            got.append(p)
-        joined = b"".join(got)
-        if not joined:
-            return None
-        if rows is None:
-            return np.frombuffer(joined, dtype=np.int32), None
-        lengths = np.fromiter(map(len, got), dtype=np.int64, count=len(got)) // 4
-        return np.frombuffer(joined, dtype=np.int32), np.repeat(rows, lengths)
+    PIECED_BYTES = 1 << 20  # the rows of the words split into pieces (at most CACHE_WORDS / 2 rows)
+    PIECED_LEAST = 256  # ... and at least this many rows
+
+    def _forget_pieced(self, own: dict[str, Any], need: int = 0) -> None:
+        """Start the rows of the words split into pieces again (_pieced):
+        the table keeps its words' rows, then room for the rows of
+        PIECED_BYTES (CACHE_WORDS / 2 rows at most), or of `need` words
+        where that is more (one call's, until the next call); the caches
+        of words, which hold such rows, are emptied too. The room is
+        allocated, not written: its pages cost memory as rows fill them."""
+        table = own["table"]
+        first = own.setdefault("pieced_from", len(table))
+        width = table.shape[1]
+        usual = max(self.PIECED_LEAST, min(self.CACHE_WORDS // 2, self.PIECED_BYTES // (4 * width)))
+        rows = max(usual, need)
+        if len(table) != first + rows:
+            grown = np.empty((first + rows, width), dtype=np.float32)
+            grown[:first] = table[:first]
+            own["table"] = table = grown
+        own["pieced"], own["pieced_end"], own["pieced_usual"] = {}, first, usual
+        own["cache"], own["cache_old"] = {}, {}
+
+    def _pieced(self, own: dict[str, Any], words: list[str]) -> list[int]:
+        """The table's rows of `words`, words that it lacks in every form
+        (0: a word without pieces). A word split before keeps its row; a
+        new one is split (greedy_pieces) and its pieces' rows (float16 in
+        piece_table) summed into a row of its own after the table's words:
+        units, then the pieces' count, as a word's row is. So a word met
+        again costs one lookup, and a text's rows are summed in one call,
+        pieces or none. When a call's new words do not fit in the room
+        left, every row is forgotten (_forget_pieced) and _Restart raised:
+        the call starts again from nothing, with room for all its words."""
+        pieced = own["pieced"]
+        new = [w for w in dict.fromkeys(words) if w not in pieced]
+        if new:
+            table, end = own["table"], own["pieced_end"]
+            if len(pieced) + len(new) > len(table) - own["pieced_from"]:
+                self._forget_pieced(own, len(new))
+                raise _Restart
+            names = own["piece_names"]
+            split = [greedy_pieces(w, names) for w in new]
+            got = [p for p in split if p]
+            if got:
+                # each word's pieces' rows summed, in float32, in one call
+                starts = list(accumulate(map(len, got[:-1]), initial=0))
+                rows = own["piece_table"][list(chain.from_iterable(got))]
+                table[end:end + len(got)] = np.add.reduceat(rows, starts, axis=0, dtype=np.float32)
+            for w, p in zip(new, split):
+                if p:
+                    pieced[w] = end
+                    end += 1
+                else:
+                    pieced[w] = 0
+            own["pieced_end"] = end
+        return [pieced[w] for w in words]
 
     def _words(self, step: dict[str, Any], own: dict[str, Any], texts: list[str]) -> np.ndarray:
         """PretrainedLogits ("word_logits") and PretrainedEmbedding ("word_mean")."""
+        if "pieced" in own:
+            if len(own["table"]) > own["pieced_from"] + own["pieced_usual"]:
+                self._forget_pieced(own)  # a call's room for more words, given back
+            try:
+                return self._word_rows(step, own, texts)
+            except _Restart:  # the rows ran out: every word is new again
+                return self._word_rows(step, own, texts)
+        return self._word_rows(step, own, texts)
+
+    def _word_rows(self, step: dict[str, Any], own: dict[str, Any], texts: list[str]) -> np.ndarray:
         cached = self._cached_ids(step, own, texts)
         if cached is not None:
             n, (ids, rows, flat) = len(texts), cached
@@ -1017,21 +1065,15 @@ class Plan:
             words = self._words_of(step["standardize"], texts)
             n, rows = words.n, words.text
             ids = self._lookup(own["vocab"], words, step["fallback"], step["strip"])
-        if step["op"] == "word_logits":
-            # (words + 1) x (units + 1): s_w @ K and the subword count (and
-            # the pieces' rows in piece_table, float16)
-            table = own["table"]
-            more = None
-            if "piece_names" in own:
+            if "pieced" in own:
                 miss = np.flatnonzero(ids == 0)
                 if len(miss):
-                    unknown = [flat[j] for j in miss] if cached is not None else words.strings(miss)
-                    more = self._piece_rows(own, unknown, None if n == 1 else rows[miss])
+                    ids[miss] = self._pieced(own, words.strings(miss))
+        if step["op"] == "word_logits":
+            # (words + 1) x (units + 1): s_w @ K and the subword count (and
+            # after them the rows of the words split into pieces, _pieced)
+            table = own["table"]
             summed = _segment_sum(table[ids], rows, n)
-            if more is not None:
-                pieces = own["piece_table"][more[0]]
-                summed += pieces.sum(axis=0, dtype=np.float32) if more[1] is None else \
-                    _segment_sum(pieces, more[1], n)
             units = table.shape[1] - 1
             out = summed[:, :units] * (np.float32(step["scale"]) / np.maximum(summed[:, units:], np.float32(1.0)))
             if "bias" in own:

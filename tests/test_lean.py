@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from model_worker import lean
+from model_worker.pieces import greedy_pieces
 
 tf = pytest.importorskip("tensorflow")
 
@@ -340,6 +341,57 @@ def _view_step(graphs, what):
 _CACHES: dict = {}
 
 
+def test_the_rows_of_pieced_words_run_out_and_start_again(graphs, monkeypatch):
+    """Words the table lacks in every form get rows of their own
+    (Plan._pieced), here with room for 8: a call with more new words than
+    the room left forgets every row (and the caches of words) and starts
+    again; a call with more new words than the whole room gets room for
+    them all, given back at the next call. The scores are the graph's
+    throughout, one text at a time (the cache) and in a batch (NumPy)."""
+    import random
+
+    plan, step, own = _view_step(graphs, "pretrained, folded")
+    keras_fn = next(f for w, f, _ in graphs if w == "pretrained, folded")
+    assert "pieced" in own and len(own["piece_names"]) > 1000
+    first = own["pieced_from"]
+    monkeypatch.setattr(lean.Plan, "PIECED_LEAST", 8)
+    monkeypatch.setattr(lean.Plan, "PIECED_BYTES", 8)
+    plan._forget_pieced(own)
+    assert len(own["table"]) == first + 8 and not own["pieced"] and not own["cache"]
+    rng = random.Random(7)
+
+    def invented() -> str:
+        return "".join(rng.choice("qxzjvkwb") for _ in range(rng.randint(5, 9))).capitalize()
+
+    def check(texts: list[str]) -> None:
+        got, want = plan.predict(texts), keras_fn(texts)
+        assert np.abs(got - want).max() < lean.TOLERANCE, texts
+
+    two = [f"the {invented()} striker {invented()} {invented()}" for _ in range(2)]
+    for t in two:
+        check([t])
+    assert len(own["pieced"]) == 6 and own["pieced_end"] == first + 6
+    check([two[0]])  # met again: the same rows, nothing new
+    assert own["pieced_end"] == first + 6
+    third = f"{invented()} {invented()} {invented()} scored"
+    check([third])  # 9 rows wanted, 8 there: every row forgotten, then this text's
+    assert set(own["pieced"]) == set(third.split()[:3]) and own["pieced_end"] == first + 3
+    check(two)  # the first two again, together: more than the room left
+    assert len(own["pieced"]) == 6
+    batch = [" ".join(invented() for _ in range(7)) for _ in range(3)]
+    check(batch)  # 21 new words: room for them all, for this call
+    assert len(own["table"]) == first + len(own["pieced"]) and len(own["pieced"]) >= 20
+    check([two[1]])  # the room given back
+    assert len(own["table"]) == first + 8 and len(own["pieced"]) == 3
+    words = plan.ops.words(batch * 40, "cased")
+    assert len(words) > plan._FEW_CACHED  # the NumPy way, its rows the same
+    check(batch * 40)
+    monkeypatch.undo()
+    plan._forget_pieced(own)
+    width = own["table"].shape[1]
+    assert len(own["table"]) - first == max(plan.PIECED_LEAST, min(plan.CACHE_WORDS // 2, plan.PIECED_BYTES // (4 * width)))
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(texts_st, st.sampled_from([(lean.Plan.CACHE_WORDS, lean.Plan._FEW_NEW, True), (16, 1 << 30, True),
@@ -347,29 +399,54 @@ _CACHES: dict = {}
 def test_the_word_cache_gives_the_numpy_ways_ids(graphs, texts, sizes):
     """A pretrained view's words through its cache (Plan._cached_ids) get
     the ids and text rows of the NumPy way (split, keys, lookup, every
-    fallback), whether the new words are looked up in Python (keyed by
-    Python's hash, or, in a plan without the table's words, python_key) or
-    NumPy, with the cache's generations turning over (a cache of 16 words)
-    or not; and the cache never holds more than CACHE_WORDS words."""
+    fallback, then the rows of words split into pieces), whether the new
+    words are looked up in Python (keyed by Python's hash, or, in a plan
+    without the table's words, python_key) or NumPy, with the cache's
+    generations turning over (a cache of 16 words) or not; and the cache
+    never holds more than CACHE_WORDS words. A word the table lacks in
+    every form has a row of its own: its greedy pieces' rows summed."""
     cache_words, few_new, hashed = sizes
     for what in ("pretrained, folded", "pretrained, vector table"):
         plan, step, own = _view_step(graphs, what)
         assert own["hashed"] is not None  # the plan has the table's words
         plan.CACHE_WORDS, plan._FEW_NEW = cache_words, few_new
-        # a cache for each size, kept from example to example
-        own = _CACHES.setdefault((what, sizes), {**own, "cache": {}, "cache_old": {}})
+        # a cache (and rows of pieced words) for each size, kept from example to example
+        key = (what, sizes)
+        if key not in _CACHES:
+            _CACHES[key] = mine = {**own}
+            if "pieced" in own:
+                mine["table"] = own["table"][:own["pieced_from"]].copy()
+                plan._forget_pieced(mine)
+            mine["cache"], mine["cache_old"] = {}, {}
+        own = _CACHES[key]
         if not hashed:
             own.pop("hashed", None)
         try:
             for batch in (texts, texts[:1], texts):  # the second time: from the cache
-                got = plan._cached_ids(step, own, batch)
+                try:
+                    got = plan._cached_ids(step, own, batch)
+                except lean._Restart:  # the rows of pieced words ran out: as Plan._words does
+                    got = plan._cached_ids(step, own, batch)
                 words = plan.ops.words(batch, "cased")
                 if got is None:  # another whitespace, or a long batch: the NumPy way
                     assert (any(plan._ODD_SPACES.search(t) for t in batch)
                             or len(words) > plan._FEW_CACHED), batch
                     continue
                 want = plan._lookup(own["vocab"], words, step["fallback"], step["strip"])
-                assert np.array_equal(got[0], want), (what, batch)
+                ids = got[0]
+                if "pieced" in own:  # what the NumPy way's unknown words became
+                    lost = want == 0
+                    pieced = ids[lost]
+                    for w, i in zip(words.strings(np.flatnonzero(lost)), pieced):
+                        split = greedy_pieces(w, own["piece_names"])
+                        assert (i == 0) == (not split), (w, i)
+                        if split:
+                            assert own["pieced_from"] <= i < own["pieced_end"]
+                            np.testing.assert_allclose(
+                                own["table"][i], own["piece_table"][split].astype(np.float32).sum(axis=0),
+                                rtol=1e-6, atol=1e-6)
+                    ids = np.where(lost, 0, ids)
+                assert np.array_equal(ids, want), (what, batch)
                 assert np.array_equal(got[1], words.text)
                 assert len(own["cache"]) + len(own["cache_old"]) <= cache_words
         finally:
