@@ -75,39 +75,68 @@ class Counts:
     vocabulary: list[str]   # column j <-> vocabulary[j]
 
 
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """np.unique(values), through np.sort (a vectorized sort: np.unique's
+    argsort is several times slower)."""
+    ordered = np.sort(values)
+    new = np.empty(len(ordered), dtype=bool)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    return ordered[new]
+
+
+def _first_places(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_index=True): the distinct values and the
+    first place of each, through one stable argsort."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    new = np.empty(len(ordered), dtype=bool)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    return ordered[new], order[new]
+
+
 def count_matrix(view: View, texts: list[str], max_tokens: int) -> Counts:
     """Counts of the `max_tokens` most document-frequent tokens of `texts`.
 
     Ties in document frequency are broken by the fingerprint, so the
     vocabulary depends only on the set of texts, not on their order.
+
+    Batch by batch: each batch's tokens counted against the batch's own
+    distinct fingerprints, whose columns then map to the distinct
+    fingerprints of all batches (both sorted: the map keeps each row's
+    columns in order). No array holds every token of every text: on 4,666
+    texts (6.4 million character n-grams), arrays that did took most of
+    the 8 s this took, a fresh page of memory at a time.
     """
-    rows, hashes, seen_hash, seen_text = [], [], [], []
+    parts, seen_hash, seen_text = [], [], []
     for start in range(0, len(texts), _BATCH):
-        ragged = view.tokens(tf.constant(texts[start:start + _BATCH]))
+        batch = texts[start:start + _BATCH]
+        ragged = view.tokens(tf.constant(batch))
         flat = ragged.flat_values
         h = tf.strings.to_hash_bucket_fast(flat, _HASH_BUCKETS).numpy()
-        rows.append(ragged.value_rowids().numpy() + start)
-        hashes.append(h)
-        uniq, first = np.unique(h, return_index=True)
+        uniq, first = _first_places(h)
         seen_hash.append(uniq)
         seen_text.append(tf.gather(flat, first).numpy())
-    rows_a = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-    hash_a = np.concatenate(hashes) if hashes else np.zeros(0, np.int64)
-    uniq, col = np.unique(hash_a, return_inverse=True)
-    counts = sp.csr_matrix((np.ones(len(col)), (rows_a, col)), shape=(len(texts), len(uniq)))
-    counts.sum_duplicates()
-    df = np.diff(counts.tocsc().indptr)
+        part = sp.csr_matrix((np.ones(len(h)), (ragged.value_rowids().numpy(), np.searchsorted(uniq, h))),
+                             shape=(len(batch), len(uniq)))
+        part.sum_duplicates()
+        parts.append(part)
+    uniq = _distinct(np.concatenate(seen_hash)) if seen_hash else np.zeros(0, np.int64)
+    counts = sp.vstack([sp.csr_matrix((p.data, np.searchsorted(uniq, u)[p.indices], p.indptr),
+                                      shape=(p.shape[0], len(uniq))) for p, u in zip(parts, seen_hash)],
+                       format="csr") if parts else sp.csr_matrix((0, 0))
+    df = np.bincount(counts.indices, minlength=len(uniq))  # each text's token once: summed above
     # most document-frequent first; lexsort's last key is the primary one
     order = np.lexsort((uniq, -df))[:max_tokens]
     order.sort()  # keep column order = fingerprint order (cheap slicing)
     # strings for the kept fingerprints, from the per-batch first sightings
     # (the union of the per-batch first sightings is exactly `uniq`)
-    all_hash = np.concatenate(seen_hash)
-    _, first = np.unique(all_hash, return_index=True)
+    if not len(order):
+        raise ValueError("training texts contain no tokens")
+    _, first = _first_places(np.concatenate(seen_hash))
     strings = np.concatenate(seen_text)[first]
     vocab = [s.decode("utf-8") for s in strings[order]]
-    if not vocab:
-        raise ValueError("training texts contain no tokens")
     return Counts(counts[:, order].tocsr(), vocab)
 
 

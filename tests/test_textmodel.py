@@ -295,3 +295,33 @@ def test_training_modules_import_without_a_circle():
                          text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_count_matrix_counts_as_one_pass_over_all_texts(monkeypatch):
+    """autofeatures.count_matrix counts batch by batch, each batch against
+    its own fingerprints then mapped to all batches': the matrix and the
+    vocabulary are those of one pass over every token at once (np.unique
+    over all fingerprints, document frequencies, ties broken by the
+    fingerprint), whatever the batch size, with max_tokens cutting ties."""
+    import scipy.sparse as sp
+    import tensorflow as tf
+
+    from model_worker import autofeatures
+
+    texts = [*CHAR_TEXTS, *(f"ticket {i} about printer {i % 7} and driver {i % 3}" for i in range(40))]
+    for view in autofeatures.views_for("word").values():
+        ragged = view.tokens(tf.constant(texts))
+        flat = ragged.flat_values.numpy()
+        h = tf.strings.to_hash_bucket_fast(ragged.flat_values, autofeatures._HASH_BUCKETS).numpy()
+        uniq, first, col = np.unique(h, return_index=True, return_inverse=True)
+        full = sp.csr_matrix((np.ones(len(h)), (ragged.value_rowids().numpy(), col)), shape=(len(texts), len(uniq)))
+        df = np.asarray((full > 0).sum(axis=0)).ravel()
+        for max_tokens in (len(uniq), 25):
+            keep = np.sort(np.lexsort((uniq, -df))[:max_tokens])
+            want_vocab = [s.decode("utf-8") for s in flat[first][keep]]
+            for batch in (1000, 7, 1):
+                monkeypatch.setattr(autofeatures, "_BATCH", batch)
+                got = autofeatures.count_matrix(view, texts, max_tokens)
+                assert got.vocabulary == want_vocab, (view.name, batch)
+                np.testing.assert_array_equal(got.matrix.toarray(), full[:, keep].toarray())
+                assert got.matrix.has_sorted_indices
