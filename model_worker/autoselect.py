@@ -77,8 +77,11 @@ _SINGLE_VIEWS = ("word", "char", "punct", "pretrained")
 # into bytes, and whole CJK runs would be words the table only knows from
 # training.
 _PUNCT_MARGIN = 0.005
-# The pretrained view is screened alone below this many texts only (see search).
-_PRETRAINED_ALONE_BELOW = 5000
+# The pretrained view is screened alone below this many texts only (see
+# search): alone it won at 100 texts and never from 862 on (bench/accuracy.py
+# --curve), and at 4,666 its dense fits took the budget that the view beside
+# the n-grams then lacked (debian_en, 60 s on 2 cores).
+_PRETRAINED_ALONE_BELOW = 500
 # ... and beside the n-grams it goes on to the learners only when it screens
 # better than the same n-grams without it by more than this.
 _PRETRAINED_MARGIN = 0.005
