@@ -1,11 +1,11 @@
 """Zero-shot versions from label descriptions on the English development sets (issue 28).
 
-    .venv/bin/python -m bench.zeroshot                   # all four sets, the 100-text point too
+    .venv/bin/python -m bench.zeroshot                   # all five sets, the 100-text point too
     .venv/bin/python -m bench.zeroshot --sets debian_en  # one set
     .venv/bin/python -m bench.zeroshot --no-curve-point  # zero-shot figures only
 
 On each set's fixed test split (bench/datasets.py: debian_en, manpages_en,
-fortunes_en, wordnet_en), with the one-line descriptions below:
+fortunes_en, wordnet_en, headlines_en), with the one-line descriptions below:
   zero-shot     the served graph of model_worker/zeroshot.py (word table,
                 StringLookup, Embeddings), as a /train with "labels" and no data
                 trains it
@@ -130,6 +130,27 @@ DESCRIPTIONS = {
         "verb.social": "verbs of political and social activities and events",
         "verb.stative": "verbs of being, having, spatial relations",
         "verb.weather": "verbs of raining, snowing, thawing, thundering",
+    },
+    # written from the section names alone, as the other sets' were
+    "headlines_en": {
+        "black voices": "Black Americans: Black communities, racism, civil rights, Black culture and history",
+        "comedy": "comedy: comedians, late-night hosts, jokes, funny tweets, satire",
+        "crime": "crime: police, arrests, shootings, murder, court cases, prison",
+        "entertainment": "entertainment: celebrities, movies, TV shows, music, actors, Hollywood, awards",
+        "environment": "the environment: climate change, weather, storms, wildlife, pollution, energy",
+        "food & drink": "food and drink: recipes, cooking, restaurants, wine, beer, meals",
+        "home & living": "home and living: houses, decorating, cleaning, gardening, furniture",
+        "media": "the news media: journalists, newspapers, TV networks, reporters, press freedom",
+        "parenting": "parenting: parents, kids, babies, children, moms and dads, family life",
+        "politics": "politics: Congress, elections, the White House, Republicans, Democrats, the president",
+        "queer voices": "LGBTQ people: gay, lesbian, transgender and queer lives and rights, Pride",
+        "sports": "sports: football, basketball, baseball, soccer, athletes, teams, games",
+        "style & beauty": "style and beauty: fashion, clothes, makeup, hair, beauty products",
+        "u.s. news": "news from across the United States: American towns and states, accidents, courts, local events",
+        "weird news": "weird news: strange, bizarre and odd stories, unusual animals and people",
+        "wellness": "wellness: health, fitness, mental health, sleep, diet, medicine",
+        "women": "women: women's rights, feminism, sexism, women's lives",
+        "world news": "world news: other countries, international affairs, wars, foreign governments",
     },
 }
 
