@@ -1021,13 +1021,16 @@ class Plan:
         again costs one lookup, and a text's rows are summed in one call,
         pieces or none. When a call's new words do not fit in the room
         left, every row is forgotten (_forget_pieced) and _Restart raised:
-        the call starts again from nothing, with room for all its words."""
+        the call starts again from nothing, with room for all its words
+        (those it met split before, and the new ones)."""
         pieced = own["pieced"]
         new = [w for w in dict.fromkeys(words) if w not in pieced]
         if new:
             table, end = own["table"], own["pieced_end"]
             if len(pieced) + len(new) > len(table) - own["pieced_from"]:
-                self._forget_pieced(own, len(new))
+                # the call's words split before are among `pieced`: room for
+                # all of those and the new ones holds every word of the call
+                self._forget_pieced(own, len(pieced) + len(new))
                 raise _Restart
             names = own["piece_names"]
             split = [greedy_pieces(w, names) for w in new]

@@ -379,10 +379,19 @@ def test_the_rows_of_pieced_words_run_out_and_start_again(graphs, monkeypatch):
     check(two)  # the first two again, together: more than the room left
     assert len(own["pieced"]) == 6
     batch = [" ".join(invented() for _ in range(7)) for _ in range(3)]
-    check(batch)  # 21 new words: room for them all, for this call
-    assert len(own["table"]) == first + len(own["pieced"]) and len(own["pieced"]) >= 20
+    check(batch)  # 21 new words: room for them and the 6 split before, for this call
+    assert len(own["pieced"]) == 21 and len(own["table"]) == first + 6 + 21
     check([two[1]])  # the room given back
     assert len(own["table"]) == first + 8 and len(own["pieced"]) == 3
+    # a text whose words were split before (in the cache) and new ones,
+    # more than the room: it starts again with room for all of them
+    five = " ".join(invented() for _ in range(5))
+    check([five])
+    assert len(own["pieced"]) == 8 and len(own["table"]) == first + 8
+    check([f"{five} {' '.join(invented() for _ in range(5))}"])
+    assert len(own["pieced"]) == 10
+    check([two[0]])
+    assert len(own["table"]) == first + 8
     words = plan.ops.words(batch * 40, "cased")
     assert len(words) > plan._FEW_CACHED  # the NumPy way, its rows the same
     check(batch * 40)
