@@ -75,16 +75,6 @@ class Counts:
     vocabulary: list[str]   # column j <-> vocabulary[j]
 
 
-def _distinct(values: np.ndarray) -> np.ndarray:
-    """np.unique(values), through np.sort (a vectorized sort: np.unique's
-    argsort is several times slower)."""
-    ordered = np.sort(values)
-    new = np.empty(len(ordered), dtype=bool)
-    new[:1] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
-    return ordered[new]
-
-
 def _first_places(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """np.unique(values, return_index=True): the distinct values and the
     first place of each, through one stable argsort."""
@@ -106,8 +96,8 @@ def count_matrix(view: View, texts: list[str], max_tokens: int) -> Counts:
     distinct fingerprints, whose columns then map to the distinct
     fingerprints of all batches (both sorted: the map keeps each row's
     columns in order). No array holds every token of every text: on 4,666
-    texts (6.4 million character n-grams), arrays that did took most of
-    the 8 s this took, a fresh page of memory at a time.
+    texts (6.4 million character n-grams), np.unique over all of them and
+    the arrays that held them took most of the 8 s this took.
     """
     parts, seen_hash, seen_text = [], [], []
     for start in range(0, len(texts), _BATCH):
@@ -122,7 +112,9 @@ def count_matrix(view: View, texts: list[str], max_tokens: int) -> Counts:
                              shape=(len(batch), len(uniq)))
         part.sum_duplicates()
         parts.append(part)
-    uniq = _distinct(np.concatenate(seen_hash)) if seen_hash else np.zeros(0, np.int64)
+    # every batch's distinct fingerprints, and where each is first seen
+    # (the strings of the kept ones, below)
+    uniq, first = _first_places(np.concatenate(seen_hash)) if seen_hash else (np.zeros(0, np.int64),) * 2
     counts = sp.vstack([sp.csr_matrix((p.data, np.searchsorted(uniq, u)[p.indices], p.indptr),
                                       shape=(p.shape[0], len(uniq))) for p, u in zip(parts, seen_hash)],
                        format="csr") if parts else sp.csr_matrix((0, 0))
@@ -134,7 +126,6 @@ def count_matrix(view: View, texts: list[str], max_tokens: int) -> Counts:
     # (the union of the per-batch first sightings is exactly `uniq`)
     if not len(order):
         raise ValueError("training texts contain no tokens")
-    _, first = _first_places(np.concatenate(seen_hash))
     strings = np.concatenate(seen_text)[first]
     vocab = [s.decode("utf-8") for s in strings[order]]
     return Counts(counts[:, order].tocsr(), vocab)
