@@ -121,9 +121,10 @@ def auto_available() -> str | None:
 
 def train_like_trainer(texts: list[str], labels: list[str], params: dict):
     """Train exactly as model_worker/trainer.py does for a /train job (same call, same params)."""
-    from model_worker import textmodel
+    from model_worker import foldpool, textmodel
     from model_worker.params import validate_params
 
+    foldpool.set_processes(_default_threads())  # as the trainer does, from training.threads
     return textmodel.train_model(texts, labels, validate_params(params))
 
 

@@ -32,15 +32,17 @@ and the graph ends in a sigmoid (train_auto_multilabel).
 Reproducible: folds, vocabularies and learners are seeded and
 order-independent, so the same data, params and seed give the same model
 as long as the time budget does not cut the search (the report says whether
-it did: `budget_bound`).
+it did: `budget_bound`), however many folds are fitted at once
+(`fold_processes`, training.threads: model_worker/foldpool.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import scipy.sparse as sp
@@ -48,7 +50,7 @@ from sklearn.metrics import f1_score
 from sklearn.model_selection import KFold, StratifiedKFold
 from threadpoolctl import threadpool_limits
 
-from model_worker import autofeatures, calibration, learners, scoring
+from model_worker import autofeatures, calibration, foldpool, learners, scoring
 from model_worker.params import default_folds, pretrained_allowed
 
 log = logging.getLogger(__name__)
@@ -184,6 +186,14 @@ def cv_folds(y: np.ndarray, wanted: int, seed: int) -> tuple[list[tuple[np.ndarr
         return list(split), np.arange(n)
     folds = [(np.sort(np.concatenate([rest[tr], kept])), rest[te]) for tr, te in split]
     return folds, rest
+
+
+def _left_s(spent: float, done: int, folds: int, at_once: int) -> float:
+    """Seconds the folds after the first `done` will take, `at_once` fitted
+    at a time (foldpool) and `spent` seconds gone: a fit takes the time of
+    one round of them, and the rest need that many rounds."""
+    fit_s = spent / -(-done // at_once)
+    return fit_s * -(-(folds - done) // at_once)
 
 
 class Search:
@@ -326,26 +336,30 @@ class Search:
             return None
         t0 = time.monotonic()
         oof = np.zeros((len(self.y), self.n_labels))
-        scores = []
+        scores: list[float] = []
+        # linear learners: several folds at once where training.threads allows
+        # (foldpool: one process each); the results come in fold order and
+        # the checks below run after each, so racing stops a candidate where
+        # one fold at a time would (a stop kills the fits still running)
+        at_once = 1 if cand.learner in ("bow", "cnn") else foldpool.processes()
+        if cand.learner in ("bow", "cnn"):
+            results: Iterator[np.ndarray] = (
+                self.network_cv(cand.learner, train, test, self.deadline - self.reserve())  # type: ignore[misc]  # networks only with network_cv
+                for train, test in self.folds)
+        else:
+            results = foldpool.ordered(self._fold_job(cand, g) for g in range(len(self.folds)))
         try:
-            for f, (train, test) in enumerate(self.folds):
-                if cand.learner in ("bow", "cnn"):
-                    oof[test] = self.network_cv(cand.learner, train, test, self.deadline - self.reserve())  # type: ignore[misc]  # networks only with network_cv
-                else:
-                    x_train, x_test = self._fold_split(cand.views, f, cand.weight)
-                    if self.multi:
-                        model = learners.fit_ovr(cand.learner, cand.c, x_train, self.y[train], self.seed)  # type: ignore[arg-type]  # a linear candidate has its C
-                    else:
-                        model = learners.fit(cand.learner, cand.c, x_train, self.y[train], self.n_labels,  # type: ignore[arg-type]  # a linear candidate has its C
-                                             self.seed, cand.balanced)
-                    oof[test] = model.decision(x_test)
-                scores.append(self.fold_score(test, oof[test]))
-                spent = time.monotonic() - t0
-                if self._hopeless(scores) and f + 1 < len(self.folds):
-                    return self._prune(cand, scores, spent, index, total)  # type: ignore[func-returns-value]  # None
-                if (not force and f + 1 < len(self.folds)
-                        and spent / (f + 1) * (len(self.folds) - f - 1) > self.remaining()):
-                    raise BudgetExceeded(f"time budget ran out after {f + 1} of {len(self.folds)} folds")
+            with contextlib.closing(results):  # type: ignore[type-var]  # a generator
+                for f, decision in enumerate(results):
+                    test = self.folds[f][1]
+                    oof[test] = decision
+                    scores.append(self.fold_score(test, oof[test]))
+                    spent = time.monotonic() - t0
+                    if self._hopeless(scores) and f + 1 < len(self.folds):
+                        return self._prune(cand, scores, spent, index, total)  # type: ignore[func-returns-value]  # None
+                    if (not force and f + 1 < len(self.folds)
+                            and _left_s(spent, f + 1, len(self.folds), at_once) > self.remaining()):
+                        raise BudgetExceeded(f"time budget ran out after {f + 1} of {len(self.folds)} folds")
         except BudgetExceeded as exc:
             self._skip(cand, str(exc))
             return None
@@ -362,6 +376,22 @@ class Search:
                                "score": round(result.score, 4), "best": best.candidate.name,
                                "best_score": round(best.score, 4), "seconds": round(seconds, 2)})
         return result
+
+    def _fold_job(self, cand: Candidate, fold: int) -> Callable[[], np.ndarray]:
+        """The fit of a linear candidate on fold `fold`'s training rows, as a
+        job returning its decisions on the held-out rows (its matrices
+        built here, before foldpool forks)."""
+        x_train, x_test = self._fold_split(cand.views, fold, cand.weight)
+        y_train = self.y[self.folds[fold][0]]
+
+        def job() -> np.ndarray:
+            if self.multi:
+                model = learners.fit_ovr(cand.learner, cand.c, x_train, y_train, self.seed)  # type: ignore[arg-type]  # a linear candidate has its C
+            else:
+                model = learners.fit(cand.learner, cand.c, x_train, y_train, self.n_labels,  # type: ignore[arg-type]  # a linear candidate has its C
+                                     self.seed, cand.balanced)
+            return model.decision(x_test)
+        return job
 
     def fold_score(self, test: np.ndarray, decisions: np.ndarray) -> float:
         """A fold's score while searching: macro-F1 of the argmax; multi-label:
@@ -857,8 +887,8 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
         if on_progress:
             on_progress(row)
 
-    # single-threaded BLAS/OpenMP whatever the environment says: a trainer
-    # must leave the other core to serving (folds run one at a time anyway)
+    # single-threaded BLAS/OpenMP whatever the environment says: the CPUs a
+    # trainer may use go to folds fitted at once (foldpool), one each
     with threadpool_limits(limits=1):
         search = Search(texts, y, len(label_names), params, tokenize, started, on_candidate, network_cv)
         search.search(include_networks=params["include_networks"])
@@ -894,6 +924,7 @@ def train_auto(texts: list[str], labels: list[str], label_names: list[str], para
     report = {
         "method": "auto",
         "time_budget_s": params["time_budget_s"], "folds": len(search.folds), "seed": params["seed"],
+        "fold_processes": foldpool.processes(),
         "tokenize": tokenize, "scoring": "macro_f1, stratified k-fold", "views_allowed": params["views"],
         "views": {v: {"vocabulary": len(c.vocabulary), "tokens_per_text": round(c.matrix.sum() / len(texts), 1)}
                   for v, c in search.counts.items() if v != "pretrained"},
@@ -1165,6 +1196,7 @@ def train_auto_multilabel(texts: list[str], label_sets: list[list[str]], label_n
     report = {
         "method": "auto", "multi_label": True,
         "time_budget_s": params["time_budget_s"], "folds": len(search.folds), "seed": params["seed"],
+        "fold_processes": foldpool.processes(),
         "tokenize": tokenize,
         "scoring": "micro_f1 with a threshold per label chosen on the other folds (shrunk towards 0), k-fold",
         "views_allowed": params["views"],

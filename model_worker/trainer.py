@@ -51,6 +51,11 @@ def _limit_resources(spec: dict[str, Any]) -> None:
             except OSError as exc:
                 logging.warning("SCHED_IDLE not set for thread %s: %s", tid, exc)
     threads = int(spec.get("threads", 1))
+    # auto's cross-validation fits this many folds at once, one process each
+    # (model_worker/foldpool.py; 0: one per CPU)
+    from model_worker import foldpool
+
+    foldpool.set_processes(threads)
     if threads:
         for var in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
             os.environ[var] = str(threads)

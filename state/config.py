@@ -194,7 +194,7 @@ DEFAULTS: dict[str, Any] = {
         # trainers run under SCHED_IDLE (Linux): they get only CPU that serving
         # leaves unused and never delay a serving thread's wake-up
         "idle_priority": True,
-        "threads": 1,
+        "threads": 2,
         "demo_on_empty_store": True,
         "data_roots": [],
         # finished jobs kept (listed by GET /train, in the state db); older ones go

@@ -168,17 +168,104 @@ def test_report_fields(english_result):
 
 
 def test_same_seed_same_model(english_result):
-    from model_worker import textmodel
+    """Trained again, with its folds fitted two at a time (foldpool, one
+    process each: what training.threads 2 gives a trainer), the search
+    scores every candidate on every fold the same and builds the same model."""
+    from model_worker import foldpool, textmodel
 
     texts, labels, first = english_result
     assert first.report["budget_bound"] is False  # see REPRODUCIBLE
-    again = textmodel.train_model(texts, labels, REPRODUCIBLE)
-    assert [c["cv_macro_f1"] for c in again.report["candidates"]] == \
-        [c["cv_macro_f1"] for c in first.report["candidates"]]
+    assert first.report["fold_processes"] == 1
+    foldpool.set_processes(2)
+    try:
+        again = textmodel.train_model(texts, labels, REPRODUCIBLE)
+    finally:
+        foldpool.set_processes(1)
+    assert again.report["fold_processes"] == 2
+    assert [(c["name"], c["fold_scores"]) for c in again.report["candidates"]] == \
+        [(c["name"], c["fold_scores"]) for c in first.report["candidates"]]
+    assert [(p["name"], p["folds_scored"], p["partial_macro_f1"]) for p in again.report["pruned"]] == \
+        [(p["name"], p["folds_scored"], p["partial_macro_f1"]) for p in first.report["pruned"]]
     assert again.report["chosen"] == first.report["chosen"]
     probe = texts[::7] + ["an unseen text about tennis and noodles"]
     np.testing.assert_allclose(textmodel.make_predict_fn(again.model)(probe),
                                textmodel.make_predict_fn(first.model)(probe), atol=1e-6)
+
+
+def test_the_fold_pool_runs_folds_in_processes_in_order_and_stops_them():
+    """foldpool.ordered with 2 processes: every job in a child of its own,
+    two at once, the results in the jobs' order whichever ends first; a
+    job is built only when a process frees for it; a child's exception
+    comes back as a RuntimeError naming it, in its turn; closing early
+    kills the children still running; every child is reaped."""
+    import os
+    import select
+
+    from model_worker import foldpool
+
+    parent = os.getpid()
+    first, second = os.pipe(), os.pipe()
+    built: list[int] = []
+
+    def job(k: int):
+        built.append(k)
+
+        def run() -> np.ndarray:
+            if k == 0:  # ends only when job 1, running at the same time, has said so
+                assert select.select([first[0]], [], [], 60)[0], "the second job never ran beside the first"
+                assert os.read(first[0], 1) == b"1"
+            if k == 1:
+                os.write(first[1], b"1")
+            return np.array([k, os.getpid(), os.getppid()])
+        return run
+
+    def jobs(n: int):
+        for k in range(n):
+            yield job(k)
+
+    foldpool.set_processes(2)
+    try:
+        results = foldpool.ordered(jobs(5))
+        got = [next(results)]
+        # two at once: a job is built when a process frees, so by the first
+        # result (two ended at most) the fifth is not
+        assert built[:2] == [0, 1] and len(built) <= 4
+        got += list(results)
+        assert [int(g[0]) for g in got] == [0, 1, 2, 3, 4]
+        assert all(int(g[2]) == parent and int(g[1]) != parent for g in got)
+        children = [int(g[1]) for g in got]
+        assert len(set(children)) == 5
+
+        def fails() -> np.ndarray:
+            raise ValueError("no convergence at all")
+
+        def stuck() -> np.ndarray:  # runs until it is killed
+            os.write(second[1], os.getpid().to_bytes(4, "little"))
+            select.select([], [], [])
+            return np.zeros(1)
+        results = foldpool.ordered(iter([lambda: np.zeros(1), fails]))
+        assert next(results).tolist() == [0.0]
+        with pytest.raises(RuntimeError, match="no convergence at all"):
+            next(results)
+        results = foldpool.ordered(iter([lambda: np.ones(1), stuck, lambda: np.zeros(1)]))
+        assert next(results).tolist() == [1.0]
+        children.append(int.from_bytes(os.read(second[0], 4), "little"))  # the stuck one has started
+        results.close()  # and is killed
+        for pid in children:  # every child reaped
+            with pytest.raises(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+    finally:
+        foldpool.set_processes(1)
+        for fd in (*first, *second):
+            os.close(fd)
+    made: list[int] = []
+
+    def here(k: int):
+        made.append(k)
+        return lambda: np.array([k, os.getpid()])
+    one = foldpool.ordered(here(k) for k in range(3))  # one process: each job here, when its turn comes
+    assert next(one).tolist() == [0, parent] and made == [0]
+    one.close()
 
 
 def test_time_budget_honoured():

@@ -67,6 +67,8 @@ def test_auto_end_to_end(trained):
     assert code == 200, meta
     report = meta["report"]
     assert report["method"] == "auto" and report["folds"] == 3 and report["tokenize"] == "char"
+    # training.threads' default (2): the trainer fitted two folds at once, one process each
+    assert report["fold_processes"] == 2
     assert report["candidates"] and report["chosen"]["members"]
     assert all({"cv_macro_f1", "cv_std", "seconds"} <= c.keys() for c in report["candidates"])
     assert {"ece_before", "ece_after", "temperature"} <= report["calibration"].keys()
