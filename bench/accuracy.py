@@ -44,7 +44,7 @@ gives no probabilities), and for textswap's models serving throughput at batch 2
 whether the artifact reloads in safe mode with the same outputs; where both ran on a set, auto
 vs bow texts/s at batch 256 measured alternately (the ratio; issue 8 asks >= 0.8). All models
 get the same thread count (--threads, default: config.yaml training.threads, as a training job
-gets).
+gets; auto fits that many cross-validation folds at once, one process each).
 Then the verdict of issue 8: auto >= the best baseline on every set (ties within 0.3 points)
 and >= 1 point above it on average. Results also go to bench/.cache/accuracy.json.
 Bench-only dependencies: bench/requirements.txt.
@@ -73,6 +73,9 @@ TIE = 0.003  # "ties within 0.3 points count"
 MARGIN = 0.01  # "and >= 1 point above the best baseline on average"
 SERVE_TARGET = 0.8  # "texts/s at batch 256 within 20 % of today's bow model"
 RESULTS = ROOT / "bench" / ".cache" / "accuracy.json"
+
+
+_threads = 0  # --threads (main); 0: training.threads
 
 
 def _default_threads() -> int:
@@ -124,7 +127,7 @@ def train_like_trainer(texts: list[str], labels: list[str], params: dict):
     from model_worker import foldpool, textmodel
     from model_worker.params import validate_params
 
-    foldpool.set_processes(_default_threads())  # as the trainer does, from training.threads
+    foldpool.set_processes(_threads or _default_threads())  # as the trainer does, from training.threads
     return textmodel.train_model(texts, labels, validate_params(params))
 
 
@@ -917,6 +920,8 @@ def main() -> None:
         _fasttext_child(args.fasttext_child)
         return
     args.threads = args.threads or _default_threads()
+    global _threads
+    _threads = args.threads  # auto fits this many folds at once, as a trainer does
     args.fasttext_s = args.fasttext_s or (15 if args.quick else 60)
     _limit_threads(args.threads)
 
