@@ -192,6 +192,20 @@ def test_same_seed_same_model(english_result):
                                textmodel.make_predict_fn(first.model)(probe), atol=1e-6)
 
 
+def test_the_budget_counts_rounds_of_folds_fitted_at_once():
+    """With two folds fitted at a time, 5 folds take 3 rounds: after the
+    first result (one round, 10 s) two more rounds are left, not four fits;
+    one at a time, four fits."""
+    from model_worker.autoselect import _left_s
+
+    assert _left_s(10.0, 1, 5, 2) == 20.0  # folds 1-4: the rest of round 1, rounds 2 and 3
+    assert _left_s(10.0, 2, 5, 2) == 20.0
+    assert _left_s(20.0, 3, 5, 2) == 10.0
+    assert _left_s(20.0, 4, 5, 2) == 10.0
+    assert _left_s(10.0, 1, 5, 1) == 40.0  # one at a time: as before
+    assert _left_s(12.0, 3, 3, 2) == 0.0
+
+
 def test_the_fold_pool_runs_folds_in_processes_in_order_and_stops_them():
     """foldpool.ordered with 2 processes: every job in a child of its own,
     two at once, the results in the jobs' order whichever ends first; a
