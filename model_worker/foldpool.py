@@ -61,7 +61,12 @@ def _fork(job: Callable[[], np.ndarray], parent: int) -> tuple[int, int]:
     pickled array (or a RuntimeError naming the job's exception) and exits
     without running anything of the parent's."""
     r, w = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        raise
     if pid == 0:
         status = 0
         try:
@@ -97,7 +102,8 @@ def ordered(jobs: Iterable[Callable[[], np.ndarray]]) -> Iterator[np.ndarray]:
     is forked, and a child that ends starts the next. A job's exception is
     raised here when its turn comes (a child's as a RuntimeError naming
     it). Closing the iterator early (the caller stops: racing, the budget)
-    kills the children still running; every child is reaped."""
+    kills the children still running; every child is reaped. A fold whose
+    process cannot be forked (memory, limits) runs here instead."""
     n = processes()
     if n <= 1:
         for one in jobs:
@@ -116,8 +122,12 @@ def ordered(jobs: Iterable[Callable[[], np.ndarray]]) -> Iterator[np.ndarray]:
                 if following is None:
                     more = False
                     break
-                pid, fd = _fork(following, parent)
-                running[started] = (pid, fd, bytearray())
+                try:
+                    pid, fd = _fork(following, parent)
+                except OSError:  # no process to be had (memory, limits): this fold here
+                    done[started] = following()
+                else:
+                    running[started] = (pid, fd, bytearray())
                 started += 1
             if given in done:
                 res = done.pop(given)

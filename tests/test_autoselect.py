@@ -206,7 +206,7 @@ def test_the_budget_counts_rounds_of_folds_fitted_at_once():
     assert _left_s(12.0, 3, 3, 2) == 0.0
 
 
-def test_the_fold_pool_runs_folds_in_processes_in_order_and_stops_them():
+def test_the_fold_pool_runs_folds_in_processes_in_order_and_stops_them(monkeypatch):
     """foldpool.ordered with 2 processes: every job in a child of its own,
     two at once, the results in the jobs' order whichever ends first; a
     job is built only when a process frees for it; a child's exception
@@ -272,6 +272,23 @@ def test_the_fold_pool_runs_folds_in_processes_in_order_and_stops_them():
         foldpool.set_processes(1)
         for fd in (*first, *second):
             os.close(fd)
+    # a fork that fails (memory, process limits) runs that fold here instead
+    real_fork, forks = os.fork, []
+
+    def fork_once_fails() -> int:
+        forks.append(1)
+        if len(forks) == 2:
+            raise OSError(11, "Resource temporarily unavailable")
+        return real_fork()
+    monkeypatch.setattr(os, "fork", fork_once_fails)
+    foldpool.set_processes(2)
+    try:
+        got = list(foldpool.ordered(iter([lambda: np.array([os.getpid()])] * 3)))
+    finally:
+        foldpool.set_processes(1)
+        monkeypatch.undo()
+    where = [int(g[0]) for g in got]
+    assert where[1] == parent and where[0] != parent and where[2] != parent
     made: list[int] = []
 
     def here(k: int):
