@@ -321,7 +321,9 @@ class Search:
         if not self.scored:
             return _FIXED_RESERVE_S
         best = self.best()
-        return _FIXED_RESERVE_S + 1.5 * best.seconds / len(self.folds)
+        # one fit of it takes a round of its folds (those fitted at once: foldpool)
+        at_once = 1 if best.candidate.learner in ("bow", "cnn") else foldpool.processes()
+        return _FIXED_RESERVE_S + 1.5 * best.seconds / -(-len(self.folds) // at_once)
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic() - self.reserve()
