@@ -4,7 +4,8 @@
 Search.run). The folds do not depend on each other, so with `processes`
 above 1 that many are fitted at once, each in a child forked for it, which
 inherits the fold's matrices (copy-on-write), fits, and sends back only
-what the search keeps: the held-out rows' decision values (rows x labels).
+what the search keeps: the held-out rows' decision values (rows x labels,
+as .npy bytes through a pipe: no pickles).
 A child that ends starts the next fold's; the search reads the results in
 fold order and may stop early (racing, the budget), which kills the rest.
 
@@ -24,8 +25,8 @@ How many: training.threads (config.yaml; the trainer calls set_processes),
 """
 from __future__ import annotations
 
+import io
 import os
-import pickle
 import select
 import signal
 from typing import Callable, Iterable, Iterator
@@ -58,8 +59,8 @@ def _die_with_parent(parent: int) -> None:
 
 def _fork(job: Callable[[], np.ndarray], parent: int) -> tuple[int, int]:
     """(pid, read end of its pipe) of a child running `job`: it sends the
-    pickled array (or a RuntimeError naming the job's exception) and exits
-    without running anything of the parent's."""
+    array as .npy bytes (or the job's exception as text) and exits without
+    running anything of the parent's."""
     r, w = os.pipe()
     try:
         pid = os.fork()
@@ -72,10 +73,12 @@ def _fork(job: Callable[[], np.ndarray], parent: int) -> tuple[int, int]:
         try:
             os.close(r)
             _die_with_parent(parent)
-            payload = pickle.dumps(np.asarray(job()), protocol=pickle.HIGHEST_PROTOCOL)
+            buf = io.BytesIO()
+            np.save(buf, np.asarray(job(), dtype=np.float64), allow_pickle=False)
+            payload = b"A" + buf.getvalue()
         except BaseException as exc:  # noqa: BLE001: reported to the parent
             status = 1
-            payload = pickle.dumps(RuntimeError(f"a fold's fit failed in its process: {exc!r}"))
+            payload = b"E" + f"a fold's fit failed in its process: {exc!r}".encode("utf-8", "replace")
         try:
             with os.fdopen(w, "wb") as out:
                 out.write(payload)
@@ -86,10 +89,16 @@ def _fork(job: Callable[[], np.ndarray], parent: int) -> tuple[int, int]:
 
 
 def _result(data: bytes) -> object:
+    """A child's message: "A" and an .npy array (no pickles), or "E" and
+    what went wrong."""
     if not data:
         return RuntimeError("a fold's process ended without a result")
+    if data[:1] == b"E":
+        return RuntimeError(data[1:].decode("utf-8", "replace"))
     try:
-        return pickle.loads(data)
+        if data[:1] != b"A":
+            raise ValueError("not a result")
+        return np.load(io.BytesIO(data[1:]), allow_pickle=False)
     except Exception as exc:  # noqa: BLE001: a truncated result
         return RuntimeError(f"a fold's result could not be read: {exc!r}")
 
