@@ -192,6 +192,41 @@ def test_same_seed_same_model(english_result):
                                textmodel.make_predict_fn(first.model)(probe), atol=1e-6)
 
 
+def test_the_learning_curve_and_the_refit_fit_in_processes_as_alone():
+    """After the search, the learning curve's fits (each member on 3/4 of
+    each fold) and the final refit of an ensemble's members go through the
+    fold pool too, training.threads at once: the same numbers as one at a
+    time, in the same order."""
+    import time
+
+    from model_worker import autoselect, foldpool, scoring
+    from model_worker.params import validate_params
+
+    texts, labels = chinese(600)
+    names = sorted(set(labels))
+    y = np.array([names.index(x) for x in labels])
+    search = autoselect.Search(texts, y, len(names), validate_params({"time_budget_s": 3600, "folds": 3,
+                                                                      "views": ["char"]}),
+                               "char", time.monotonic(), None, None)
+    members = [search.run(autoselect.Candidate(("char",), learner, c), i, 2)
+               for i, (learner, c) in enumerate([("svm", 1.0), ("lr", 10.0)], 1)]
+    assert all(m is not None for m in members)
+    got = {}
+    for n in (1, 2):
+        foldpool.set_processes(n)
+        try:
+            small, note = autoselect.learning_curve(search, members, [1.0, 1.0])  # type: ignore[arg-type]
+            model = autoselect.final_model(search, [m.candidate for m in members], [1.0, 0.5])  # type: ignore[union-attr]
+        finally:
+            foldpool.set_processes(1)
+        assert note["applied"] is True, note
+        got[n] = (small, scoring.make_predict_fn(model)(texts[::37]))
+    for a, b in zip(got[1][0], got[2][0]):
+        np.testing.assert_allclose(a, b, atol=1e-9)
+    assert not np.allclose(got[1][0][0], got[1][0][1])  # two members, two curves
+    np.testing.assert_allclose(got[1][1], got[2][1], atol=1e-6)
+
+
 def test_the_budget_counts_rounds_of_folds_fitted_at_once():
     """With two folds fitted at a time, 5 folds take 3 rounds: after the
     first result (one round, 10 s) two more rounds are left, not four fits;

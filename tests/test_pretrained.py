@@ -484,10 +484,13 @@ def test_view_in_the_served_graph(tmp_path, monkeypatch):
                            atol=1e-5)
 
 
-def test_the_views_weight_is_chosen_by_cv():
+@pytest.mark.parametrize("few", [True, False])
+def test_the_views_weight_is_chosen_by_cv(few, monkeypatch):
     """Beside the n-grams the view is screened at several weights (the larger
-    first at 300 texts or fewer); the learners go on with the best one, and
-    the served graph computes the weighted model (final_model checks it)."""
+    first at 300 texts or fewer), then, above 300 texts, beside the words
+    alone at the weight that screened best beside the union; the learners go
+    on with each view set's best weight, and the served graph computes the
+    weighted model (final_model checks it)."""
     import time
 
     from model_worker import autoselect
@@ -495,6 +498,8 @@ def test_the_views_weight_is_chosen_by_cv():
 
     texts, labels = _topics()
     assert len(texts) <= autoselect._FEW_LABELS
+    if not few:  # as if these were more than _FEW_LABELS texts
+        monkeypatch.setattr(autoselect, "_FEW_LABELS", len(texts) - 1)
     names = sorted(set(labels))
     y = np.array([names.index(x) for x in labels])
     search = autoselect.Search(texts, y, len(names), validate_params({"time_budget_s": 60, "folds": 2}),
@@ -505,14 +510,25 @@ def test_the_views_weight_is_chosen_by_cv():
                                                    for p in search.pruned]
     beside = [c.weight for c in done if "pretrained" in c.views and len(c.views) > 1 and c.learner == "svm"
               and c.c == autoselect._SCREEN[1]]
-    assert beside[:3] == list(autoselect._PRETRAINED_WEIGHTS_FEW), beside
-    screened = {s.candidate.weight: s.score for s in search.scored
-                if "pretrained" in s.candidate.views and len(s.candidate.views) > 1
-                and (s.candidate.learner, s.candidate.c) == autoselect._SCREEN}
+    assert beside[:3] == list(autoselect._PRETRAINED_WEIGHTS_FEW if few else autoselect._PRETRAINED_WEIGHTS), beside
+    union = next(c.views for c in done if "pretrained" in c.views and len(c.views) > 2)
+    screened: dict[tuple[str, ...], dict[float, float]] = {}
+    for s in search.scored:
+        if "pretrained" in s.candidate.views and len(s.candidate.views) > 1 \
+                and (s.candidate.learner, s.candidate.c) == autoselect._SCREEN:
+            screened.setdefault(s.candidate.views, {})[s.candidate.weight] = s.score
+    # the words with the view, once, at the union's best screened weight
+    words = [c for c in done if c.views == ("word", "pretrained") and (c.learner, c.c) == autoselect._SCREEN]
+    assert union in screened
+    if few:
+        assert words == []
+    else:
+        assert len(words) == 1 and words[0].weight == max(screened[union], key=lambda w: screened[union][w])
     later = [s.candidate for s in search.scored if "pretrained" in s.candidate.views
              and len(s.candidate.views) > 1 and (s.candidate.learner, s.candidate.c) != autoselect._SCREEN]
-    if later:  # the learners take the screen's best weight
-        assert {c.weight for c in later} == {max(screened, key=lambda w: screened[w])}
+    for c in later:  # the learners take their view set's best screened weight
+        assert c.weight == max(screened[c.views], key=lambda w: screened[c.views][w])
+    assert later
     # two weights give two different served models, each the fitted one
     probe = ["a tennis final", "spicy noodle soup"]
     from model_worker import textmodel
